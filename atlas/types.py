@@ -100,3 +100,35 @@ class Program:
         d = dict(d)
         d["evaluation"] = Evaluation.from_dict(d["evaluation"])
         return cls(**d)
+
+
+@dataclass
+class PreferencePair:
+    """One element of D_k: a prompt with a preferred and a less-preferred completion."""
+
+    prompt: str
+    chosen: str
+    rejected: str
+    chosen_score: float
+    rejected_score: float
+    island: int = 0
+    kind: str = "passed_vs_passed"  # passed_vs_passed | passed_vs_failed
+    chosen_id: int = -1
+    rejected_id: int = -1
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for key in ("chosen_score", "rejected_score"):
+            d[key] = None if not math.isfinite(d[key]) else d[key]
+        return d
+
+
+@dataclass
+class GateItem:
+    """One element of the gate subset G_k (paper 2.2): a prompt, its evaluated completions
+    and their task scores, and the preferred completion the KL estimator teacher-forces."""
+
+    prompt: str
+    completions: list[str]
+    scores: list[float]  # task scores; failed completions carry a finite floor score
+    preferred: str
