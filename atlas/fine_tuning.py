@@ -1,0 +1,153 @@
+"""One fine-tuning phase k of EvoTune / EvoDPO / ATLAS (paper 2.2, App. B.1, B.4).
+
+Order inside a phase: efficiency check (skip without improvement) -> strategist adjusts
+the knobs -> build D_k -> DPO on the ``policy`` adapter against the method's reference ->
+C_k -> Eq. 4 selection and Eq. 5 gate on a fresh gate subset G_k -> inspector review ->
+promotion (copy into ``ref``) only when accepted and not vetoed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from statistics import median
+from typing import Any
+
+from atlas.agent.adapters import get_adapter_state
+from atlas.dpo import DPOConfig, GateConfig, promote, select_and_gate, train_phase
+from atlas.evolution.preferences import build_pairs, sample_gate_subset
+from atlas.supporters import Supporters
+from atlas.supporters import requests as supporter_requests
+from atlas.types import Program
+
+log = logging.getLogger("atlas.fine_tuning")
+
+
+def score_stats(programs: list[Program]) -> dict[str, float | None]:
+    scores = sorted(p.score for p in programs if p.passed and math.isfinite(p.score))
+    return {
+        "best": scores[-1] if scores else None,
+        "median": median(scores) if scores else None,
+        "min": scores[0] if scores else None,
+        "valid_rate": (sum(p.passed for p in programs) / len(programs)) if programs else None,
+        "n": len(programs),
+    }
+
+
+class FineTuner:
+    """Holds what persists across phases: the knobs, optimiser state, gate history."""
+
+    def __init__(self, agent: Any, method: Any, dpo_cfg: DPOConfig, gate_cfg: GateConfig,
+                 supporters: Supporters | None, task_name: str, seed: int) -> None:
+        self.agent = agent
+        self.method = method
+        self.dpo_cfg = dpo_cfg
+        self.gate_cfg = gate_cfg
+        self.supporters = supporters
+        self.task_name = task_name
+        self.seed = seed
+        self.optimizer_state: dict | None = None
+        self.history: list[dict[str, Any]] = []  # compact per-phase records the strategist reads
+
+    # -- persistence (crash-safe resume) -----------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"dpo_cfg": dataclasses.asdict(self.dpo_cfg), "optimizer_state": self.optimizer_state,
+                "history": self.history}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dpo_cfg = DPOConfig(**state["dpo_cfg"])
+        self.optimizer_state = state["optimizer_state"]
+        self.history = list(state["history"])
+
+    # -- the phase ---------------------------------------------------------------------
+    def run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
+                  logger: Any = None) -> dict[str, Any]:
+        """Run phase ``phase`` on this phase's programs; returns the phase event record."""
+        t0 = time.time()
+        stats = score_stats([p for p in phase_programs if p.source != "seed"])
+        best_now = max((p.score for p in phase_programs if p.passed), default=-math.inf)
+        improved = best_now > best_before
+        record: dict[str, Any] = {"phase": phase, "scores": stats, "improved": improved,
+                                  "best_before": best_before if math.isfinite(best_before) else None,
+                                  "reference": self.method.reference}
+        if self.method.skip_without_improvement and not improved:
+            record.update(skipped=True, reason="no score improvement this phase (paper B.4)")
+            self.history.append({"phase": phase, "skipped": True})
+            return record
+
+        record["strategist"] = self._consult_strategist(phase, phase_programs, stats)
+        cfg = self.dpo_cfg
+        pairs = build_pairs(None, phase_programs, top_k=cfg.top_k, max_pairs=cfg.max_pairs,
+                            score_threshold=cfg.score_threshold, seed=self.seed * 1000 + phase)
+        record["pairs"] = len(pairs)
+        record["pair_kinds"] = {k: sum(1 for p in pairs if p.kind == k)
+                                for k in ("passed_vs_passed", "passed_vs_failed")}
+        record["knobs"] = {"beta": cfg.beta, "lr": cfg.lr, "epochs": cfg.epochs,
+                           "score_threshold": cfg.score_threshold}
+        if not pairs:
+            record.update(skipped=True, reason="no preference pairs could be built")
+            self.history.append({"phase": phase, "skipped": True, "pairs": 0})
+            return record
+
+        t1 = time.time()
+        result = train_phase(self.agent.model, self.agent.tokenizer, pairs, cfg,
+                             self.method.reference, seed=self.seed * 1000 + phase, logger=logger,
+                             optimizer_state=self.optimizer_state)
+        self.optimizer_state = getattr(result, "optimizer_state", None)
+        record["dpo"] = result.metrics
+        record["seconds_dpo"] = time.time() - t1
+
+        gate_record = None
+        if self.method.reference == "adaptive":
+            t2 = time.time()
+            items = sample_gate_subset(phase_programs, self.gate_cfg.subset_size,
+                                       seed=self.seed * 1000 + phase)
+            decision = select_and_gate(self.agent.model, self.agent.tokenizer, result.candidates,
+                                       items, self.gate_cfg, enabled=bool(self.method.gate),
+                                       reference="adaptive")
+            gate_record = dataclasses.asdict(decision)
+            promoted, vetoed, verdict = decision.accepted, False, None
+            if decision.accepted and self.method.gate and self.supporters is not None:
+                verdict = self.supporters.inspector.review(
+                    supporter_requests.inspector_request(phase, decision, items, phase_programs))
+                vetoed = bool(verdict.veto)
+                promoted = not vetoed
+            if promoted:
+                chosen = next(c for c in result.candidates if c.name == decision.chosen)
+                promote(self.agent.model, chosen.state)
+            record.update(gate=gate_record, promoted=promoted, vetoed=vetoed,
+                          inspector=verdict.model_dump() if verdict is not None else None,
+                          seconds_gate=time.time() - t2)
+        self.history.append({"phase": phase, "skipped": False, "pairs": len(pairs),
+                             "dpo": result.metrics, "gate": gate_record,
+                             "promoted": record.get("promoted")})
+        record["seconds"] = time.time() - t0
+        return record
+
+    def _consult_strategist(self, phase: int, programs: list[Program],
+                            stats: dict[str, Any]) -> dict[str, Any] | None:
+        """ATLAS only: the strategist may change beta / lr / epochs / score_threshold."""
+        if self.supporters is None:
+            return None
+        request = supporter_requests.strategist_request(phase, self.dpo_cfg, programs, stats,
+                                                        self.history)
+        advice = self.supporters.strategist.advise(request)
+        before = dataclasses.asdict(self.dpo_cfg)
+        updated = dataclasses.replace(self.dpo_cfg, beta=advice.beta, lr=advice.lr,
+                                      epochs=int(advice.epochs),
+                                      score_threshold=advice.score_threshold).clamped()
+        changed = [k for k in ("score_threshold", "epochs", "beta", "lr")
+                   if getattr(updated, k) != before[k]]
+        self.dpo_cfg = updated
+        return {"changed": changed, "backend": advice.backend,
+                "fallback_cause": advice.fallback_cause,
+                "rationale": getattr(advice, "rationale", ""),
+                "values": {k: getattr(updated, k) for k in ("beta", "lr", "epochs", "score_threshold")}}
+
+
+def adapter_snapshot(agent: Any) -> dict[str, Any]:
+    """Both adapters' tensors, for the checkpoint."""
+    return {"policy": get_adapter_state(agent.model, "policy"),
+            "ref": get_adapter_state(agent.model, "ref")}

@@ -1,0 +1,100 @@
+"""Hydra entry point: ``python -m atlas.train method=atlas task=pinn -m seed=0,1,2``.
+
+Thin by design: compose and validate the config, build the logger, run the loop, print
+a summary. The algorithm lives in ``atlas.loop``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from atlas.config import validate
+
+log = logging.getLogger("atlas.train")
+
+
+def make_logger(cfg: DictConfig, run_dir: Path) -> Any:
+    """Lightning's W&B logger, offline unless configured otherwise; one W&B run per job,
+    grouped by the sweep folder so a multirun shows up as one group."""
+    if cfg.logger.name == "none":
+        return None
+    os.environ.setdefault("WANDB_MODE", str(cfg.logger.mode))
+    os.environ.setdefault("WANDB_SILENT", "true")
+    from lightning.pytorch.loggers import WandbLogger
+
+    group = cfg.logger.group or _sweep_group()
+    return WandbLogger(project=cfg.logger.project, entity=cfg.logger.entity, group=group,
+                       name=run_dir.name, save_dir=str(run_dir), job_type=cfg.method.name,
+                       config=OmegaConf.to_container(cfg, resolve=True),
+                       offline=os.environ["WANDB_MODE"] == "offline")
+
+
+def _sweep_group() -> str | None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        if hc.mode == RunMode.MULTIRUN:
+            return Path(hc.sweep.dir).name
+    except ValueError:  # not running under Hydra (tests call run() directly)
+        pass
+    return None
+
+
+def finish_logger(logger: Any) -> None:
+    if logger is not None:
+        import wandb
+
+        logger.finalize("success")
+        wandb.finish()
+
+
+def summary(results: dict[str, Any]) -> str:
+    def fmt(x: Any) -> str:
+        return "n/a" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
+
+    lines = [
+        f"ATLAS run: task={results['task']} method={results['method']} seed={results['seed']}",
+        f"  best score  initial {fmt(results['initial_score'])} -> final {fmt(results['final_score'])}"
+        f"  (improvement {fmt(results['improvement_pct'])}%)",
+        f"  valid programs  first round {fmt(results['valid_rate_first_round'])}, last round "
+        f"{fmt(results['valid_rate_last_round'])}, all {fmt(results['valid_rate'])}",
+        f"  phases {results['phases']} (trained {results['phases_trained']}), promotions "
+        f"{results['promotions']}, accept rate {fmt(results['accept_rate'])}",
+        f"  candidates {results['candidates']}, wall {results['wall_seconds']:.0f} s",
+    ]
+    return "\n".join(lines)
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Run (or resume) one job whose outputs go to ``cfg.run_dir``."""
+    from atlas.loop import EvolutionLoop
+
+    validate(cfg)
+    run_dir = Path(cfg.run_dir)
+    logger = make_logger(cfg, run_dir)
+    loop = EvolutionLoop(cfg, run_dir, logger)
+    try:
+        results = loop.run()
+    finally:
+        loop.close()
+        finish_logger(logger)
+    print(summary(results), flush=True)
+    print(f"  outputs in {run_dir}", flush=True)
+    return results
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    return run(cfg)["final_score"]
+
+
+if __name__ == "__main__":
+    main()
