@@ -63,7 +63,7 @@ class FineTuner:
 
     # -- the phase ---------------------------------------------------------------------
     def run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
-                  logger: Any = None) -> dict[str, Any]:
+                  db: Any = None, logger: Any = None) -> dict[str, Any]:
         """Run phase ``phase`` on this phase's programs; returns the phase event record."""
         t0 = time.time()
         stats = score_stats([p for p in phase_programs if p.source != "seed"])
@@ -79,7 +79,7 @@ class FineTuner:
 
         record["strategist"] = self._consult_strategist(phase, phase_programs, stats)
         cfg = self.dpo_cfg
-        pairs = build_pairs(None, phase_programs, top_k=cfg.top_k, max_pairs=cfg.max_pairs,
+        pairs = build_pairs(db, phase_programs, top_k=cfg.top_k, max_pairs=cfg.max_pairs,
                             score_threshold=cfg.score_threshold, seed=self.seed * 1000 + phase)
         record["pairs"] = len(pairs)
         record["pair_kinds"] = {k: sum(1 for p in pairs if p.kind == k)

@@ -13,8 +13,10 @@ Read top to bottom, this is the algorithm (paper 2.1-2.2, App. B.1):
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -67,7 +69,8 @@ class EvolutionLoop:
         self.run_dir = Path(run_dir)
         self.logger = logger
         seed_everything(int(cfg.seed))
-        self.task = make_task(cfg.task.name, **OmegaConf.to_container(cfg.task, resolve=True))
+        task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
+        self.task = make_task(task_cfg.pop("name"), **task_cfg)
         self.agent = ResearchAgent(cfg.model, device=resolve_device(cfg.device), seed=int(cfg.seed))
         ex = cfg.explore
         self.db = ProgramDatabase(int(ex.islands), int(ex.buffer_size), int(ex.clusters),
@@ -123,6 +126,11 @@ class EvolutionLoop:
         ex = self.cfg.explore
         rounds, every = int(ex.rounds), int(ex.phase_every)
         state = checkpoint.load(self.run_dir) if self.cfg.resume else None
+        if state is not None and state.get("finished") and (self.run_dir / "results.json").exists():
+            log.info("%s already holds a finished run; set name=<new> for a new one", self.run_dir)
+            return json.loads((self.run_dir / "results.json").read_text())
+        if state is None and not self.cfg.resume and (self.run_dir / "results.json").exists():
+            log.warning("resume=false: overwriting the run in %s", self.run_dir)
         if state is not None:
             self.load_state_dict(state)
             log.info("resumed from round %d", self.next_round)
@@ -214,8 +222,11 @@ class EvolutionLoop:
                 "wall_seconds": wall,
                 "supporters": self.supporters.stats() if self.supporters else None}
         results = summarise(self.run_dir, meta)
-        (self.run_dir / "results.json").write_text(dumps(results) + "\n")
         self.telemetry.event("end", results=results)
+        tmp = self.run_dir / ".results.json.tmp"
+        tmp.write_text(dumps(results) + "\n")
+        os.replace(tmp, self.run_dir / "results.json")
+        checkpoint.save(self.run_dir, {**self.state_dict(), "finished": True})
         return results
 
     def close(self) -> None:

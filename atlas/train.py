@@ -18,6 +18,10 @@ from atlas.config import validate
 
 log = logging.getLogger("atlas.train")
 
+# "_<overrides>" when a sweep job has overrides beyond task/method/seed, else "" (run folder names)
+if not OmegaConf.has_resolver("atlas.suffix"):
+    OmegaConf.register_new_resolver("atlas.suffix", lambda s: f"_{s}" if s else "")
+
 
 def make_logger(cfg: DictConfig, run_dir: Path) -> Any:
     """Lightning's W&B logger, offline unless configured otherwise; one W&B run per job,

@@ -1,0 +1,194 @@
+"""Typed, validated mirrors of ``conf/dpo/default.yaml`` and ``conf/gate/default.yaml``.
+
+The strategist (an LLM) and the command line both change these knobs, and the design notes
+record that LLM answers were malformed or out of range; so every value is type-checked on
+the way in, and ``DPOConfig.clamped`` pins the strategist-tunable knobs inside ``bounds``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+_DEFAULT_BOUNDS: dict[str, tuple[float, float]] = {
+    "beta": (0.01, 2.0), "lr": (1.0e-6, 1.0e-3), "epochs": (1, 5),
+}
+
+
+def _plain(cfg: Any, group: str) -> dict[str, Any]:
+    """Turn a dict or an OmegaConf node into a plain dict, or fail naming the group."""
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            cfg = OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf ships with hydra
+        pass
+    if not isinstance(cfg, Mapping):
+        raise TypeError(f"{group}: expected a mapping of fields, got {type(cfg).__name__}")
+    return dict(cfg)
+
+
+def _check_keys(cls: type, data: Mapping[str, Any], group: str) -> None:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{group}.{unknown[0]} is not a known field; remove it or use one of "
+                         f"{sorted(known)}")
+
+
+def _number(group: str, name: str, value: Any, *, low: float | None = None,
+            low_open: bool = False, integer: bool = False) -> float | int:
+    """Coerce one knob to a finite number, failing with the field name and the fix."""
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{group}.{name} must be {kind}, got {value!r}; set {group}.{name}=<{kind}>")
+    if not math.isfinite(value):
+        raise ValueError(f"{group}.{name} must be finite, got {value!r}")
+    if integer:
+        if float(value) != int(value):
+            raise TypeError(f"{group}.{name} must be an integer, got {value!r}")
+        value = int(value)
+    else:
+        value = float(value)
+    if low is not None and (value <= low if low_open else value < low):
+        sign = ">" if low_open else ">="
+        raise ValueError(f"{group}.{name} must be {sign} {low}, got {value!r}")
+    return value
+
+
+@dataclass
+class DPOConfig:
+    """One phase of DPO on the ``policy`` LoRA adapter (paper Eq. 1/2)."""
+
+    beta: float = 0.1
+    """Inverse temperature of the preference margin (reward = beta * log-ratio)."""
+    lr: float = 5.0e-5
+    """AdamW learning rate of the policy adapter."""
+    epochs: int = 1
+    """Passes over D_k per phase."""
+    batch_size: int = 4
+    """Pairs per optimiser step (chosen and rejected go through one forward: 2x rows)."""
+    max_length: int = 768
+    """Prompt+completion tokens kept; the prompt is truncated from the left."""
+    max_pairs: int = 24
+    """Cap on |D_k|; ``train_phase`` keeps the highest-margin pairs if given more."""
+    score_threshold: float | None = None
+    """Passed candidates below this score are not used as "chosen" (pair builder); None = none."""
+    top_k: int = 4
+    """Count-based top-k passed candidates per island used as "chosen" (pair builder)."""
+    grad_clip: float = 1.0
+    """Max global L2 norm of the adapter gradient; 0 disables clipping."""
+    checkpoints: int = 2
+    """Intermediate policy snapshots per phase that join C_k (the phase-final is always added)."""
+    bounds: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(_DEFAULT_BOUNDS))
+    """Hard [low, high] limits that ``clamped`` applies to the named knobs."""
+
+    def __post_init__(self) -> None:
+        g = "dpo"
+        self.beta = _number(g, "beta", self.beta, low=0.0, low_open=True)
+        self.lr = _number(g, "lr", self.lr, low=0.0, low_open=True)
+        self.epochs = _number(g, "epochs", self.epochs, low=1, integer=True)
+        self.batch_size = _number(g, "batch_size", self.batch_size, low=1, integer=True)
+        self.max_length = _number(g, "max_length", self.max_length, low=2, integer=True)
+        self.max_pairs = _number(g, "max_pairs", self.max_pairs, low=1, integer=True)
+        if self.score_threshold is not None:
+            self.score_threshold = _number(g, "score_threshold", self.score_threshold)
+        self.top_k = _number(g, "top_k", self.top_k, low=1, integer=True)
+        self.grad_clip = _number(g, "grad_clip", self.grad_clip, low=0.0)
+        self.checkpoints = _number(g, "checkpoints", self.checkpoints, low=0, integer=True)
+        self.bounds = self._check_bounds(self.bounds)
+
+    @staticmethod
+    def _check_bounds(bounds: Any) -> dict[str, tuple[float, float]]:
+        if not isinstance(bounds, Mapping):
+            raise TypeError(f"dpo.bounds must map a knob to [low, high], got {bounds!r}")
+        numeric = {"beta", "lr", "epochs", "batch_size", "max_length", "max_pairs", "top_k",
+                   "grad_clip", "checkpoints", "score_threshold"}
+        out: dict[str, tuple[float, float]] = {}
+        for name, pair in bounds.items():
+            if name not in numeric:
+                raise ValueError(f"dpo.bounds.{name} names no numeric DPO knob; use one of "
+                                 f"{sorted(numeric)}")
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise ValueError(f"dpo.bounds.{name} must be [low, high], got {pair!r}")
+            low = _number("dpo.bounds", f"{name}[0]", pair[0])
+            high = _number("dpo.bounds", f"{name}[1]", pair[1])
+            if low > high:
+                raise ValueError(f"dpo.bounds.{name}: low {low} exceeds high {high}; swap them")
+            out[name] = (low, high)
+        return out
+
+    @classmethod
+    def from_cfg(cls, cfg: Mapping) -> "DPOConfig":
+        """Build from the Hydra ``dpo`` group (dict or DictConfig); unknown fields are errors."""
+        data = _plain(cfg, "dpo")
+        _check_keys(cls, data, "dpo")
+        return cls(**data)
+
+    def clamped(self) -> "DPOConfig":
+        """A copy with every knob named in ``bounds`` pulled inside its [low, high]."""
+        changes: dict[str, Any] = {}
+        for name, (low, high) in self.bounds.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            new = min(max(value, low), high)
+            if isinstance(value, int):
+                new = int(min(max(value, math.ceil(low)), math.floor(high)))
+            if new != value:
+                changes[name] = new
+        return dataclasses.replace(self, **changes) if changes else dataclasses.replace(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for logging (bounds as lists, JSON friendly)."""
+        d = dataclasses.asdict(self)
+        d["bounds"] = {k: list(v) for k, v in self.bounds.items()}
+        return d
+
+
+SCORE_MODES = ("offline", "online")
+
+
+@dataclass
+class GateConfig:
+    """The Policy Inspector's numbers: Eq. 4 selection and the Eq. 5 trust-region gate."""
+
+    epsilon: float = 0.0
+    """Minimum inspector-score gain S(cand) - S(ref) to accept a promotion."""
+    delta: float = 0.05
+    """KL trust region: accept only if KL(cand || ref) <= delta (nats per completion token)."""
+    lam: float = 1.0
+    """lambda in Eq. 4: c* = argmax_c S(c) - lam * KL(c || ref)."""
+    subset_size: int = 8
+    """|G_k|: gate prompts drawn afresh each phase (by the caller)."""
+    score_mode: str = "offline"
+    """offline: re-weight already evaluated completions; online: sample and evaluate (caller)."""
+    temperature: float = 1.0
+    """Softmax temperature over length-normalised log-probs in the inspector score."""
+    batch_size: int = 8
+    """Sequences per forward pass in the gate's scoring and KL passes."""
+    max_length: int = 768
+    """Prompt+completion tokens kept per gate sequence (prompt truncated from the left)."""
+
+    def __post_init__(self) -> None:
+        g = "gate"
+        self.epsilon = _number(g, "epsilon", self.epsilon)
+        self.delta = _number(g, "delta", self.delta, low=0.0)
+        self.lam = _number(g, "lam", self.lam, low=0.0)
+        self.subset_size = _number(g, "subset_size", self.subset_size, low=1, integer=True)
+        if self.score_mode not in SCORE_MODES:
+            raise ValueError(f"gate.score_mode must be one of {SCORE_MODES}, got {self.score_mode!r}")
+        self.temperature = _number(g, "temperature", self.temperature, low=0.0, low_open=True)
+        self.batch_size = _number(g, "batch_size", self.batch_size, low=1, integer=True)
+        self.max_length = _number(g, "max_length", self.max_length, low=2, integer=True)
+
+    @classmethod
+    def from_cfg(cls, cfg: Mapping) -> "GateConfig":
+        """Build from the Hydra ``gate`` group (dict or DictConfig); unknown fields are errors."""
+        data = _plain(cfg, "gate")
+        _check_keys(cls, data, "gate")
+        return cls(**data)

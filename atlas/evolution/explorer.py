@@ -1,0 +1,251 @@
+"""Producer/consumer exploration rounds (paper 2.1).
+
+The *producer* (this process) picks islands round-robin, builds each island's prompt from its
+coverage-aware top programs, and samples completions from the agent; the *consumers* are the
+sandbox's worker processes, which evaluate candidates while the producer is already generating
+for the next island (``sandbox.submit`` returns a future at once).
+
+Determinism: ids are assigned when a candidate is created, and results are filed in the
+database in id order (the longest completed prefix is filed after each island's generation,
+the rest at the end of the round), so clustering and buffer eviction do not depend on which
+worker finished first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from atlas.evolution.database import ProgramDatabase
+from atlas.evolution.extract import extract_program
+from atlas.evolution.prompts import build_prompt
+from atlas.tasks.base import Task
+from atlas.types import Evaluation, FailureKind, Program
+
+#: generation stops at a closing fence on its own line (the prefill opened the fence)
+STOP = ["\n```"]
+NO_CODE_MESSAGE = "the completion held no extractable program"
+
+
+class Agent(Protocol):
+    def chat_prompt(self, system: str, user: str, prefill: str) -> str: ...
+
+    def generate(self, prompts: list[str], num_samples: int, *, temperature: float, top_p: float,
+                 max_new_tokens: int, stop: Sequence[str] | None, adapter: str | None,
+                 seed: int) -> list[list[str]]: ...
+
+
+class Sandbox(Protocol):
+    def submit(self, code: str, context: dict[str, Any]) -> Future: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ExploreSettings:
+    """The validated subset of the ``explore`` config group the explorer uses."""
+
+    islands: int
+    islands_per_round: int
+    samples_per_prompt: int
+    programs_in_prompt: int
+    max_new_tokens: int
+    temperatures: tuple[float, ...]
+    top_p: float
+    temperature_bounds: tuple[float, float] = (0.1, 2.0)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> "ExploreSettings":
+        def need(name: str) -> Any:
+            if name not in cfg or cfg[name] is None:
+                raise ValueError(f"explore.{name} is missing; see conf/explore/default.yaml")
+            return cfg[name]
+
+        islands = int(need("islands"))
+        temps = need("temperatures")
+        temps = [float(temps)] * islands if isinstance(temps, (int, float)) else [float(t) for t in temps]
+        if len(temps) == 1:
+            temps = temps * islands
+        if len(temps) < islands:
+            raise ValueError(f"explore.temperatures has {len(temps)} values but explore.islands="
+                             f"{islands}; give one temperature per island or a single value")
+        bounds = tuple(float(b) for b in cfg.get("temperature_bounds", None) or (0.1, 2.0))
+        if len(bounds) != 2 or not 0 < bounds[0] <= bounds[1]:
+            raise ValueError(f"explore.temperature_bounds must be [low, high] with 0 < low <= "
+                             f"high, got {list(bounds)}")
+        s = cls(islands=islands, islands_per_round=int(need("islands_per_round")),
+                samples_per_prompt=int(need("samples_per_prompt")),
+                programs_in_prompt=int(need("programs_in_prompt")),
+                max_new_tokens=int(need("max_new_tokens")), temperatures=tuple(temps[:islands]),
+                top_p=float(need("top_p")), temperature_bounds=(bounds[0], bounds[1]))
+        checks = [
+            (s.islands >= 1, "islands", "must be >= 1"),
+            (1 <= s.islands_per_round <= s.islands, "islands_per_round",
+             f"must be in [1, islands={s.islands}]"),
+            (s.samples_per_prompt >= 1, "samples_per_prompt", "must be >= 1"),
+            (s.programs_in_prompt >= 0, "programs_in_prompt", "must be >= 0"),
+            (s.max_new_tokens >= 1, "max_new_tokens", "must be >= 1"),
+            (all(math.isfinite(t) and t > 0 for t in s.temperatures), "temperatures",
+             "must all be finite and > 0"),
+            (0 < s.top_p <= 1, "top_p", "must be in (0, 1]"),
+        ]
+        for ok, name, rule in checks:
+            if not ok:
+                raise ValueError(f"explore.{name}={getattr(s, name)!r} {rule}")
+        return s
+
+
+class Explorer:
+    """Runs exploration rounds: prompts -> samples -> extraction -> sandbox -> database."""
+
+    def __init__(self, task: Task, agent: Agent, sandbox: Sandbox, db: ProgramDatabase,
+                 cfg: Mapping[str, Any], seed: int) -> None:
+        self.settings = ExploreSettings.from_config(cfg)
+        if db.num_islands != self.settings.islands:
+            raise ValueError(f"the database has {db.num_islands} islands but explore.islands="
+                             f"{self.settings.islands}; build it with the same explore config")
+        self.task, self.agent, self.sandbox, self.db, self.seed = task, agent, sandbox, db, seed
+        self.spec = task.prompt_spec()
+        self.last_stats: dict[str, Any] = {}  # telemetry of the latest round
+
+    # ---- scheduling -----------------------------------------------------------------------
+    def islands_for_round(self, round_index: int) -> list[int]:
+        """Round-robin: round r serves islands r*m .. r*m+m-1 (mod the number of islands)."""
+        n, m = self.settings.islands, self.settings.islands_per_round
+        start = (round_index * m) % n
+        return [(start + j) % n for j in range(m)]
+
+    def temperature(self, island: int, overrides: Mapping[int, float] | None = None) -> float:
+        """The island's sampling temperature; an override is clamped to temperature_bounds."""
+        temp = self.settings.temperatures[island]
+        if overrides and island in overrides:
+            value = float(overrides[island])
+            if math.isfinite(value):
+                lo, hi = self.settings.temperature_bounds
+                temp = min(max(value, lo), hi)
+        return temp
+
+    def _generation_seed(self, round_index: int, island: int) -> int:
+        return (self.seed * 1_000_003 + round_index * 1_009 + island) % (2**31 - 1)
+
+    # ---- evaluation plumbing --------------------------------------------------------------
+    @staticmethod
+    def _done(evaluation: Evaluation) -> Future:
+        fut: Future = Future()
+        fut.set_result(evaluation)
+        return fut
+
+    @staticmethod
+    def _outcome(fut: Future) -> Evaluation:
+        try:
+            ev = fut.result()
+        except Exception as exc:  # a broken worker pool must not kill the run
+            return Evaluation.failure(FailureKind.KILLED, f"sandbox error: {exc!r}")
+        if not isinstance(ev, Evaluation):
+            return Evaluation.failure(FailureKind.KILLED, f"sandbox returned {type(ev).__name__}")
+        return ev
+
+    def _submit(self, code: str | None, context: dict[str, Any]) -> Future:
+        if code is None:
+            return self._done(Evaluation.failure(FailureKind.NO_CODE, NO_CODE_MESSAGE))
+        return self.sandbox.submit(code, context)
+
+    def _file(self, pending: list[tuple[Program, Future]], out: list[Program], block: bool) -> None:
+        while pending and (block or pending[0][1].done()):
+            prog, fut = pending.pop(0)
+            prog.evaluation = self._outcome(fut)
+            self.db.add(prog)
+            out.append(prog)
+
+    # ---- public API -----------------------------------------------------------------------
+    def seed_islands(self, round_index: int = 0) -> list[Program]:
+        """File the task's seed program in every island (evaluated once, one copy per island).
+
+        Raises when the seed fails: every prompt would then start from nothing, which means
+        the task or the sandbox is broken, not the agent.
+        """
+        code = self.task.seed_program()
+        ev = self._outcome(self.sandbox.submit(code, self.task.context(round_index)))
+        if not ev.passed:
+            raise RuntimeError(f"the task's seed program failed in the sandbox "
+                               f"({ev.failure_kind}: {ev.message[:300]}); fix the task "
+                               f"{self.task.name!r} seed_program or its evaluator")
+        out = []
+        for island in range(self.settings.islands):
+            prog = Program(id=self.db.next_id(), island=island, round=round_index, code=code,
+                           evaluation=dataclasses.replace(ev, metrics=dict(ev.metrics)),
+                           source="seed", phase=0)
+            self.db.add(prog)
+            out.append(prog)
+        return out
+
+    def parents_for(self, island: int) -> list[Program]:
+        """The island's coverage-aware top programs; the global best if the island is empty."""
+        parents = self.db.top_k(island, self.settings.programs_in_prompt)
+        if not parents and self.settings.programs_in_prompt > 0:
+            best = self.db.best()
+            parents = [best] if best is not None else []
+        return parents
+
+    def run_round(self, round_index: int, phase: int, critiques: dict[int, str] | None = None,
+                  temperature_overrides: dict[int, float] | None = None) -> list[Program]:
+        """One producer/consumer round; returns its new programs in id order."""
+        from atlas.agent.adapters import POLICY  # deferred: peft is slow to import
+
+        s, critiques = self.settings, critiques or {}
+        context = self.task.context(round_index)
+        pending: list[tuple[Program, Future]] = []
+        out: list[Program] = []
+        stats: dict[str, Any] = {"round": round_index, "phase": phase, "islands": {},
+                                 "generation_s": 0.0}
+        t_round = time.perf_counter()
+        for island in self.islands_for_round(round_index):
+            parents = self.parents_for(island)
+            system, user, prefill = build_prompt(self.spec, parents, critiques.get(island))
+            text = self.agent.chat_prompt(system, user, prefill)
+            temp = self.temperature(island, temperature_overrides)
+            t0 = time.perf_counter()
+            completions = self.agent.generate(
+                [text], s.samples_per_prompt, temperature=temp, top_p=s.top_p,
+                max_new_tokens=s.max_new_tokens, stop=STOP, adapter=POLICY,
+                seed=self._generation_seed(round_index, island))[0]
+            stats["generation_s"] += time.perf_counter() - t0
+            for completion in completions:
+                code = extract_program(prefill, completion, self.spec.entry_point)
+                prog = Program(id=self.db.next_id(), island=island, round=round_index,
+                               code=code or "", evaluation=Evaluation.failure(FailureKind.KILLED, "pending"),
+                               prompt=text, completion=completion,
+                               parents=[p.id for p in parents], source="agent", phase=phase)
+                pending.append((prog, self._submit(code, context)))
+            stats["islands"][island] = {"temperature": temp, "samples": len(completions),
+                                        "critique": bool(critiques.get(island))}
+            self._file(pending, out, block=False)  # file what finished while we generated
+        self._file(pending, out, block=True)
+        for island, row in stats["islands"].items():
+            mine = [p for p in out if p.island == island]
+            row["valid"] = sum(p.passed for p in mine)
+            row["failure_kinds"] = dict(Counter(p.evaluation.failure_kind for p in mine))
+        stats["wall_s"] = time.perf_counter() - t_round
+        self.last_stats = stats
+        return out
+
+    def add_external(self, code: str, island: int, round_index: int, phase: int, source: str,
+                     parents: list[int], *, prompt: str = "", completion: str = "") -> Program:
+        """Evaluate and file a program from outside the agent (e.g. a supporter's patch).
+
+        Without ``prompt``/``completion`` it cannot enter preference pairs (DPO needs the
+        agent-side prompt); with them it can, e.g. as a supporter's proposed completion.
+        """
+        if not 0 <= island < self.settings.islands:
+            raise ValueError(f"add_external: island={island} is outside [0, "
+                             f"{self.settings.islands}) (explore.islands)")
+        extracted = extract_program("", code, self.spec.entry_point)
+        ev = self._outcome(self._submit(extracted, self.task.context(round_index)))
+        prog = Program(id=self.db.next_id(), island=island, round=round_index,
+                       code=extracted or "", evaluation=ev, prompt=prompt,
+                       completion=completion, parents=list(parents), source=source, phase=phase)
+        self.db.add(prog)
+        return prog

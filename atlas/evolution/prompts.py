@@ -1,0 +1,75 @@
+"""Prompts for a small research agent: versioned programs with scores, then a prefilled header.
+
+Why this shape (FunSearch/EvoTune style, tuned for SmolLM2-135M): free-form chat prompts gave
+0-4 valid programs out of 8, so the prompt is mostly code. The island's best programs are shown
+as versions ``v0 .. v{n-1}`` ordered worst -> best, each a fenced block whose first line is
+``# vI: score S``; the model is asked for ``v{n}`` and its answer is *prefilled* with the
+opening fence, the version comment, the best parent's preamble (imports, constants, helpers
+the body may call) and the function signature, so generation starts inside the function body.
+"""
+
+from __future__ import annotations
+
+import math
+
+from atlas.evolution.extract import split_program, strip_version_comments
+from atlas.tasks.base import PromptSpec
+from atlas.types import Program
+
+MAX_CRITIQUE_CHARS = 600  # a supporter's critique is cut here: the agent's context is small
+
+
+def format_score(score: float) -> str:
+    """Short, sign-preserving score text for the ``# vI: score S`` comment."""
+    if not math.isfinite(score):
+        return "failed"
+    return f"{score:.4g}"
+
+
+def _signature_line(spec: PromptSpec) -> str:
+    sig = spec.signature.strip()
+    if not sig.startswith(("def ", "async def ")):
+        raise ValueError(f"PromptSpec.signature must be a def line like 'def {spec.entry_point}"
+                         f"(...):', got {spec.signature!r} (fix the task's prompt_spec)")
+    return sig if sig.endswith(":") else sig + ":"
+
+
+def build_prompt(spec: PromptSpec, parents: list[Program],
+                 critique: str | None = None) -> tuple[str, str, str]:
+    """``(system, user, prefill)`` for one island; ``parents`` in any order (sorted here).
+
+    The prefill is the start of the assistant's answer; the agent's ``chat_prompt`` appends it
+    after the generation prompt so the model continues the function body.
+    """
+    sig = _signature_line(spec)
+    shown = sorted(parents, key=lambda p: (p.score, -p.id))  # worst -> best
+    n = len(shown)
+    parts = [spec.problem.strip()]
+    if spec.hints:
+        parts.append("\n".join(f"- {h.strip()}" for h in spec.hints))
+    if shown:
+        parts.append("Earlier versions, worst to best:")
+        for i, p in enumerate(shown):
+            code = strip_version_comments(p.code)
+            parts.append(f"```python\n# v{i}: score {format_score(p.score)}\n{code}\n```")
+    if critique and critique.strip():
+        note = " ".join(critique.split())[:MAX_CRITIQUE_CHARS]
+        parts.append(f"Reviewer note: {note}")
+    if shown:
+        parts.append(f"Write v{n}, a better version of v{n - 1} (higher score). "
+                     f"Keep the signature. Reply with code only.")
+    else:
+        parts.append(f"Write {spec.entry_point}. Keep the signature. Reply with code only.")
+    user = "\n\n".join(parts)
+
+    preamble = ""
+    if shown:
+        split = split_program(strip_version_comments(shown[-1].code), spec.entry_point)
+        if split is not None:
+            preamble = split[0]
+    header = f"# v{n}: score higher than v{n - 1}" if shown else "# v0"
+    prefill = "```python\n" + header + "\n"
+    if preamble:
+        prefill += preamble + "\n\n"
+    prefill += sig + "\n"
+    return spec.system.strip(), user, prefill

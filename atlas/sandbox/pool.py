@@ -1,0 +1,355 @@
+"""Parent side of the sandbox: worker processes, the watchdog, and the ``Sandbox`` API.
+
+Why the parent enforces the limits: a candidate in an in-process (JAX) worker controls that
+whole process, so only an outside observer can be trusted to stop it. Each slot owns one
+worker; while a candidate runs, the slot's thread waits on the worker's result pipe and
+every ``POLL_S`` checks the wall clock and the resident memory of the candidate's
+processes, killing them when a limit is crossed. A dead or compromised worker is replaced
+lazily, so one bad candidate costs at most its own limit.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import json
+import logging
+import math
+import os
+import queue
+import secrets
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from typing import Any
+
+import psutil
+
+from atlas.sandbox import protocol
+from atlas.sandbox.isolation import BWRAP, bwrap_args, find_bwrap, resolve_isolation
+from atlas.types import Evaluation, FailureKind
+
+log = logging.getLogger("atlas.sandbox")
+
+POLL_S = 0.05
+RSS_EVERY_S = 0.1
+GRACE_S = 3.0  # after killing a forked candidate, how long the worker has to report it
+STARTUP_TIMEOUT_S = 180.0
+_WORKER_MODULE = "atlas.sandbox.worker"
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself cannot work (bad evaluator factory, worker start-up failure)."""
+
+
+def _kill_tree(root: psutil.Process | None, keep_root: bool = False) -> None:
+    if root is None:
+        return
+    try:
+        procs = root.children(recursive=True)
+    except psutil.Error:
+        procs = []
+    if not keep_root:
+        procs.append(root)
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+class _Slot:
+    """One worker process and the pipes to it; used by one thread at a time."""
+
+    def __init__(self, sandbox: Sandbox, index: int) -> None:
+        self.sb, self.index = sandbox, index
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.root: psutil.Process | None = None
+        self.worker: psutil.Process | None = None
+        self.req_w = self.resp_r = -1
+        self.fork_safe = True
+        self.served = 0
+        self.tmp_root: str | None = None
+        self._ids = itertools.count()
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        sb = self.sb
+        req_r, self.req_w = os.pipe()
+        self.resp_r, resp_w = os.pipe()
+        cmd = [sys.executable, "-m", _WORKER_MODULE, "--req-fd", str(req_r),
+               "--resp-fd", str(resp_w)]
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+        if sb.isolation == BWRAP:
+            cmd = bwrap_args(str(find_bwrap()), sb.memory_mb) + cmd
+        else:
+            self.tmp_root = tempfile.mkdtemp(prefix="atlas-sandbox-")
+        errlog = tempfile.TemporaryFile()
+        try:
+            self.proc = subprocess.Popen(cmd, pass_fds=(req_r, resp_w), stdin=subprocess.DEVNULL,
+                                         stdout=errlog, stderr=errlog, env=env,
+                                         start_new_session=True)
+        finally:
+            os.close(req_r)
+            os.close(resp_w)
+        self.root = psutil.Process(self.proc.pid)
+        protocol.write_frame(self.req_w, {
+            "type": "init", "factory": sb.evaluator_factory, "config": sb.evaluator_config,
+            "memory_mb": sb.memory_mb, "timeout_s": sb.timeout_s,
+            "max_output_bytes": sb.max_output_bytes, "tmp_root": self.tmp_root})
+        reply = self._await_frame(time.monotonic() + STARTUP_TIMEOUT_S)
+        if reply is None or reply.get("type") != "ready":
+            errlog.seek(0)
+            stderr = errlog.read()[-3000:].decode("utf-8", "replace")
+            detail = (reply or {}).get("traceback") or (reply or {}).get("message") or stderr
+            self.stop()
+            raise SandboxError(f"sandbox worker failed to start evaluator_factory="
+                               f"{sb.evaluator_factory!r}:\n{detail}")
+        errlog.close()
+        self.fork_safe = bool(reply.get("fork_safe", True))
+        self.worker = self._find_worker()
+        self.served = 0
+        log.debug("sandbox worker %d started (pid %s, fork_safe=%s)", self.index,
+                  self.proc.pid, self.fork_safe)
+
+    def _find_worker(self) -> psutil.Process | None:
+        """The worker's host process (under bwrap the root is bwrap itself)."""
+        level = [self.root] if self.root else []
+        while level:
+            nxt = []
+            for p in level:
+                try:
+                    cmdline = p.cmdline()
+                    if _WORKER_MODULE in cmdline and "bwrap" not in os.path.basename(cmdline[0]):
+                        return p
+                    nxt.extend(p.children())
+                except psutil.Error:
+                    continue
+            level = nxt
+        return self.root
+
+    def stop(self) -> None:
+        _kill_tree(self.root)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.warning("sandbox worker %d did not die after SIGKILL", self.index)
+        for fd in (self.req_w, self.resp_r):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.req_w = self.resp_r = -1
+        self.proc = self.root = self.worker = None
+        if self.tmp_root:
+            shutil.rmtree(self.tmp_root, ignore_errors=True)
+            self.tmp_root = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    # -- I/O --------------------------------------------------------------------------------
+    def _await_frame(self, deadline: float) -> dict[str, Any] | None:
+        buf = protocol.FrameBuffer()
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.resp_r], [], [], POLL_S)
+            if ready:
+                chunk = os.read(self.resp_r, 1 << 16)
+                if not chunk:
+                    return None
+                buf.feed(chunk)
+                frame = buf.pop()
+                if frame is not None:
+                    return frame
+            elif not self.alive():
+                return None
+        return None
+
+    def _candidate_procs(self) -> list[psutil.Process]:
+        """The processes running candidate code: the forked child(ren) or the whole worker."""
+        if self.worker is None:
+            return []
+        try:
+            kids = self.worker.children(recursive=True)
+        except psutil.Error:
+            return []
+        return kids if self.fork_safe else [self.worker, *kids]
+
+    def _rss_mb(self) -> float:
+        total = 0
+        for p in self._candidate_procs():
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return total / (1 << 20)
+
+    # -- one candidate ----------------------------------------------------------------------
+    def run(self, code: str, context: dict[str, Any]) -> Evaluation:
+        sb = self.sb
+        if not self.alive():
+            self.stop()
+            self.start()
+        nonce, rid = secrets.token_hex(16), next(self._ids)
+        start = time.monotonic()
+        protocol.write_frame(self.req_w, {"type": "eval", "id": rid, "nonce": nonce,
+                                          "code": code, "context": context})
+        deadline = start + sb.timeout_s
+        buf, frame, verdict = protocol.FrameBuffer(), None, None
+        give_up, next_rss, peak = math.inf, start, 0.0
+        try:
+            while frame is None:
+                now = time.monotonic()
+                if now >= give_up:
+                    break
+                if verdict is None and now >= deadline:
+                    verdict = Evaluation.failure(
+                        FailureKind.TIMEOUT, f"the program exceeded the {sb.timeout_s:g} s "
+                                             f"wall-time limit and was killed")
+                elif verdict is None and now >= next_rss:
+                    next_rss = now + RSS_EVERY_S
+                    peak = max(peak, self._rss_mb())
+                    if peak > sb.memory_mb:
+                        verdict = Evaluation.failure(
+                            FailureKind.KILLED, f"the program exceeded the memory limit of "
+                                                f"{sb.memory_mb} MB (resident {peak:.0f} MB) "
+                                                f"and was killed")
+                if verdict is not None and give_up == math.inf:
+                    if self.fork_safe:
+                        _kill_tree(self.worker, keep_root=True)
+                        give_up = time.monotonic() + GRACE_S
+                    else:
+                        break
+                ready, _, _ = select.select([self.resp_r], [], [], POLL_S)
+                if ready:
+                    chunk = os.read(self.resp_r, 1 << 16)
+                    if not chunk:
+                        break
+                    buf.feed(chunk)
+                    frame = buf.pop()
+                elif not self.alive():
+                    break
+            ev = self._interpret(frame, rid, nonce, verdict)
+        except (protocol.ProtocolError, ValueError) as exc:
+            ev = Evaluation.failure(FailureKind.EXCEPTION,
+                                    f"the program tampered with the sandbox protocol ({exc})")
+            frame = None
+        ev.seconds = time.monotonic() - start
+        self.served += 1
+        healthy = frame is not None and buf.pending() == 0 and self.alive()
+        recycle = not self.fork_safe and (not ev.passed or self.served >= sb.recycle_every)
+        if not healthy or recycle:
+            self.stop()
+        return ev
+
+    def _interpret(self, frame: dict[str, Any] | None, rid: int, nonce: str,
+                   verdict: Evaluation | None) -> Evaluation:
+        if verdict is not None:
+            return verdict
+        if frame is None:
+            code = self.proc.poll() if self.proc else None
+            return Evaluation.failure(FailureKind.KILLED,
+                                      f"the sandbox worker died while running the program "
+                                      f"(exit status {code}); it was probably killed")
+        if frame.get("type") != "result" or frame.get("id") != rid or frame.get("nonce") != nonce:
+            raise protocol.ProtocolError("a result frame with the wrong id or nonce")
+        ev = protocol.validate_evaluation(frame.get("evaluation"))
+        output = frame.get("output")
+        if not ev.passed and isinstance(output, str) and output.strip() and not ev.message:
+            ev.message = f"program output: {output[-1500:]}"
+        return ev
+
+
+class Sandbox:
+    """Runs untrusted candidate programs in isolated worker processes, in parallel.
+
+    ``evaluator_factory`` ("module:function") is imported and called once per worker with
+    ``evaluator_config``; the evaluator it returns scores one candidate per call. Every
+    candidate gets ``timeout_s`` of wall time and ``memory_mb`` of resident memory.
+    """
+
+    def __init__(self, evaluator_factory: str, evaluator_config: dict, *, workers: int = 2,
+                 timeout_s: float = 30.0, memory_mb: int = 2048, isolation: str = "auto",
+                 max_output_bytes: int = 65536, recycle_every: int = 50) -> None:
+        if not isinstance(evaluator_factory, str) or evaluator_factory.count(":") != 1 \
+                or not all(evaluator_factory.split(":")):
+            raise ValueError(f"evaluator_factory={evaluator_factory!r} is invalid: use an import "
+                             f"path 'package.module:function'")
+        if not isinstance(evaluator_config, dict):
+            raise ValueError(f"evaluator_config must be a dict, got "
+                             f"{type(evaluator_config).__name__}")
+        try:
+            json.dumps(evaluator_config)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"evaluator_config must hold plain JSON values: {exc}") from exc
+        for name, value, low in (("workers", workers, 1), ("memory_mb", memory_mb, 64),
+                                 ("max_output_bytes", max_output_bytes, 0),
+                                 ("recycle_every", recycle_every, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"sandbox {name}={value!r} is invalid: use an integer >= {low}")
+        if not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
+            raise ValueError(f"sandbox timeout_s={timeout_s!r} is invalid: use seconds > 0")
+        self.evaluator_factory = evaluator_factory
+        self.evaluator_config = dict(evaluator_config)
+        self.workers, self.timeout_s, self.memory_mb = workers, float(timeout_s), memory_mb
+        self.max_output_bytes, self.recycle_every = max_output_bytes, recycle_every
+        self.isolation: str = resolve_isolation(isolation)
+        self._slots: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
+        self._all = [_Slot(self, i) for i in range(workers)]
+        for slot in self._all:
+            self._slots.put(slot)
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, "atlas-sandbox")
+        self._closed = False
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, Sandbox._shutdown, self._pool, self._all)
+
+    def _run(self, code: str, context: dict) -> Evaluation:
+        slot = self._slots.get()
+        try:
+            return slot.run(code, context)
+        finally:
+            self._slots.put(slot)
+
+    def submit(self, code: str, context: dict) -> concurrent.futures.Future[Evaluation]:
+        """Queue one candidate; the future holds its ``Evaluation``."""
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        json.dumps(context)  # fail here, not in the worker, on a non-JSON context
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the Sandbox is closed")
+            return self._pool.submit(self._run, code, dict(context))
+
+    def evaluate(self, code: str, context: dict) -> Evaluation:
+        """Run one candidate and wait for its ``Evaluation``."""
+        return self.submit(code, context).result()
+
+    def evaluate_many(self, codes: list[str], context: dict) -> list[Evaluation]:
+        """Run candidates in parallel across workers; results in input order."""
+        futures = [self.submit(code, context) for code in codes]
+        return [f.result() for f in futures]
+
+    @staticmethod
+    def _shutdown(pool: concurrent.futures.ThreadPoolExecutor, slots: list[_Slot]) -> None:
+        pool.shutdown(wait=True, cancel_futures=True)
+        for slot in slots:
+            slot.stop()
+
+    def close(self) -> None:
+        """Stop all workers (waits for running candidates, at most their limits)."""
+        with self._lock:
+            self._closed = True
+        self._finalizer()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

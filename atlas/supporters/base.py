@@ -1,0 +1,88 @@
+"""What every role does around its answer: ask the model, validate, fall back, count, log.
+
+A role never raises into the loop because of its model: any failure of the ``openai``
+backend (server down, timeout, unparsable or out-of-range answer) becomes the embedded
+rule's answer stamped with the ``fallback_cause``, and is counted per cause. Counters obey
+``calls == llm_ok + embedded + sum(fallbacks)`` (``embedded``: answered by the rule by
+design, i.e. the embedded backend or nothing to ask the model).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from pydantic import ValidationError
+
+from atlas.supporters.config import RoleConfig
+from atlas.supporters.openai_backend import ChatBackend, SupporterError
+from atlas.supporters.schemas import FALLBACK_CAUSES, RAW_CHARS
+
+log = logging.getLogger("atlas.supporters")
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+@dataclass
+class RoleStats:
+    """Per-role counters the caller reports (paper Table 3/5 and the valid-answer rate)."""
+
+    backend: str
+    calls: int = 0
+    llm_ok: int = 0
+    embedded: int = 0
+    fallbacks: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FALLBACK_CAUSES, 0))
+
+    def as_dict(self) -> dict:
+        return {"backend": self.backend, "calls": self.calls, "llm_ok": self.llm_ok,
+                "embedded": self.embedded, "fallbacks": dict(self.fallbacks)}
+
+
+class Role(Generic[Req, Resp]):
+    """Shared machinery; subclasses supply the prompt, the parser and the embedded rule."""
+
+    name = "role"
+
+    def __init__(self, cfg: RoleConfig, seed: int = 0) -> None:
+        self.cfg = cfg
+        self.seed = seed
+        self.stats = RoleStats(backend=cfg.backend)
+        self.backend: ChatBackend | None = (ChatBackend(cfg, seed=seed)
+                                            if cfg.backend == "openai" else None)
+
+    # -- subclass hooks
+    def _prompt(self, req: Req) -> tuple[str, str]:
+        raise NotImplementedError
+
+    def _parse(self, text: str, req: Req) -> Resp:
+        raise NotImplementedError
+
+    def _rule(self, req: Req) -> Resp:
+        raise NotImplementedError
+
+    # -- the one path every call takes
+    def _answer(self, req: Req, ask_model: bool = True) -> Resp:
+        self.stats.calls += 1
+        if self.backend is None or not ask_model:
+            self.stats.embedded += 1
+            out = self._rule(req)
+        else:
+            try:
+                system, user = self._prompt(req)
+                text = self.backend.complete(system, user)
+                try:
+                    out = self._parse(text, req)
+                except ValidationError as exc:  # a parsed value the schema still rejects
+                    raise SupporterError("malformed", str(exc)[:300], text) from exc
+                self.stats.llm_ok += 1
+            except SupporterError as exc:
+                self.stats.fallbacks[exc.cause] += 1
+                log.warning("supporter %s: %s answer unusable (%s): %s; using the embedded rule",
+                            self.name, self.cfg.model, exc.cause, exc.message[:300])
+                out = self._rule(req).model_copy(  # type: ignore[attr-defined]
+                    update={"fallback_cause": exc.cause, "raw": exc.raw[:RAW_CHARS]})
+        log.info("supporter %s backend=%s fallback_cause=%s", self.name,
+                 out.backend, out.fallback_cause)  # type: ignore[attr-defined]
+        return out

@@ -1,0 +1,30 @@
+"""Shared fixtures: composing the Hydra config the way `python -m atlas.train` does."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, open_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def compose_cfg(overrides: list[str] | None = None, run_dir: Path | None = None) -> DictConfig:
+    """Compose conf/train.yaml with overrides; ``run_dir`` replaces Hydra's runtime folder."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(overrides or []))
+    with open_dict(cfg):
+        cfg.run_dir = str(run_dir) if run_dir is not None else "unused"
+    return cfg
+
+
+@pytest.fixture
+def compose_config():
+    return compose_cfg

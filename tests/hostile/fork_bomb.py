@@ -1,0 +1,7 @@
+# expect: exception
+import os
+
+
+def policy(contexts, history, t, state):
+    while True:
+        os.fork()

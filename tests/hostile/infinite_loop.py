@@ -1,0 +1,4 @@
+# expect: timeout
+def policy(contexts, history, t, state):
+    while True:
+        pass

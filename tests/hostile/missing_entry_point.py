@@ -1,0 +1,3 @@
+# expect: missing_entry_point
+def choose(contexts, history, t, state):
+    return 0

@@ -1,0 +1,3 @@
+# expect: non_finite
+def policy(contexts, history, t, state):
+    return float("nan")

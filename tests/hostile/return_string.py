@@ -1,0 +1,3 @@
+# expect: wrong_return
+def policy(contexts, history, t, state):
+    return "arm 0"

@@ -1,0 +1,3 @@
+# expect: syntax_error
+def policy(contexts, history, t, state)
+    return 0

@@ -1,0 +1,310 @@
+"""DPO on LoRA: config, batching, the loss (against TRL), train_phase and the reference swap."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader
+
+from atlas.agent.adapters import POLICY, REF, attach_adapters, get_adapter_state, set_adapter_state
+from atlas.agent.tiny import build_tiny_model
+from atlas.dpo import (
+    DPOConfig,
+    DPOModule,
+    GateConfig,
+    ReferenceSwapCallback,
+    dpo_loss,
+    evaluate_pairs,
+    train_phase,
+)
+from atlas.dpo.batching import PairCollator, encode
+from atlas.dpo.callbacks import snapshot_steps
+from atlas.dpo.logprobs import sequence_logps
+from atlas.dpo.loss import dpo_terms
+from atlas.types import PreferencePair
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def tiny_peft(seed: int = 0):
+    model, tok = build_tiny_model(seed=seed)
+    torch.manual_seed(seed)
+    return attach_adapters(model, r=4, alpha=8), tok
+
+
+def randomise(model, name: str, seed: int, scale: float = 0.3) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    state = {k: torch.randn(v.shape, generator=g) * scale
+             for k, v in get_adapter_state(model, name).items()}
+    set_adapter_state(model, name, state)
+    return state
+
+
+def make_pairs(n: int) -> list[PreferencePair]:
+    return [PreferencePair(prompt=f"# task {i}\ndef solve(x):\n", chosen=f"    return x * {i + 2}\n",
+                           rejected="    pass  # TODO" + "!" * (i % 3), chosen_score=-0.1 * i,
+                           rejected_score=-1.0 - i) for i in range(n)]
+
+
+def base_state(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# -- config -----------------------------------------------------------------------------------
+def test_config_mirrors_yaml_validates_and_clamps():
+    cfg = DPOConfig.from_cfg(OmegaConf.load(CONF / "dpo" / "default.yaml"))
+    assert (cfg.beta, cfg.lr, cfg.epochs, cfg.batch_size, cfg.checkpoints) == (0.1, 5e-5, 1, 4, 2)
+    assert cfg.score_threshold is None and cfg.bounds["lr"] == (1e-6, 1e-3)
+    wild = DPOConfig(beta=7.0, lr=0.5, epochs=40).clamped()
+    assert (wild.beta, wild.lr, wild.epochs) == (2.0, 1e-3, 5)
+    assert isinstance(wild.epochs, int)
+    assert DPOConfig(beta=0.001).clamped().beta == 0.01
+    with pytest.raises(ValueError, match=r"dpo\.beta must be > 0"):
+        DPOConfig(beta=-1)
+    with pytest.raises(TypeError, match=r"dpo\.epochs must be an integer"):
+        DPOConfig(epochs=1.5)
+    with pytest.raises(ValueError, match=r"dpo\.betta is not a known field"):
+        DPOConfig.from_cfg({"betta": 0.1})
+    with pytest.raises(ValueError, match=r"dpo\.bounds\.lr: low"):
+        DPOConfig(bounds={"lr": [1e-3, 1e-6]})
+    gate = GateConfig.from_cfg(OmegaConf.load(CONF / "gate" / "default.yaml"))
+    assert (gate.epsilon, gate.delta, gate.lam, gate.subset_size, gate.score_mode) == \
+        (0.0, 0.05, 1.0, 8, "offline")
+    with pytest.raises(ValueError, match=r"gate\.score_mode"):
+        GateConfig(score_mode="vibes")
+
+
+# -- batching and log-probs -------------------------------------------------------------------
+def test_encode_left_truncates_prompt_and_ends_with_eos():
+    _, tok = build_tiny_model()
+    eos = tok.eos_token_id
+    e = encode(tok, "abcdef", "xy", max_length=5)
+    assert e.ids == [*tok("ef", add_special_tokens=False)["input_ids"],
+                     *tok("xy", add_special_tokens=False)["input_ids"], eos]
+    assert e.n_prompt == 2
+    long = encode(tok, "abc", "z" * 10, max_length=6)  # completion over budget: cut its end
+    assert long.n_prompt == 1 and len(long.ids) == 6 and long.ids[-1] != eos
+    batch = PairCollator(tok, 64)(make_pairs(2))
+    assert batch["input_ids"].shape[0] == 4  # chosen rows then rejected rows
+    assert torch.equal(batch["completion_mask"] <= batch["attention_mask"],
+                       torch.ones_like(batch["attention_mask"], dtype=torch.bool))
+    first = encode(tok, make_pairs(2)[1].prompt, make_pairs(2)[1].rejected, 64)
+    assert batch["input_ids"][3, : len(first.ids)].tolist() == first.ids
+    assert int(batch["completion_mask"][3].sum()) == len(first.ids) - first.n_prompt
+
+
+def test_sequence_logps_match_a_per_token_loop():
+    model, tok = tiny_peft()
+    randomise(model, POLICY, 1)
+    prompts = ["short", "a much longer prompt here"]
+    comps = ["completion one", "two"]
+    batch = PairCollator(tok, 64)([PreferencePair(p, c, c, 0, 0) for p, c in zip(prompts, comps)])
+    got_sum = sequence_logps(model, batch, "sum")[:2]
+    got_mean = sequence_logps(model, batch, "mean")[:2]
+    for row, (p, c) in enumerate(zip(prompts, comps)):
+        ids = tok(p, add_special_tokens=False)["input_ids"]
+        comp = tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        full = torch.tensor([ids + comp])
+        with torch.no_grad():
+            logits = model(input_ids=full).logits[0]
+        total = 0.0
+        for k, tok_id in enumerate(comp):
+            pos = len(ids) + k
+            total += float(torch.log_softmax(logits[pos - 1].double(), -1)[tok_id])
+        assert float(got_sum[row]) == pytest.approx(total, rel=1e-5)
+        assert float(got_mean[row]) == pytest.approx(total / len(comp), rel=1e-5)
+
+
+# -- the loss ---------------------------------------------------------------------------------
+def test_dpo_loss_hand_numbers():
+    t = dpo_loss(torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0]),
+                 torch.tensor([-1.5, -2.0]), torch.tensor([-1.5, -2.0]), beta=0.5)
+    # pair 0: margin 0.5 * ((-1 + 1.5) - (-2 + 1.5)) = 0.5; pair 1: 0.5 * (-1 - 1) = -1
+    assert t.losses.tolist() == pytest.approx([math.log1p(math.exp(-0.5)), math.log1p(math.exp(1.0))])
+    assert t.chosen_rewards.tolist() == pytest.approx([0.25, -0.5])
+    assert t.rejected_rewards.tolist() == pytest.approx([-0.25, 0.5])
+    assert t.stats()["accuracy"] == 0.5
+
+
+@pytest.mark.parametrize("reference", ["adaptive", "fixed"])
+def test_loss_equals_trl_on_same_batch_and_model(reference):
+    datasets = pytest.importorskip("datasets")
+    trl = pytest.importorskip("trl")
+    from peft import LoraConfig, get_peft_model
+
+    pairs = make_pairs(4)
+    model, tok = tiny_peft(seed=1)
+    policy = randomise(model, POLICY, 11)
+    ref = randomise(model, REF, 12)
+    batch = PairCollator(tok, 256)(pairs)
+    ours = dpo_terms(model, batch, 0.2, reference)
+    with torch.no_grad():
+        ours_chosen_logps = sequence_logps(model, batch, "sum").chunk(2)[0]
+
+    base2, tok2 = build_tiny_model(seed=1)  # same weights, TRL's own adapter layout
+    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                      bias="none", task_type="CAUSAL_LM")
+    trl_model = get_peft_model(base2, lora)  # adapter "default"; TRL adds "ref" itself
+    ds = datasets.Dataset.from_dict({k: [getattr(p, k) for p in pairs]
+                                     for k in ("prompt", "chosen", "rejected")})
+    with tempfile.TemporaryDirectory() as out:
+        args = trl.DPOConfig(output_dir=out, report_to="none", beta=0.2, use_cpu=True,
+                             per_device_train_batch_size=4, max_length=None)
+        trainer = trl.DPOTrainer(model=trl_model, args=args, train_dataset=ds, processing_class=tok2)
+    set_adapter_state(trl_model, "default", policy)
+    if reference == "adaptive":
+        set_adapter_state(trl_model, "ref", ref)
+    else:  # TRL's reference without a "ref" adapter is the base model (adapters disabled)
+        trl_model.delete_adapter("ref")
+    rows = [trainer.train_dataset[i] for i in range(len(pairs))]
+    for p, row in zip(pairs, rows):  # identical tokens, prompt and completion split alike
+        e = encode(tok, p.prompt, p.chosen, 256)
+        assert e.ids[: e.n_prompt] == row["prompt_ids"] and e.ids[e.n_prompt:] == row["chosen_ids"]
+    trl_batch = trainer.data_collator([{k: r[k] for k in ("prompt_ids", "chosen_ids", "rejected_ids")}
+                                       for r in rows])
+    trl_loss = trainer._compute_loss(trainer.model, trl_batch, return_outputs=False)
+    metrics = trainer._metrics["train"]
+    assert float(ours.loss) == pytest.approx(float(trl_loss), rel=1e-5, abs=1e-6)
+    assert float(ours.loss) != pytest.approx(math.log(2), abs=1e-3)  # a non-trivial batch
+    assert float(ours.chosen_rewards.mean()) == pytest.approx(metrics["rewards/chosen"][-1], rel=1e-4)
+    assert float(ours.rejected_rewards.mean()) == pytest.approx(metrics["rewards/rejected"][-1], rel=1e-4)
+    assert ours.stats()["accuracy"] == pytest.approx(metrics["rewards/accuracies"][-1])
+    assert float(ours_chosen_logps.mean()) == pytest.approx(metrics["logps/chosen"][-1], rel=1e-5)
+
+
+# -- train_phase ------------------------------------------------------------------------------
+def test_snapshot_steps_are_spread_and_exclude_final():
+    assert snapshot_steps(12, 2) == [4, 8]
+    assert snapshot_steps(10, 3) == [2, 5, 8]
+    assert snapshot_steps(2, 3) == [1]
+    assert snapshot_steps(5, 0) == []
+
+
+@pytest.mark.parametrize("reference", ["adaptive", "fixed"])
+def test_train_phase_learns_and_keeps_reference_and_base(reference):
+    model, tok = tiny_peft()
+    pairs = make_pairs(8)
+    cfg = DPOConfig(beta=0.5, lr=1e-3, epochs=3, batch_size=4, max_length=96, checkpoints=2)
+    ref_before = get_adapter_state(model, REF)
+    policy_before = get_adapter_state(model, POLICY)
+    base_before = base_state(model)
+    before = evaluate_pairs(model, tok, pairs, cfg.beta, reference, max_length=96)
+    rng = torch.get_rng_state()
+    seen: list[dict] = []
+    res = train_phase(model, tok, pairs, cfg, reference, seed=3, logger=seen.append)
+    after = evaluate_pairs(model, tok, pairs, cfg.beta, reference, max_length=96)
+
+    assert torch.equal(torch.get_rng_state(), rng)  # global RNG untouched
+    assert same(get_adapter_state(model, REF), ref_before)  # reference bit-identical
+    assert same(base_state(model), base_before)  # frozen base unchanged
+    changed = get_adapter_state(model, POLICY)
+    assert any(not torch.equal(changed[k], policy_before[k]) for k in changed)
+    # the policy starts equal to the reference: loss log 2, accuracy 0; it must improve
+    assert before["loss"] == pytest.approx(math.log(2), abs=1e-6) and before["accuracy"] == 0.0
+    assert after["loss"] < before["loss"] - 1e-3 and after["accuracy"] >= 0.75
+    assert res.metrics["loss_last"] < res.metrics["loss_first"]
+    assert res.metrics["accuracy_last"] > res.metrics["accuracy_first"]
+    assert res.metrics["steps"] == 6 and len(res.history) == 6 and len(seen) == 6
+    assert [c.name for c in res.candidates] == ["step_2", "step_4", "final"]
+    assert [c.step for c in res.candidates] == [2, 4, 6]
+    assert same(res.candidates[-1].state, changed)
+    assert not same(res.candidates[0].state, res.candidates[1].state)
+    assert res.optimizer_state is not None and res.optimizer_state["state"]
+    assert all(0 < h["grad_norm"] < 1e3 and h["lr"] == 1e-3 for h in res.history)
+
+
+def test_train_phase_resumes_optimizer_and_resets_lr():
+    model, tok = tiny_peft()
+    pairs = make_pairs(4)
+    first = train_phase(model, tok, pairs, DPOConfig(lr=1e-3, epochs=1, batch_size=4, max_length=64,
+                                                     checkpoints=0), "adaptive")
+    assert [c.name for c in first.candidates] == ["final"]
+    cfg = DPOConfig(lr=2e-4, epochs=1, batch_size=4, max_length=64, checkpoints=0)
+    second = train_phase(model, tok, pairs, cfg, "adaptive", optimizer_state=first.optimizer_state)
+    assert second.history[0]["lr"] == pytest.approx(2e-4)
+    step = next(iter(second.optimizer_state["state"].values()))["step"]
+    assert float(step) == 2.0  # Adam's step count continued from the first phase
+
+
+def test_train_phase_rejects_bad_input():
+    model, tok = tiny_peft()
+    cfg = DPOConfig(max_length=64)
+    with pytest.raises(ValueError, match="pairs"):
+        train_phase(model, tok, [], cfg, "adaptive")
+    with pytest.raises(ValueError, match=r"method\.reference"):
+        train_phase(model, tok, make_pairs(2), cfg, "moving")
+    with pytest.raises(TypeError, match="DPOConfig"):
+        train_phase(model, tok, make_pairs(2), {"beta": 0.1}, "adaptive")
+    with pytest.raises(ValueError, match="pending_reference"):
+        train_phase(model, tok, make_pairs(2), cfg, "fixed",
+                    pending_reference=get_adapter_state(model, POLICY))
+
+
+# -- the reference swap through Lightning -----------------------------------------------------
+def test_reference_swap_callback_survives_save_and_load(tmp_path):
+    model, tok = tiny_peft()
+    start = get_adapter_state(model, POLICY)
+    new_ref = randomise(model, POLICY, 5, scale=0.05)  # a "promoted" policy
+    set_adapter_state(model, POLICY, start)
+    cfg = DPOConfig(lr=1e-3, epochs=1, batch_size=2, max_length=64)
+    loader = DataLoader(make_pairs(4), batch_size=2, collate_fn=PairCollator(tok, 64))
+    module = DPOModule(model, cfg, "adaptive")
+    swap = ReferenceSwapCallback()
+    swap.queue(new_ref, name="step_3")
+    new_ref_copy = {k: v.clone() for k, v in new_ref.items()}
+    new_ref.clear()  # queue() copied the tensors
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[swap])
+    trainer.fit(module, loader)
+    assert same(get_adapter_state(model, REF), new_ref_copy)  # swapped, then frozen
+    assert module.reference_swaps == 1 and swap.applied == ["step_3"] and swap.pending is None
+    path = tmp_path / "phase.ckpt"
+    trainer.save_checkpoint(path)
+    ckpt = torch.load(path, weights_only=False)
+    assert ckpt["state_dict"] and all("lora_" in k for k in ckpt["state_dict"])  # adapters only
+
+    other, _ = tiny_peft(seed=0)
+    randomise(other, REF, 99)
+    fresh = DPOModule(other, cfg, "adaptive")
+    fresh.load_state_dict(ckpt["state_dict"])
+    fresh.on_load_checkpoint(ckpt)
+    assert same(get_adapter_state(other, REF), new_ref_copy)
+    assert same(get_adapter_state(other, POLICY), get_adapter_state(model, POLICY))
+    assert fresh.reference_swaps == 1
+
+    # Lightning's own resume path restores the swapped reference before training continues
+    third, _ = tiny_peft(seed=0)
+    resumed = DPOModule(third, cfg, "adaptive")
+    t2 = pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False)
+    t2.fit(resumed, loader, ckpt_path=path)
+    assert same(get_adapter_state(third, REF), new_ref_copy) and resumed.reference_swaps == 1
+
+    # a queued, not yet applied swap is callback state and survives a checkpoint too
+    pending = ReferenceSwapCallback(new_ref_copy, name="final")
+    restored = ReferenceSwapCallback()
+    restored.load_state_dict(pending.state_dict())
+    assert restored.pending_name == "final" and same(restored.pending, new_ref_copy)
+    with pytest.raises(ValueError, match="fixed"):
+        DPOModule(model, cfg, "fixed").swap_reference(new_ref_copy)
+
+
+def test_train_phase_applies_pending_reference_first():
+    model, tok = tiny_peft()
+    target = randomise(model, POLICY, 8, scale=0.05)
+    res = train_phase(model, tok, make_pairs(4), DPOConfig(lr=1e-3, batch_size=4, max_length=64),
+                      "adaptive", pending_reference=target)
+    assert same(get_adapter_state(model, REF), target)
+    assert res.metrics["reference_swapped"] == 1.0
+    # trained against the new reference: the first step's policy equals it, so loss is log 2
+    assert res.history[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)

@@ -1,0 +1,314 @@
+"""Program database, clustering, coverage-aware top-k, prompts, extraction, D_k and G_k."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+
+import pytest
+
+from atlas.evolution.clustering import FAILED, IslandClusters, code_features, similarity
+from atlas.evolution.database import ProgramDatabase, select_top_k
+from atlas.evolution.extract import extract_program, split_program
+from atlas.evolution.preferences import (
+    PASSED_VS_FAILED,
+    PASSED_VS_PASSED,
+    build_pairs,
+    failure_floor,
+    sample_gate_subset,
+)
+from atlas.evolution.prompts import build_prompt
+from atlas.tasks.base import PromptSpec
+from atlas.types import Evaluation, FailureKind, Program
+
+GREEDY = """import numpy as np
+
+def policy(contexts, history, t, state):
+    # greedy on the mean reward of each arm
+    means = np.zeros(len(contexts))
+    for arm, x, r in history[-{w}:]:
+        means[arm] += r
+    return int(np.argmax(means))
+"""
+LINUCB = """import numpy as np
+
+def policy(contexts, history, t, state):
+    d = contexts.shape[1]
+    A = {lam} * np.eye(d)
+    b = np.zeros(d)
+    for _, x, r in history[-50:]:
+        A += np.outer(x, x)
+        b += r * x
+    A_inv = np.linalg.inv(A)
+    theta = A_inv @ b
+    bonus = np.sqrt(np.sum((contexts @ A_inv) * contexts, axis=1))
+    return int(np.argmax(contexts @ theta + 1.0 * bonus))
+"""
+RANDOM = """import random
+
+def policy(contexts, history, t, state):
+    return random.randrange(len(contexts))
+"""
+SPEC = PromptSpec(system="You are a research agent.", problem="Write policy(...). Return an arm.",
+                  signature="def policy(contexts, history, t, state):", entry_point="policy",
+                  hints=("Use numpy only.",))
+
+
+def prog(pid: int, code: str, score: float | None, island: int = 0, prompt: str = "",
+         completion: str = "", kind: FailureKind = FailureKind.EXCEPTION) -> Program:
+    ev = (Evaluation(score=score, passed=True) if score is not None
+          else Evaluation.failure(kind, "boom"))
+    return Program(id=pid, island=island, round=0, code=code, evaluation=ev, prompt=prompt,
+                   completion=completion)
+
+
+# ---- clustering ---------------------------------------------------------------------------
+def test_constants_and_names_do_not_split_a_cluster_but_algorithms_do():
+    a, b = code_features(GREEDY.format(w=10)), code_features(GREEDY.format(w=500))
+    renamed = code_features(GREEDY.format(w=10).replace("means", "totals"))
+    assert similarity(a, b) == 1.0 and similarity(a, renamed) == 1.0
+    assert similarity(a, code_features(LINUCB.format(lam=1.0))) < 0.6
+    clusters = IslandClusters(max_clusters=8)
+    ids = [clusters.assign(c) for c in (GREEDY.format(w=10), LINUCB.format(lam=1.0),
+                                        GREEDY.format(w=99), LINUCB.format(lam=0.1), RANDOM)]
+    assert ids == ["c0", "c1", "c0", "c1", "c2"]
+
+
+def test_cluster_cap_joins_the_most_similar_cluster():
+    clusters = IslandClusters(max_clusters=2)
+    assert clusters.assign(GREEDY.format(w=1)) == "c0"
+    assert clusters.assign(RANDOM) == "c1"
+    # a third algorithm cannot found a cluster: it joins its nearest (greedy shares numpy/loops)
+    assert clusters.assign(LINUCB.format(lam=1.0)) == "c0"
+    assert len(clusters.leaders) == 2
+    with pytest.raises(ValueError, match="explore.clusters"):
+        IslandClusters(max_clusters=0)
+
+
+# ---- database -----------------------------------------------------------------------------
+def filled_db() -> ProgramDatabase:
+    db = ProgramDatabase(num_islands=2, buffer_size=16, max_clusters=8)
+    # cluster of greedy variants with high scores, one LinUCB lower, one random lowest
+    for code, score in [(GREEDY.format(w=1), -0.10), (GREEDY.format(w=2), -0.11),
+                        (GREEDY.format(w=3), -0.12), (LINUCB.format(lam=1.0), -0.20),
+                        (RANDOM, -0.60)]:
+        db.add(prog(db.next_id(), code, score))
+    db.add(prog(db.next_id(), "def policy(:", None, kind=FailureKind.SYNTAX_ERROR))
+    return db
+
+
+def test_top_k_prefers_a_new_cluster_inside_the_pool():
+    db = filled_db()
+    top = db.top_k(0, 2)
+    # pool = best 4 -> greedy(-0.10) then LinUCB(-0.20) beats greedy duplicate (-0.11)
+    assert [p.score for p in top] == [-0.10, -0.20]
+    assert len({p.cluster for p in top}) == 2
+    # k=3: pool of 6 holds all three clusters, so the random policy gets in
+    assert [p.score for p in db.top_k(0, 3)] == [-0.10, -0.20, -0.60]
+    # a pool of 3 holds only greedy variants: diversity never reaches outside the pool
+    assert [p.score for p in select_top_k(db.island(0), 2, pool_factor=1.5)] == [-0.10, -0.11]
+    # pool factor 1: plain score top-k
+    plain = select_top_k(db.island(0), 2, pool_factor=1.0)
+    assert [p.score for p in plain] == [-0.10, -0.11]
+    cov = db.coverage(0, 2)
+    assert cov["clusters_in_buffer"] == 3 and cov["clusters_in_top_k"] == 2
+    assert cov["ratio"] == pytest.approx(2 / 3)
+    assert db.coverage(1, 2) == {"clusters_in_buffer": 0, "clusters_in_top_k": 0, "ratio": 0.0,
+                                 "buffer_size": 0}
+
+
+def test_top_k_drops_exact_duplicates_and_failed():
+    ps = [prog(0, RANDOM, -0.5), prog(1, RANDOM, -0.5), prog(2, "x", None)]
+    for p in ps:
+        p.cluster = "c0"
+    assert [p.id for p in select_top_k(ps, 3)] == [0]
+
+
+def test_failed_programs_are_archived_not_buffered_and_best_ignores_them():
+    db = filled_db()
+    assert len(db.island(0)) == 5 and len(db.all_programs()) == 6
+    assert db.all_programs()[-1].cluster == FAILED
+    assert db.best().score == -0.10 and db.best(1) is None
+    with pytest.raises(ValueError, match="explore.islands"):
+        db.island(2)
+
+
+def test_eviction_keeps_the_last_member_of_a_cluster():
+    db = ProgramDatabase(num_islands=1, buffer_size=3, max_clusters=8)
+    db.add(prog(db.next_id(), RANDOM, -0.9))  # its own cluster, worst score
+    db.add(prog(db.next_id(), GREEDY.format(w=1), -0.1))
+    db.add(prog(db.next_id(), GREEDY.format(w=2), -0.2))
+    db.add(prog(db.next_id(), GREEDY.format(w=3), -0.3))  # overflow: evict the worst greedy
+    assert sorted(p.score for p in db.island(0)) == [-0.9, -0.2, -0.1]
+    assert len(db.all_programs()) == 4  # the archive keeps it
+
+
+def test_state_dict_round_trip_is_json_and_continues_identically():
+    db = filled_db()
+    state = json.loads(json.dumps(db.state_dict()))  # JSON-able, -inf became null
+    db2 = ProgramDatabase(num_islands=2, buffer_size=16, max_clusters=8)
+    db2.load_state_dict(state)
+    assert [p.to_dict() for p in db2.all_programs()] == [p.to_dict() for p in db.all_programs()]
+    assert db2.all_programs()[-1].score == -math.inf
+    assert [p.id for p in db2.top_k(0, 2)] == [p.id for p in db.top_k(0, 2)]
+    assert db2.next_id() == db.next_id() == 6
+    new = LINUCB.format(lam=0.5)  # clustering state survived: joins the LinUCB cluster
+    db.add(prog(7, new, -0.3))
+    db2.add(prog(7, new, -0.3))
+    assert db2.all_programs()[-1].cluster == db.all_programs()[-1].cluster == "c1"
+    with pytest.raises(ValueError, match="buffer_size"):
+        ProgramDatabase(num_islands=2, buffer_size=8, max_clusters=8).load_state_dict(state)
+
+
+# ---- prompts ------------------------------------------------------------------------------
+def test_prompt_shows_versions_worst_to_best_with_scores_and_ends_with_prefill():
+    best = prog(3, "import numpy as np\nW = 5\n\n" + GREEDY.format(w=1).split("\n\n", 1)[1], -0.1)
+    worse = prog(1, RANDOM, -0.612)
+    system, user, prefill = build_prompt(SPEC, [best, worse], critique="Try a   window.")
+    assert system == SPEC.system
+    assert user.index("# v0: score -0.612") < user.index("# v1: score -0.1")
+    assert "random.randrange" in user and "Reviewer note: Try a window." in user
+    assert "Write v2" in user and "- Use numpy only." in user
+    assert prefill.startswith("```python\n# v2")
+    # the best parent's preamble (imports, constants) precedes the signature
+    assert prefill.endswith("import numpy as np\nW = 5\n\ndef policy(contexts, history, t, state):\n")
+    # no parents: still a prefilled header
+    _, user0, prefill0 = build_prompt(SPEC, [])
+    assert "v0:" not in user0 and prefill0 == "```python\n# v0\ndef policy(contexts, history, t, state):\n"
+    with pytest.raises(ValueError, match="signature"):
+        build_prompt(PromptSpec("s", "p", "policy(x)", "policy"), [])
+
+
+def test_prompt_prefill_plus_parent_body_is_a_valid_program():
+    _, _, prefill = build_prompt(SPEC, [prog(0, LINUCB.format(lam=1.0), -0.3)])
+    body = split_program(LINUCB.format(lam=1.0), "policy")[1].split("\n", 1)[1]
+    code = extract_program(prefill, body + "\n```\nDone.", "policy")
+    assert code is not None and ast.parse(code)
+    assert "np.linalg.inv" in code and "Done" not in code
+
+
+# ---- extraction ---------------------------------------------------------------------------
+PREFILL = "```python\n# v1\nimport numpy as np\n\ndef policy(contexts, history, t, state):\n"
+
+
+@pytest.mark.parametrize("completion, must_have, must_not", [
+    ("    return int(np.argmax(contexts[:, 0]))\n```\nThis picks arm 0.", "np.argmax", "picks"),
+    ("    x = 1\n    return x\n\nThis function always returns 1.\n", "return x", "always"),
+    ("    s = contexts.sum(1)\n    for a in range(5):\n        s[a] += 1\n    return int(np.argm",
+     "s[a] += 1", "argm"),
+    ("def policy(contexts, history, t, state):\n    return 2\n```", "return 2", "```"),
+    ("x = 3\nreturn x\n```", "    return x", "```"),
+    ("\treturn 4\n```", "    return 4", "\t"),
+    ("    return 0\n\nprint(policy(1, 2, 3, 4))\nif __name__ == '__main__':\n    policy(1,2,3,4)\n```",
+     "return 0", "print"),
+    ("    return _helper(contexts)\n\ndef _helper(c):\n    return 0\n```", "def _helper", "```"),
+    ("```python\ndef policy(contexts, history, t, state):\n    return np.int64(3)\n```",
+     "np.int64(3)", "```"),
+])
+def test_extraction_repairs_messy_completions(completion, must_have, must_not):
+    code = extract_program(PREFILL, completion, "policy")
+    assert code is not None, completion
+    tree = ast.parse(code)
+    assert any(isinstance(n, ast.FunctionDef) and n.name == "policy" for n in tree.body)
+    assert must_have in code and must_not not in code
+    assert code.startswith("import numpy as np")  # imports from the prefill are kept
+
+
+@pytest.mark.parametrize("completion", ["I'm sorry, I cannot write code.", "```\nHere you go.", "",
+                                        "Sure! Here is the policy:\n"])
+def test_extraction_returns_none_without_usable_code(completion):
+    assert extract_program(PREFILL, completion, "policy") is None
+
+
+def test_extraction_of_external_code_without_prefill():
+    text = "Here is my patch:\nimport math\ndef policy(c, h, t, s):\n    return 1\nThat's it."
+    assert extract_program("", text, "policy") == "import math\n\ndef policy(c, h, t, s):\n    return 1\n"
+    # parses but lacks the entry point: returned, the sandbox classifies it
+    assert extract_program("", "def pick(c):\n    return 1\n", "policy") == "def pick(c):\n    return 1\n"
+
+
+# ---- preference pairs D_k -----------------------------------------------------------------
+def phase_programs() -> tuple[ProgramDatabase, list[Program]]:
+    db = ProgramDatabase(num_islands=2, buffer_size=32, max_clusters=8)
+    rows = [  # (island, prompt, code, score or None)
+        (0, "P0", GREEDY.format(w=1), -0.10), (0, "P0", GREEDY.format(w=2), -0.30),
+        (0, "P0", "bad", None), (0, "P0", LINUCB.format(lam=1.0), -0.20),
+        (0, "P1", RANDOM, -0.50), (0, "P1", "bad", None),
+        (1, "Q0", GREEDY.format(w=9), -0.40), (1, "Q0", RANDOM, -0.40),  # tie: no pair
+    ]
+    out = []
+    for i, (island, prompt, code, score) in enumerate(rows):
+        p = prog(db.next_id(), code, score, island=island, prompt=prompt, completion=f"c{i}")
+        db.add(p)
+        out.append(p)
+    return db, out
+
+
+def test_pairs_share_the_prompt_and_order_scores():
+    db, programs = phase_programs()
+    pairs = build_pairs(db, programs, top_k=2, max_pairs=100, score_threshold=None, seed=0)
+    by_id = {p.id: p for p in programs}
+    assert pairs, "expected pairs"
+    for pr in pairs:
+        c, r = by_id[pr.chosen_id], by_id[pr.rejected_id]
+        assert c.prompt == r.prompt == pr.prompt and pr.chosen == c.completion
+        assert pr.rejected == r.completion and pr.island == c.island
+        if pr.kind == PASSED_VS_PASSED:
+            assert r.passed and pr.chosen_score > pr.rejected_score
+        else:
+            assert pr.kind == PASSED_VS_FAILED and not r.passed
+            assert pr.rejected_score == -math.inf
+    got = {(pr.chosen_id, pr.rejected_id, pr.kind) for pr in pairs}
+    # island 0 top-2 (coverage-aware) = greedy -0.10 (id 0) and LinUCB -0.20 (id 3)
+    assert got == {(0, 1, PASSED_VS_PASSED), (0, 3, PASSED_VS_PASSED), (0, 2, PASSED_VS_FAILED),
+                   (3, 1, PASSED_VS_PASSED), (3, 2, PASSED_VS_FAILED)}
+    assert json.dumps([pr.to_dict() for pr in pairs])  # metadata serialises
+
+
+def test_pair_threshold_cap_and_kind_balance():
+    db, programs = phase_programs()
+    only_best = build_pairs(db, programs, top_k=2, max_pairs=100, score_threshold=-0.15, seed=0)
+    assert {pr.chosen_id for pr in only_best} == {0}
+    capped = build_pairs(db, programs, top_k=2, max_pairs=2, score_threshold=None, seed=0)
+    assert len(capped) == 2 and {pr.kind for pr in capped} == {PASSED_VS_PASSED, PASSED_VS_FAILED}
+    assert build_pairs(db, programs, top_k=2, max_pairs=0, score_threshold=None, seed=0) == []
+    with pytest.raises(ValueError, match="dpo.score_threshold"):
+        build_pairs(db, programs, top_k=2, max_pairs=4, score_threshold=float("nan"), seed=0)
+
+
+def test_failure_floor_is_below_every_passed_score():
+    _, programs = phase_programs()
+    floor = failure_floor(programs)
+    assert floor == pytest.approx(-0.50 - 0.40)
+    assert failure_floor([prog(0, "x", None)]) == -1.0
+
+
+# ---- gate subset G_k ----------------------------------------------------------------------
+def gate_programs() -> list[Program]:
+    out, pid = [], 0
+    for k in range(12):
+        for j in range(3):
+            score = None if j == 2 else -0.1 * (k + j)
+            out.append(prog(pid, "x", score, prompt=f"prompt{k}", completion=f"p{k}c{j}"))
+            pid += 1
+    out.append(prog(pid, "x", -0.1, prompt="single", completion="only"))  # one completion only
+    return out
+
+
+def test_gate_subset_is_fresh_per_seed_and_complete():
+    programs = gate_programs()
+    a = sample_gate_subset(programs, 4, seed=1)
+    b = sample_gate_subset(programs, 4, seed=2)
+    assert [g.prompt for g in a] == [g.prompt for g in sample_gate_subset(programs, 4, seed=1)]
+    assert {g.prompt for g in a} != {g.prompt for g in b}
+    floor = failure_floor(programs)
+    for g in a:
+        assert g.prompt != "single" and len(g.completions) == len(g.scores) == 3
+        assert all(math.isfinite(s) for s in g.scores) and g.scores[2] == floor
+        assert g.preferred == g.completions[0]  # the best-scored completion
+    custom = sample_gate_subset(programs, 2, seed=1, failure_score=-5.0)
+    assert all(g.scores[2] == -5.0 for g in custom)
+    # asking for more than there are returns every prompt, thin ones last
+    everything = sample_gate_subset(programs, 100, seed=0)
+    assert len(everything) == 13 and everything[-1].prompt == "single"

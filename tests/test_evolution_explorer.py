@@ -1,0 +1,243 @@
+"""Explorer bookkeeping with a scripted agent and an in-process sandbox (fakes at the edges)."""
+
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
+
+from atlas.evolution.database import ProgramDatabase
+from atlas.evolution.explorer import Explorer
+from atlas.evolution.preferences import build_pairs, sample_gate_subset
+from atlas.sandbox.candidate import CandidateError, load_candidate
+from atlas.tasks.base import PromptSpec, Task
+from atlas.types import Evaluation, FailureKind, Program
+
+SEED = "def pick(xs):\n    return 0\n"
+
+
+class ToyTask(Task):
+    """Pick an index; the score is minus the distance to index 3 (best score 0)."""
+
+    name = "toy"
+    evaluator_factory = "tests.test_evolution_explorer:toy_evaluator"
+
+    def prompt_spec(self) -> PromptSpec:
+        return PromptSpec(system="You write Python.", problem="Return an index in [0, 5).",
+                          signature="def pick(xs):", entry_point="pick")
+
+    def seed_program(self) -> str:
+        return SEED
+
+    def context(self, round_index: int) -> dict:
+        return {"round": round_index, "target": 3}
+
+
+def toy_evaluate(code: str, context: dict) -> Evaluation:
+    try:
+        fn = load_candidate(code, "pick")
+        out = fn([0, 1, 2, 3, 4])
+    except CandidateError as exc:
+        return Evaluation.failure(exc.kind, exc.message)
+    except Exception as exc:  # noqa: BLE001 - classified like the real sandbox does
+        return Evaluation.failure(FailureKind.EXCEPTION, repr(exc))
+    if not isinstance(out, int) or not 0 <= out < 5:
+        return Evaluation.failure(FailureKind.WRONG_RETURN, f"got {out!r}")
+    return Evaluation(score=-abs(out - context["target"]) / 4, passed=True)
+
+
+class ThreadSandbox:
+    """Evaluates in a thread pool with a delay, so futures really complete out of order."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(2)
+        self.submitted: list[str] = []
+
+    def submit(self, code: str, context: dict) -> Future:
+        self.submitted.append(code)
+        delay = 0.02 if "slow" in code else 0.0
+        return self.pool.submit(lambda: (time.sleep(delay), toy_evaluate(code, context))[1])
+
+
+class ScriptedAgent:
+    """Returns scripted completions; records every call's arguments."""
+
+    def __init__(self, completions: list[str]) -> None:
+        self.completions = completions
+        self.calls: list[dict] = []
+
+    def chat_prompt(self, system: str, user: str, prefill: str) -> str:
+        return f"<s>{system}\n<u>{user}\n<a>{prefill}"
+
+    def generate(self, prompts, num_samples, *, temperature, top_p, max_new_tokens, stop,
+                 adapter, seed):
+        self.calls.append(dict(prompts=prompts, n=num_samples, temperature=temperature,
+                               top_p=top_p, max_new_tokens=max_new_tokens, stop=stop,
+                               adapter=adapter, seed=seed))
+        return [[self.completions[i % len(self.completions)] for i in range(num_samples)]
+                for _ in prompts]
+
+
+CFG = {"islands": 3, "islands_per_round": 2, "samples_per_prompt": 5, "programs_in_prompt": 2,
+       "max_new_tokens": 64, "temperatures": [0.7, 0.9, 1.1, 1.3, 1.5, 1.7], "top_p": 0.9,
+       "buffer_size": 16, "clusters": 4}
+COMPLETIONS = [
+    "    return 3  # slow\n```",                 # best: score 0
+    "    return 1\n```\nAlways one.",            # score -0.5
+    "Sorry, I can't.",                           # no code
+    "    return xs[9]\n```",                     # exception
+    "    return 'a'\n```",                       # wrong return
+]
+
+
+def make(completions=COMPLETIONS, cfg=CFG):
+    db = ProgramDatabase.from_config(cfg, seed=0)
+    agent, sandbox = ScriptedAgent(completions), ThreadSandbox()
+    return Explorer(ToyTask(), agent, sandbox, db, cfg, seed=7), agent, sandbox, db
+
+
+def test_seed_islands_files_one_evaluated_copy_per_island():
+    ex, _, sandbox, db = make()
+    seeds = ex.seed_islands()
+    assert [p.island for p in seeds] == [0, 1, 2] and [p.id for p in seeds] == [0, 1, 2]
+    assert len(sandbox.submitted) == 1  # evaluated once
+    assert all(p.source == "seed" and p.score == -0.75 and p.passed for p in seeds)
+    assert [len(db.island(i)) for i in range(3)] == [1, 1, 1]
+
+
+def test_round_bookkeeping_ids_parents_islands_failure_kinds():
+    ex, agent, sandbox, db = make()
+    seeds = ex.seed_islands()
+    new = ex.run_round(round_index=0, phase=0, critiques={1: "return the target"},
+                       temperature_overrides={1: 9.0})
+    assert [p.id for p in new] == list(range(3, 13))  # id order despite out-of-order results
+    assert [p.island for p in new] == [0] * 5 + [1] * 5  # round 0 serves islands 0 and 1
+    assert all(p.round == 0 and p.phase == 0 and p.source == "agent" for p in new)
+    assert all(p.parents == [seeds[p.island].id] for p in new)
+    kinds = [p.evaluation.failure_kind for p in new[:5]]
+    assert kinds == ["ok", "ok", "no_code", "exception", "wrong_return"]
+    assert [p.score for p in new[:2]] == [0.0, -0.5] and new[2].code == ""
+    assert len(sandbox.submitted) == 1 + 8  # no-code completions never reach the sandbox
+    # per-island temperature, the override clamped to the bounds, the policy adapter, stop
+    assert [c["temperature"] for c in agent.calls] == [0.7, 2.0]
+    assert all(c["adapter"] == "policy" and c["stop"] == ["\n```"] and c["n"] == 5
+               and c["max_new_tokens"] == 64 for c in agent.calls)
+    assert agent.calls[0]["seed"] != agent.calls[1]["seed"]
+    # the prompt the program keeps is the text the agent sampled from (DPO needs the same x)
+    assert new[0].prompt == agent.calls[0]["prompts"][0] and "# v0: score -0.75" in new[0].prompt
+    assert "Reviewer note: return the target" in new[5].prompt
+    assert "Reviewer note" not in new[0].prompt
+    assert len(db.all_programs()) == 13 and db.best().score == 0.0
+    assert [p.id for p in db.all_programs()] == list(range(13))  # filed in id order
+    stats = ex.last_stats
+    assert stats["islands"][0]["valid"] == 2 and stats["islands"][0]["failure_kinds"]["no_code"] == 1
+    # next round: islands 2 and 0; island 0's prompt now shows its new best program last
+    ex.run_round(round_index=1, phase=0)
+    assert ex.islands_for_round(1) == [2, 0]
+    prompt0 = agent.calls[-1]["prompts"][0]
+    assert prompt0.index("# v0: score -0.5") < prompt0.index("# v1: score 0")
+
+
+def test_phase_programs_yield_pairs_and_gate_items_end_to_end():
+    ex, _, _, db = make()
+    ex.seed_islands()
+    programs = ex.run_round(0, 0) + ex.run_round(1, 0)
+    pairs = build_pairs(db, programs, top_k=2, max_pairs=50, score_threshold=None, seed=0)
+    assert pairs and all(pr.chosen_score > pr.rejected_score for pr in pairs)
+    kinds = {pr.kind for pr in pairs}
+    assert kinds == {"passed_vs_passed", "passed_vs_failed"}
+    items = sample_gate_subset(programs, 2, seed=0)
+    # islands 0, 1 (round 0) and 2 (round 1) saw the same seed-only prompt: one item of 15
+    assert sorted(len(g.completions) for g in items) == [5, 15]
+    assert all(math.isfinite(s) for g in items for s in g.scores)
+
+
+def test_add_external_is_evaluated_and_filed():
+    ex, _, _, db = make()
+    ex.seed_islands()
+    p = ex.add_external("```python\ndef pick(xs):\n    return 3\n```", island=2, round_index=4,
+                        phase=1, source="supporter", parents=[2])
+    assert p.passed and p.score == 0.0 and p.source == "supporter" and p.parents == [2]
+    assert p.island == 2 and p.round == 4 and p.phase == 1 and p.code.startswith("def pick")
+    assert db.best(2) is p
+    junk = ex.add_external("no code here", island=0, round_index=4, phase=1, source="supporter",
+                           parents=[])
+    assert junk.evaluation.failure_kind == FailureKind.NO_CODE.value
+    with pytest.raises(ValueError, match="explore.islands"):
+        ex.add_external(SEED, island=5, round_index=0, phase=0, source="supporter", parents=[])
+
+
+def test_bad_config_names_the_field():
+    with pytest.raises(ValueError, match="explore.temperatures"):
+        make(cfg={**CFG, "temperatures": [0.7, 0.8]})
+    with pytest.raises(ValueError, match="explore.islands_per_round"):
+        make(cfg={**CFG, "islands_per_round": 4})
+    with pytest.raises(ValueError, match="explore.top_p"):
+        make(cfg={**CFG, "top_p": 0})
+    with pytest.raises(ValueError, match="explore.samples_per_prompt is missing"):
+        make(cfg={k: v for k, v in CFG.items() if k != "samples_per_prompt"})
+    db = ProgramDatabase(num_islands=2, buffer_size=4, max_clusters=2)
+    with pytest.raises(ValueError, match="explore.islands"):
+        Explorer(ToyTask(), ScriptedAgent(["x"]), ThreadSandbox(), db, CFG, seed=0)
+
+
+def test_a_failing_seed_program_stops_the_run():
+    ex, _, _, _ = make()
+    ex.task.seed_program = lambda: "def pick(xs):\n    return 'x'\n"
+    with pytest.raises(RuntimeError, match="seed program failed"):
+        ex.seed_islands()
+
+
+def test_sandbox_errors_become_killed_failures():
+    class Broken(ThreadSandbox):
+        def submit(self, code, context):
+            fut: Future = Future()
+            fut.set_exception(RuntimeError("pool died"))
+            return fut
+
+    ex, _, _, db = make()
+    ex.sandbox = Broken()
+    db.add(Program(id=db.next_id(), island=0, round=0, code=SEED,
+                   evaluation=Evaluation(-0.75, True), source="seed"))
+    new = ex.run_round(0, 0)
+    kinds = {p.evaluation.failure_kind for p in new}
+    assert kinds == {"killed", "no_code"}
+    assert all("pool died" in p.evaluation.message for p in new if p.code)
+
+
+class ToyBanditTask(ToyTask):
+    """The sandbox's toy bandit: ``policy(contexts, history, t, state) -> int``."""
+
+    evaluator_factory = "atlas.sandbox.testing:make_toy_evaluator"
+
+    def prompt_spec(self) -> PromptSpec:
+        return PromptSpec(system="You write Python.", problem="Pick an arm in [0, 5).",
+                          signature="def policy(contexts, history, t, state):",
+                          entry_point="policy")
+
+    def seed_program(self) -> str:
+        return "def policy(contexts, history, t, state):\n    return 0\n"
+
+
+def test_round_through_the_real_sandbox():
+    from atlas.sandbox import Sandbox
+
+    completions = [
+        "    import numpy as np\n    return int(np.argmax(contexts.sum(axis=1)))\n```",
+        "Here is an idea but no code.",
+        "    while True:\n        pass\n```",
+        "    return 17\n```",
+    ]
+    cfg = {**CFG, "islands": 2, "islands_per_round": 1, "samples_per_prompt": 4}
+    with Sandbox(ToyBanditTask.evaluator_factory, {"steps": 20}, workers=2, timeout_s=2.0) as sb:
+        db = ProgramDatabase.from_config(cfg)
+        ex = Explorer(ToyBanditTask(), ScriptedAgent(completions), sb, db, cfg, seed=0)
+        seeds = ex.seed_islands()
+        new = ex.run_round(0, 0)
+    assert seeds[0].passed and math.isfinite(seeds[0].score)
+    kinds = [p.evaluation.failure_kind for p in new]
+    assert kinds == ["ok", "no_code", "timeout", "wrong_return"]
+    assert [p.island for p in new] == [0] * 4 and db.best(0) is not None
+    assert all(p.parents == [seeds[0].id] for p in new)

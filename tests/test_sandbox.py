@@ -1,0 +1,247 @@
+"""The sandbox against a corpus of hostile programs (tests/hostile/, one program per file).
+
+Each file's first line says ``# expect: <failure_kind>``. Every program is run in three
+sandboxes: bubblewrap + fork-per-candidate, in-process (``fork_safe=False``, as JAX tasks
+use) and the rlimits+guard fallback. We assert the classification, that the time taken is
+bounded by the limit, that no file outside the candidate's directory appears, and that
+the pool still scores a good program correctly afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import pathlib
+import pwd
+import time
+
+import pytest
+
+from atlas.sandbox import Sandbox, SandboxError, isolation
+from atlas.sandbox.protocol import ProtocolError, decode_frames, encode, validate_evaluation
+from atlas.sandbox.seccomp import build_filter
+from atlas.sandbox.testing import make_toy_evaluator
+from atlas.types import Evaluation
+
+TOY = "atlas.sandbox.testing:make_toy_evaluator"
+REPO = pathlib.Path(__file__).resolve().parents[1]
+HOSTILE = sorted((REPO / "tests" / "hostile").glob("*.py"))
+TIMEOUT_S = 2.0
+MEMORY_MB = 512
+SLACK_S = 1.5  # poll interval + kill + the worker reporting back, on a loaded 2-core box
+GOOD = ("import numpy as np\n\ndef policy(contexts, history, t, state):\n"
+        "    return int(np.argmax(contexts.sum(axis=1)))\n")
+BWRAP_OK = isolation.probe_bwrap()[0]
+#: in-process workers share state across candidates by design (see README): skip the one
+#: program whose whole point is to poison later candidates there
+INLINE_SKIP = {"tamper_evaluator.py"}
+
+
+def _source(path: pathlib.Path) -> str:
+    return path.read_text().replace("REPO_DIR", str(REPO))
+
+
+def _expected(path: pathlib.Path) -> str:
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# expect: "), f"{path.name} lacks an '# expect: kind' line"
+    return first.split(":", 1)[1].strip()
+
+
+def _escapes() -> set[str]:
+    """Files the hostile programs try to create outside their directory."""
+    roots = [pathlib.Path("/tmp"), pathlib.Path(pwd.getpwuid(0).pw_dir), REPO,
+             pathlib.Path.home()]
+    return {str(p) for root in roots if root.is_dir() for p in root.glob("*atlas_hostile*")}
+
+
+def _direct_score(config: dict) -> float:
+    return make_toy_evaluator(config)(GOOD, {}).score
+
+
+@pytest.fixture(scope="module", params=["bwrap-fork", "bwrap-inline", "fallback-fork"])
+def sandbox(request):
+    name = request.param
+    if name.startswith("bwrap") and not BWRAP_OK:
+        pytest.skip("bubblewrap does not work here")
+    config = {"fork_safe": not name.endswith("inline"), "steps": 20}
+    sb = Sandbox(TOY, config, workers=2, timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB,
+                 isolation="bwrap" if name.startswith("bwrap") else "none")
+    sb.label = name
+    yield sb
+    sb.close()
+
+
+def test_hostile_corpus(sandbox):
+    assert not _escapes(), f"stale files from an earlier run: {_escapes()}"
+    results = {}
+    for path in HOSTILE:
+        if sandbox.label.endswith("inline") and path.name in INLINE_SKIP:
+            continue
+        start = time.monotonic()
+        ev = sandbox.evaluate(_source(path), {})
+        elapsed = time.monotonic() - start
+        results[path.name] = (ev.failure_kind, round(elapsed, 2), ev.message[:120])
+        assert ev.failure_kind == _expected(path), (path.name, ev)
+        assert elapsed <= TIMEOUT_S + SLACK_S + 1.0, (path.name, elapsed)  # +1: worker restart
+        assert ev.passed == (ev.failure_kind == "ok")
+        assert ev.score < 1e6, f"{path.name} faked a score: {ev}"
+        if ev.failure_kind == "timeout":
+            assert elapsed >= TIMEOUT_S
+    assert not _escapes(), f"a program wrote outside its directory: {_escapes()}"
+    # the pool still works and scores exactly as the evaluator does in-process
+    good = sandbox.evaluate(GOOD, {})
+    assert good.passed and math.isclose(good.score, _direct_score({"steps": 20}))
+    logging.getLogger(__name__).info("%s: %s", sandbox.label, results)
+
+
+def test_messages_are_clear(sandbox):
+    by_name = {p.name: p for p in HOSTILE}
+    ev = sandbox.evaluate(_source(by_name["os_system.py"]), {})
+    assert "os.system is blocked in the sandbox" in ev.message
+    ev = sandbox.evaluate(_source(by_name["write_tmp.py"]), {})
+    assert "may only write inside its working directory" in ev.message
+    ev = sandbox.evaluate(_source(by_name["sys_exit.py"]), {})
+    assert "sys.exit(0)" in ev.message
+    ev = sandbox.evaluate(_source(by_name["infinite_loop.py"]), {})
+    assert f"{TIMEOUT_S:g} s wall-time limit" in ev.message
+    ev = sandbox.evaluate(_source(by_name["memory_hog.py"]), {})
+    assert "memory" in ev.message
+
+
+def test_fork_mode_keeps_warm_worker_and_isolates_candidates():
+    with Sandbox(TOY, {"steps": 20}, workers=1, timeout_s=TIMEOUT_S,
+                 memory_mb=MEMORY_MB) as sb:
+        assert sb.evaluate(GOOD, {}).passed
+        slot = sb._all[0]
+        pid = slot.proc.pid
+        tamper = _source(REPO / "tests" / "hostile" / "tamper_evaluator.py")
+        for code in (tamper, _source(REPO / "tests" / "hostile" / "infinite_loop.py"), GOOD):
+            sb.evaluate(code, {})
+        assert slot.proc.pid == pid, "a timeout or a bad candidate restarted the warm worker"
+        after = sb.evaluate(GOOD, {})
+        assert after.score == pytest.approx(_direct_score({"steps": 20}))  # patch did not leak
+        # the native fork bomb left nothing running behind it
+        assert sb.evaluate(_source(REPO / "tests" / "hostile" / "fork_bomb_native.py"),
+                           {}).passed
+        assert slot.worker.children(recursive=True) == []
+
+
+def test_inline_mode_recycles_after_failures_and_every_n():
+    with Sandbox(TOY, {"fork_safe": False}, workers=1, timeout_s=TIMEOUT_S,
+                 memory_mb=MEMORY_MB, recycle_every=2, isolation="none") as sb:
+        slot = sb._all[0]
+        sb.evaluate(GOOD, {})
+        first = slot.proc.pid
+        sb.evaluate(GOOD, {})
+        assert slot.proc is None  # recycled after 2 candidates
+        sb.evaluate(GOOD, {})
+        second = slot.proc.pid
+        assert second != first
+        assert sb.evaluate("def policy(c, h, t, s):\n    return -1\n", {}).failure_kind \
+            == "wrong_return"
+        assert slot.proc is None  # recycled after a non-ok result
+        assert sb.evaluate(GOOD, {}).passed
+
+
+def test_workdir_is_cwd_and_home_and_is_removed():
+    code = ("import os\n\ndef policy(contexts, history, t, state):\n"
+            "    assert os.getcwd() == os.environ['HOME'] == os.environ['TMPDIR']\n"
+            "    open('left_behind.txt', 'w').write('x')\n    return 0\n")
+    with Sandbox(TOY, {}, workers=1, timeout_s=TIMEOUT_S, isolation="none") as sb:
+        assert sb.evaluate(code, {}).passed
+        root = sb._all[0].tmp_root
+        left = [p for p in pathlib.Path(root).rglob("*")]
+        assert all(p.name.startswith("atlas-worker-") for p in left), left
+    assert not os.path.exists(root)
+
+
+def test_parallel_across_workers():
+    code = ("import time\n\ndef policy(contexts, history, t, state):\n"
+            "    if t == 0:\n        time.sleep(0.6)\n    return 0\n")
+    with Sandbox(TOY, {}, workers=2, timeout_s=TIMEOUT_S) as sb:
+        sb.evaluate_many([GOOD, GOOD], {})  # start both workers
+        start = time.monotonic()
+        results = sb.evaluate_many([code] * 4, {})
+        elapsed = time.monotonic() - start
+    assert all(r.passed for r in results)
+    assert elapsed < 4 * 0.6, f"4 x 0.6 s on 2 workers took {elapsed:.2f} s (not parallel)"
+
+
+def test_jax_works_in_an_inprocess_worker_under_the_memory_limit():
+    pytest.importorskip("jax")
+    code = ("import jax.numpy as jnp\n\ndef policy(contexts, history, t, state):\n"
+            "    return int(jnp.ones(3).sum()) - 3\n")
+    with Sandbox(TOY, {"jax": True, "fork_safe": False, "steps": 3}, workers=1,
+                 timeout_s=60, memory_mb=2048) as sb:
+        ev = sb.evaluate(code, {})
+    assert ev.passed, ev
+
+
+def test_isolation_choices(monkeypatch, caplog):
+    monkeypatch.setattr(isolation, "find_bwrap", lambda: None)
+    isolation.probe_bwrap.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="bubblewrap is not installed"):
+            Sandbox(TOY, {}, isolation="bwrap")
+        with caplog.at_level(logging.WARNING, logger="atlas.sandbox"):
+            sb = Sandbox(TOY, {}, isolation="auto", workers=1, timeout_s=TIMEOUT_S)
+        assert sb.isolation == "rlimits+guard"
+        assert "bubblewrap unavailable" in caplog.text
+        assert sb.evaluate(GOOD, {}).passed
+        sb.close()
+    finally:
+        isolation.probe_bwrap.cache_clear()
+    if BWRAP_OK:
+        assert Sandbox(TOY, {}, isolation="auto").isolation == "bwrap"
+
+
+def test_bad_configuration_is_named():
+    with pytest.raises(ValueError, match="evaluator_factory"):
+        Sandbox("atlas.sandbox.testing.make_toy_evaluator", {})
+    with pytest.raises(ValueError, match="workers"):
+        Sandbox(TOY, {}, workers=0)
+    with pytest.raises(ValueError, match="isolation"):
+        Sandbox(TOY, {}, isolation="docker")
+    with pytest.raises(ValueError, match="timeout_s"):
+        Sandbox(TOY, {}, timeout_s=0)
+    with Sandbox("atlas.sandbox.testing:no_such_factory", {}, workers=1) as sb:
+        with pytest.raises(SandboxError, match="no_such_factory"):
+            sb.evaluate(GOOD, {})
+
+
+def test_protocol_rejects_forgeries():
+    frame = encode({"a": 1})
+    assert decode_frames(frame) == [{"a": 1}]
+    with pytest.raises(ProtocolError):
+        decode_frames(frame + b"x")
+    with pytest.raises(ProtocolError):
+        decode_frames(b"XXXX" + frame[4:])
+    with pytest.raises(ProtocolError):
+        validate_evaluation({"score": None, "passed": True, "failure_kind": "ok"})
+    with pytest.raises(ProtocolError):
+        validate_evaluation({"score": 1.0, "passed": True, "failure_kind": "pwned"})
+    ev = validate_evaluation(Evaluation(score=-0.5, passed=True, metrics={"m": 1.0}).to_dict())
+    assert ev.score == -0.5 and ev.metrics == {"m": 1.0}
+
+
+def test_seccomp_filter_shape():
+    for machine in ("x86_64", "aarch64"):
+        prog = build_filter(machine)
+        assert prog is not None and len(prog) % 8 == 0 and len(prog) // 8 < 4096
+    assert build_filter("riscv64") is None
+
+
+def test_real_bandit_evaluator_with_hostile_programs():
+    pytest.importorskip("atlas.tasks.bandit.evaluator")
+    config = {"env_seeds": [0], "T": 50}
+    names = {"infinite_loop.py": "timeout", "os_system.py": "exception",
+             "return_string.py": "wrong_return", "fake_score_native.py": "exception",
+             "memory_hog_single.py": "killed", "write_repo.py": "exception"}
+    with Sandbox("atlas.tasks.bandit.evaluator:make_evaluator", config, workers=2,
+                 timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB) as sb:
+        codes = [_source(REPO / "tests" / "hostile" / n) for n in names]
+        for (name, kind), ev in zip(names.items(), sb.evaluate_many(codes, {})):
+            assert ev.failure_kind == kind, (name, ev)
+        assert sb.evaluate(GOOD, {}).passed
+    assert not _escapes()

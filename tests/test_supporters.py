@@ -1,0 +1,487 @@
+"""Supporter roles: embedded rules, answer validation, config, and the fallback paths
+against a real (scripted) OpenAI-compatible HTTP server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+from atlas.supporters import (
+    DpoMetrics,
+    ExplorationRequest,
+    GateDecision,
+    GateNumbers,
+    InspectorRequest,
+    KnobBounds,
+    Knobs,
+    ProgramView,
+    ScoreStats,
+    StrategistRequest,
+    build_supporters,
+)
+from atlas.supporters import requests as sreq
+from atlas.supporters.answers import extract_json, parse_strategist
+from atlas.supporters.config import RoleConfig, role_configs
+from atlas.supporters.openai_backend import SupporterError
+from atlas.supporters.patching import HELPER, add_robust_loss, find_numeric_sites
+from atlas.supporters.schemas import ExplorationAdvice
+from atlas.tasks.base import PromptSpec
+from atlas.types import Evaluation, GateItem, Program
+
+BANDIT = '''import numpy as np
+
+def policy(context, history, t, state):
+    # sliding-window LinUCB
+    window_size = 50
+    lam = 1.0
+    for i in range(5):
+        pass
+    recent = history[-window_size:]
+    return int(np.argmax(np.asarray(context).sum(axis=0)))
+'''
+
+PINN = '''def pinn_loss_strategy(residuals, ic_err, bc_err, extras):
+    w_ic = 10.0  # initial condition weight
+    return (residuals ** 2).mean() + w_ic * (ic_err**2).mean() + np.square(bc_err).mean()
+'''
+
+
+def _explore_req(programs, task="bandit", entry="policy", temperature=0.9) -> ExplorationRequest:
+    return ExplorationRequest(task_name=task, island=0, entry_point=entry,
+                              temperature=temperature, problem="p", signature=f"def {entry}():",
+                              programs=programs)
+
+
+def _strat_req(**kw) -> StrategistRequest:
+    base = dict(phase=1, knobs=Knobs(beta=0.1, lr=5e-5, epochs=2, score_threshold=None),
+                pairs_built=10, scores=ScoreStats(best=-0.4, median=-0.5, min=-0.7,
+                                                  valid_rate=0.5, n=8),
+                diversity=0.8, dpo=DpoMetrics(loss=0.6, accuracy=0.8, margin=0.1),
+                gate_delta=0.05)
+    base.update(kw)
+    return StrategistRequest(**base)
+
+
+def _gate(accepted=True) -> GateNumbers:
+    return GateNumbers(gain=0.02, kl=0.01, epsilon=0.0, delta=0.05, accepted=accepted,
+                       reason="gain>=eps and kl<=delta" if accepted else "kl>delta")
+
+
+# ------------------------------------------------------------------ embedded exploration
+
+def test_numeric_sites_are_hyperparameters_not_indices():
+    sites = find_numeric_sites(BANDIT)
+    assert [(s.name, s.value) for s in sites] == [("window_size", 50.0), ("lam", 1.0)]
+    code = "def f(x, alpha=0.5, flag=True, k=1):\n    return g(x, scale=3.0, axis=1)\n"
+    assert [(s.name, s.value) for s in find_numeric_sites(code)] == [("alpha", 0.5),
+                                                                    ("scale", 3.0)]
+    assert find_numeric_sites("def f(:\n") == []
+
+
+def test_exploration_perturbs_hyperparameters_deterministically():
+    sup = build_supporters(None, task_name="bandit", seed=3)
+    req = _explore_req([ProgramView(code=BANDIT, score=-0.55, passed=True),
+                        ProgramView(code="def policy(:", passed=False,
+                                    failure_kind="syntax_error")])
+    adv = sup.exploration.advise(req)
+    assert adv.backend == "embedded" and adv.fallback_cause is None
+    assert len(adv.patches) == 2
+    for patch in adv.patches:
+        compile(patch, "<patch>", "exec")
+        assert patch.count("\n") == BANDIT.count("\n")  # layout and comments kept
+        assert "# sliding-window LinUCB" in patch
+    changed = sorted({line.strip() for p in adv.patches for line in p.splitlines()}
+                     - set(line.strip() for line in BANDIT.splitlines()))
+    assert changed in (["window_size = 100", "window_size = 25"], ["lam = 0.5", "lam = 2.0"])
+    assert "syntax_error x1" in adv.critique and "-0.55" in adv.critique
+    again = build_supporters(None, task_name="bandit", seed=3).exploration.advise(req)
+    assert again.patches == adv.patches and again.critique == adv.critique
+
+
+def test_exploration_adds_smooth_huber_to_loss_strategies():
+    patched = add_robust_loss(PINN, "pinn_loss_strategy")
+    assert patched is not None and patched.count(HELPER + "(") == 4  # def + 3 replaced terms
+    ns = {"np": np}
+    exec(compile(patched, "<p>", "exec"), ns)  # noqa: S102 - our own patch
+    huber = ns[HELPER]
+    assert huber(np.array(0.1)) == pytest.approx(0.5 * 0.01, rel=1e-2)  # quadratic near 0
+    assert huber(np.array(100.0)) == pytest.approx(99.005, rel=1e-4)  # linear tail, not 1e4
+    small = np.full(4, 0.01)
+    loss = ns["pinn_loss_strategy"](small, small, small, {})
+    assert loss == pytest.approx(0.5 * (1e-4 + 10 * 1e-4 + 1e-4), rel=1e-3)
+    assert add_robust_loss(PINN.replace("np.square", "np.clip"), "pinn_loss_strategy") is None
+    adv = build_supporters(None, task_name="pinn", seed=0).exploration.advise(
+        _explore_req([ProgramView(code=PINN, score=-0.1, passed=True)], task="pinn",
+                     entry="pinn_loss_strategy"))
+    assert HELPER in adv.patches[0] and "Huber" in adv.critique
+
+
+@pytest.mark.parametrize("programs,t0,expected", [
+    ([ProgramView(code="x", passed=False, failure_kind="timeout")] * 3, 0.9, 0.8),
+    ([ProgramView(code=BANDIT, score=-0.5, passed=True)] * 2, 0.9, 1.0),
+    ([ProgramView(code=BANDIT, score=-0.5, passed=True)] * 2, 1.5, 1.5),
+    ([ProgramView(code="x", passed=False)] * 3, 0.3, 0.3),
+    ([], 2.4, 1.5),
+])
+def test_exploration_temperature_rule_stays_in_bounds(programs, t0, expected):
+    adv = build_supporters(None, task_name="bandit", seed=0).exploration.advise(
+        _explore_req(programs, temperature=t0))
+    assert adv.temperature == pytest.approx(expected)
+
+
+def test_exploration_without_programs_gives_a_critique_and_no_patches():
+    adv = build_supporters(None, task_name="bandit", seed=0).exploration.advise(_explore_req([]))
+    assert adv.patches == [] and "seed program" in adv.critique
+
+
+# ------------------------------------------------------------------ embedded strategist
+
+@pytest.mark.parametrize("kw,changed,check", [
+    ({}, [], lambda k: k == Knobs(beta=0.1, lr=5e-5, epochs=2)),
+    ({"pairs_built": 1, "knobs": Knobs(beta=0.1, lr=5e-5, epochs=2, score_threshold=-0.45)},
+     ["score_threshold"], lambda k: k.score_threshold == -0.7),
+    ({"diversity": 0.1}, ["beta"], lambda k: k.beta == pytest.approx(0.2)),
+    ({"diversity": 0.1, "knobs": Knobs(beta=1.5, lr=5e-5, epochs=2)}, ["beta"],
+     lambda k: k.beta == 2.0),
+    ({"gate_decisions": [GateDecision(accepted=False, gain=0.1, kl=0.2)]}, ["lr"],
+     lambda k: k.lr == pytest.approx(2.5e-5)),
+    ({"gate_decisions": [GateDecision(accepted=False, gain=-0.1, kl=0.01)]}, ["lr"],
+     lambda k: k.lr == pytest.approx(1e-4)),
+    ({"dpo": DpoMetrics(accuracy=1.0)}, ["epochs"], lambda k: k.epochs == 1),
+    ({"dpo": DpoMetrics(accuracy=0.3), "knobs": Knobs(beta=0.1, lr=5e-5, epochs=5)}, [],
+     lambda k: k.epochs == 5),
+    ({"dpo": DpoMetrics(accuracy=0.3)}, ["epochs"], lambda k: k.epochs == 3),
+    ({"scores": ScoreStats(), "knobs": Knobs(beta=0.1, lr=5e-5, epochs=2, score_threshold=1.0)},
+     ["score_threshold"], lambda k: k.score_threshold is None),
+])
+def test_strategist_rules(kw, changed, check):
+    adv = build_supporters(None, task_name="bandit", seed=0).strategist.advise(_strat_req(**kw))
+    assert adv.backend == "embedded" and sorted(adv.changed) == sorted(changed)
+    assert check(adv.knobs), adv
+    assert adv.rationale and (changed or "no change" in adv.rationale)
+    b = KnobBounds()
+    assert b.beta[0] <= adv.beta <= b.beta[1] and b.lr[0] <= adv.lr <= b.lr[1]
+
+
+def test_bounds_outside_hard_limits_are_rejected_with_the_field():
+    with pytest.raises(ValueError, match=r"bounds.lr.*dpo.bounds.lr"):
+        KnobBounds(lr=(1e-7, 1e-3))
+    with pytest.raises(ValueError):
+        ExplorationAdvice(temperature=1.6)
+
+
+# ------------------------------------------------------------------ embedded inspector
+
+@pytest.mark.parametrize("cand,ref,veto", [
+    ({"val_ic": 0.5, "val_pde": 1e-4}, {"val_ic": 0.01, "val_pde": 1e-2}, True),  # IC spike
+    ({"val_ic": 0.015, "val_pde": 1e-4}, {"val_ic": 0.01, "val_pde": 1e-2}, False),
+    ({"val_ic": 3e-7}, {"val_ic": 1e-7}, False),  # x3 but below the absolute floor
+    ({"nmr": -0.60}, {"nmr": -0.50}, True),
+    ({"nmr": -0.52}, {"nmr": -0.50}, False),
+    ({"val_bc": math.inf}, {"val_bc": 0.1}, True),
+    ({}, {}, False),
+])
+def test_inspector_vetoes_component_regressions(cand, ref, veto):
+    v = build_supporters(None, task_name="pinn", seed=0).inspector.review(
+        InspectorRequest(phase=2, gate=_gate(True), candidate_metrics=cand,
+                         reference_metrics=ref))
+    assert v.veto is veto and v.accepted is (not veto)
+    if veto:
+        assert v.reason.startswith("Regression:") and set(v.regressions) <= set(cand)
+        json.dumps(v.to_record(), allow_nan=False)  # log-safe even for non-finite metrics
+
+
+def test_inspector_never_forces_a_rejected_promotion():
+    sup = build_supporters(None, task_name="pinn", seed=0)
+    v = sup.inspector.review(InspectorRequest(phase=1, gate=_gate(False),
+                                              candidate_metrics={"val_ic": 0.0},
+                                              reference_metrics={"val_ic": 1.0}))
+    assert v.accepted is False and v.veto is False and "nothing to review" in v.reason
+    assert sup.stats()["inspector"]["embedded"] == 1
+
+
+# ------------------------------------------------------------------ config
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match=r"supporters.strategist.temprature"):
+        role_configs({"strategist": {"temprature": 0.5}})
+    with pytest.raises(ValueError, match=r"supporters.exploration.*model"):
+        role_configs({"backend": "openai"})
+    with pytest.raises(ValueError, match=r"unknown supporters field.*colour"):
+        role_configs({"colour": 1})
+    with pytest.raises(ValueError, match=r"supporters.inspector.timeout_s"):
+        role_configs({"inspector": {"timeout_s": -1}})
+
+
+def test_backends_mix_per_role_and_presets_load():
+    from omegaconf import OmegaConf
+    cfgs = role_configs({"backend": "openai", "model": "m", "temperature": 0.2,
+                         "inspector": {"backend": "embedded"},
+                         "strategist": {"model": "s", "temperature": 0.9}})
+    assert [cfgs[r].backend for r in ("exploration", "strategist", "inspector")] == [
+        "openai", "openai", "embedded"]
+    assert (cfgs["exploration"].model, cfgs["strategist"].model) == ("m", "s")
+    assert (cfgs["exploration"].temperature, cfgs["strategist"].temperature) == (0.2, 0.9)
+    paper = role_configs(OmegaConf.load("conf/supporters/ollama_paper.yaml"))
+    assert [paper[r].model for r in ("exploration", "strategist", "inspector")] == [
+        "gpt-oss:120b", "deepseek-r1:32b", "llama4:latest"]
+    assert {paper[r].temperature for r in paper} == {0.7}
+    assert {paper[r].base_url for r in paper} == {"http://localhost:11434/v1"}
+    emb = role_configs(OmegaConf.load("conf/supporters/embedded.yaml"))
+    assert {c.backend for c in emb.values()} == {"embedded"}
+    with pytest.raises(ValueError, match="model"):
+        role_configs(OmegaConf.load("conf/supporters/openai.yaml"))
+
+
+# ------------------------------------------------------------------ answer validation
+
+def test_extract_json_handles_fences_think_blocks_and_prose():
+    assert extract_json('<think>{"beta": 9}</think>ok ```json\n{"beta": 0.5}\n```') == {
+        "beta": 0.5}
+    assert extract_json('Sure! {"a": {"b": 1}} trailing') == {"a": {"b": 1}}
+    with pytest.raises(SupporterError) as e:
+        extract_json("I think beta should be higher.")
+    assert e.value.cause == "prose"
+    with pytest.raises(SupporterError) as e:
+        extract_json("{beta: 0.5,}")
+    assert e.value.cause == "malformed"
+
+
+@pytest.mark.parametrize("answer,cause", [
+    ('{"lr": -0.001}', "out_of_range"),
+    ('{"epochs": 40}', "out_of_range"),
+    ('{"beta": NaN}', "out_of_range"),
+    ('{"score_threshold": 3.0}', "out_of_range"),
+    ('{"epochs": 2.5}', "malformed"),
+    ('{"beta": "high"}', "malformed"),
+])
+def test_strategist_answer_validation(answer, cause):
+    with pytest.raises(SupporterError) as e:
+        parse_strategist(answer, _strat_req(), RoleConfig())
+    assert e.value.cause == cause
+
+
+def test_strategist_answer_partial_and_clamped():
+    adv = parse_strategist('{"beta": "0.5", "epochs": 3.0, "rationale": "more"}', _strat_req(),
+                           RoleConfig())
+    assert (adv.beta, adv.lr, adv.epochs, adv.score_threshold) == (0.5, 5e-5, 3, None)
+    assert sorted(adv.changed) == ["beta", "epochs"] and adv.backend == "openai"
+    clamp = RoleConfig(out_of_range="clamp")
+    adv = parse_strategist('{"lr": -1, "epochs": 99, "score_threshold": -5}', _strat_req(), clamp)
+    assert (adv.lr, adv.epochs, adv.score_threshold) == (1e-6, 5, -0.7)
+    assert "clamped" in adv.rationale
+
+
+# ------------------------------------------------------------------ request builders
+
+def test_request_builders_read_loop_objects():
+    class Task:
+        name = "bandit"
+
+        def prompt_spec(self) -> PromptSpec:
+            return PromptSpec(system="s", problem="p", signature="def policy():",
+                              entry_point="policy", hints=("h",))
+
+    def prog(i, score, code=BANDIT, metrics=None):
+        ev = (Evaluation(score=score, passed=True, metrics=metrics or {}) if score is not None
+              else Evaluation.failure("timeout", "slow"))
+        return Program(id=i, island=0, round=i, code=code, evaluation=ev, completion=f"c{i}")
+
+    progs = [prog(0, -0.5), prog(1, None, code="x"), prog(2, -0.4, metrics={"val_ic": 0.1}),
+             prog(3, -0.6, metrics={"val_ic": 0.4})]
+    er = sreq.exploration_request(Task(), 0, progs, 0.8, round=5, best=2, recent=1)
+    assert [p.score for p in er.programs] == [-0.4, -0.5, -0.6] and er.hints == ("h",)
+    assert sreq.code_diversity(progs) == pytest.approx(2 / 4)
+
+    class Dpo:
+        beta, lr, epochs, score_threshold = 0.1, 5e-5, 1, None
+        bounds = {"beta": (0.05, 5.0), "lr": (1e-6, 1e-3), "epochs": (1, 3)}
+
+    history = [{"phase": 1, "pairs": 6, "dpo": {"loss": 0.5, "accuracy": 0.9},
+                "gate": {"accepted": False, "gain": 0.1, "kl": 0.2, "reason": "kl"}},
+               {"phase": 2, "skipped": True}]
+    sr = sreq.strategist_request(3, Dpo(), progs, {"best": -0.4, "median": -0.5, "min": -0.6,
+                                                   "valid_rate": 0.75, "n": 4}, history,
+                                 gate_cfg={"epsilon": 0.0, "delta": 0.05})
+    assert sr.bounds.beta == (0.05, 2.0) and sr.bounds.epochs == (1, 3)
+    assert sr.pairs_built == 6 and sr.dpo.accuracy == 0.9 and sr.gate_decisions[0].kl == 0.2
+    adv = build_supporters(None, task_name="bandit", seed=0).strategist.advise(sr)
+    assert adv.lr == pytest.approx(2.5e-5)  # last gate rejected for KL 0.2 > 0.05
+
+    items = [GateItem(prompt="q", completions=["c2", "c3"], scores=[-0.4, -0.6], preferred="c2")]
+    ir = sreq.inspector_request(3, {"gain": 0.01, "kl": 0.01, "accepted": True,
+                                    "candidate_preferred": [1], "reference_preferred": ["c2"]},
+                                items, progs, gate_cfg={"epsilon": 0.0, "delta": 0.05})
+    assert ir.candidate_metrics == {"val_ic": 0.4} and ir.reference_metrics == {"val_ic": 0.1}
+    assert build_supporters(None, task_name="pinn", seed=0).inspector.review(ir).veto
+
+
+# ------------------------------------------------------------------ a scripted HTTP server
+
+class ScriptedServer(ThreadingHTTPServer):
+    """/v1/chat/completions on 127.0.0.1 answering from a script of behaviours."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.script: deque = deque()
+        self.requests: list[dict] = []
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+    def kill(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # keep pytest output clean
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server API
+        srv: ScriptedServer = self.server  # type: ignore[assignment]
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        srv.requests.append(body)
+        kind, arg = srv.script.popleft() if srv.script else ("status", 500)
+        if kind == "sleep":
+            time.sleep(arg)
+            kind, arg = "content", '{"veto": false, "reason": "late"}'
+        if kind == "status":
+            self.send_response(arg)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"error": {"message": "scripted failure"}}')
+            return
+        if kind == "body":
+            payload = arg.encode()
+        else:
+            payload = json.dumps({
+                "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": arg}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+@pytest.fixture
+def server():
+    srv = ScriptedServer()
+    yield srv
+    srv.kill()
+
+
+def _llm_supporters(url: str, **extra):
+    cfg = {"backend": "openai", "base_url": url, "model": "scripted", "timeout_s": 2.0,
+           "max_retries": 0, "exploration": {"model": "explorer"},
+           "strategist": {"model": "strategist", "temperature": 0.3}, **extra}
+    return build_supporters(cfg, task_name="bandit", seed=0)
+
+
+def _assert_counters_add_up(stats: dict) -> None:
+    for s in stats.values():
+        assert s["calls"] == s["llm_ok"] + s["embedded"] + sum(s["fallbacks"].values())
+
+
+def test_valid_llm_answers_are_used_and_labelled(server):
+    sup = _llm_supporters(server.url, json_mode=True)
+    patch = BANDIT.replace("50", "20")
+    server.script.extend([
+        ("content", json.dumps({"critique": "Window too large for drift.",
+                                "patches": [f"```python\n{patch}\n```", "def nope(:"],
+                                "temperature": 0.7})),
+        ("content", '<think>beta up</think>{"beta": 0.7, "epochs": 3, "rationale": "r"}'),
+        ("content", '{"veto": true, "reason": "Regression: IC error spike"}'),
+    ])
+    adv = sup.exploration.advise(_explore_req([ProgramView(code=BANDIT, score=-0.5,
+                                                           passed=True)]))
+    assert (adv.backend, adv.fallback_cause, adv.temperature) == ("openai", None, 0.7)
+    assert adv.patches == [patch] and adv.patches_dropped == 1
+    assert adv.critique == "Window too large for drift." and "critique" in adv.raw
+    st = sup.strategist.advise(_strat_req())
+    assert (st.backend, st.beta, st.epochs, sorted(st.changed)) == ("openai", 0.7, 3,
+                                                                   ["beta", "epochs"])
+    v = sup.inspector.review(InspectorRequest(phase=1, gate=_gate(True)))
+    assert (v.backend, v.veto, v.accepted) == ("openai", True, False)
+    models = [r["model"] for r in server.requests]
+    assert models == ["explorer", "strategist", "scripted"]
+    assert server.requests[1]["temperature"] == 0.3
+    assert all(r["response_format"] == {"type": "json_object"} for r in server.requests)
+    assert "window_size = 50" in server.requests[0]["messages"][1]["content"]
+    stats = sup.stats()
+    assert [stats[r]["llm_ok"] for r in ("exploration", "strategist", "inspector")] == [1, 1, 1]
+    _assert_counters_add_up(stats)
+
+
+def test_each_failure_falls_back_to_the_rule_and_is_counted(server):
+    sup = _llm_supporters(server.url, timeout_s=0.5)
+    server.script.extend([
+        ("content", "Lower the learning rate and raise beta a little."),      # prose
+        ("content", '{"beta": 0.5, "lr": }'),                                 # malformed
+        ("content", '{"beta": 0.5, "lr": -0.01, "epochs": 400}'),             # out of range
+        ("sleep", 1.5),                                                       # timeout
+        ("body", "<html>502 bad gateway</html>"),                             # not a completion
+        ("status", 503),                                                      # server error
+    ])
+    expected = ["prose", "malformed", "out_of_range", "timeout", "malformed", "unreachable"]
+    rule = build_supporters(None, task_name="bandit", seed=0).strategist.advise(_strat_req())
+    for cause in expected:
+        adv = sup.strategist.advise(_strat_req())
+        assert (adv.backend, adv.fallback_cause) == ("embedded", cause)
+        assert adv.knobs == rule.knobs  # exactly the embedded rule's answer
+    server.kill()
+    t0 = time.time()
+    adv = sup.strategist.advise(_strat_req())
+    assert adv.fallback_cause == "unreachable" and time.time() - t0 < 5
+    s = sup.stats()["strategist"]
+    assert s["calls"] == 7 and s["llm_ok"] == 0
+    assert s["fallbacks"] == {"prose": 1, "malformed": 2, "out_of_range": 1, "timeout": 1,
+                              "unreachable": 2}
+    _assert_counters_add_up(sup.stats())
+
+
+def test_out_of_range_temperature_and_bad_veto_fall_back(server):
+    sup = _llm_supporters(server.url)
+    server.script.extend([("content", '{"critique": "c", "patches": [], "temperature": 3.0}'),
+                          ("content", '{"veto": "perhaps", "reason": ""}')])
+    adv = sup.exploration.advise(_explore_req([]))
+    assert adv.fallback_cause == "out_of_range" and adv.temperature == 0.9
+    v = sup.inspector.review(InspectorRequest(
+        phase=1, gate=_gate(True), candidate_metrics={"val_ic": 1.0},
+        reference_metrics={"val_ic": 0.01}))
+    assert (v.fallback_cause, v.veto, v.accepted) == ("malformed", True, False)  # the rule's
+
+
+def test_retries_are_bounded_and_rejections_never_reach_the_model(server):
+    sup = _llm_supporters(server.url, max_retries=1)
+    server.script.extend([("status", 500), ("status", 500), ("status", 500)])
+    adv = sup.strategist.advise(_strat_req())
+    assert adv.fallback_cause == "unreachable" and len(server.requests) == 2
+    v = sup.inspector.review(InspectorRequest(phase=1, gate=_gate(False)))
+    assert v.accepted is False and len(server.requests) == 2  # not asked
+    assert sup.stats()["inspector"] == {"backend": "openai", "calls": 1, "llm_ok": 0,
+                                        "embedded": 1, "fallbacks": dict.fromkeys(
+                                            ("unreachable", "timeout", "malformed",
+                                             "out_of_range", "prose"), 0)}
+
+
+def test_stats_survive_a_resume():
+    a = build_supporters(None, task_name="bandit", seed=0)
+    a.strategist.advise(_strat_req())
+    b = build_supporters(None, task_name="bandit", seed=0)
+    b.load_stats(json.loads(json.dumps(a.stats())))
+    assert b.stats() == a.stats() and b.stats()["strategist"]["calls"] == 1
