@@ -9,6 +9,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.loggers import CSVLogger
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
@@ -223,12 +224,16 @@ def test_train_phase_learns_and_keeps_reference_and_base(reference):
     assert all(0 < h["grad_norm"] < 1e3 and h["lr"] == 1e-3 for h in res.history)
 
 
-def test_train_phase_resumes_optimizer_and_resets_lr():
+def test_train_phase_resumes_optimizer_and_resets_lr(tmp_path):
     model, tok = tiny_peft()
     pairs = make_pairs(4)
+    csv = CSVLogger(tmp_path, name="run")
     first = train_phase(model, tok, pairs, DPOConfig(lr=1e-3, epochs=1, batch_size=4, max_length=64,
-                                                     checkpoints=0), "adaptive")
+                                                     checkpoints=0), "adaptive", logger=csv)
     assert [c.name for c in first.candidates] == ["final"]
+    csv.save()
+    logged = (Path(csv.log_dir) / "metrics.csv").read_text()
+    assert "dpo_step/loss" in logged and "dpo_step/grad_norm" in logged
     cfg = DPOConfig(lr=2e-4, epochs=1, batch_size=4, max_length=64, checkpoints=0)
     second = train_phase(model, tok, pairs, cfg, "adaptive", optimizer_state=first.optimizer_state)
     assert second.history[0]["lr"] == pytest.approx(2e-4)
@@ -243,6 +248,8 @@ def test_train_phase_rejects_bad_input():
         train_phase(model, tok, [], cfg, "adaptive")
     with pytest.raises(ValueError, match=r"method\.reference"):
         train_phase(model, tok, make_pairs(2), cfg, "moving")
+    with pytest.raises(TypeError, match="logger must be"):
+        train_phase(model, tok, make_pairs(2), cfg, "adaptive", logger=42)
     with pytest.raises(TypeError, match="DPOConfig"):
         train_phase(model, tok, make_pairs(2), {"beta": 0.1}, "adaptive")
     with pytest.raises(ValueError, match="pending_reference"):

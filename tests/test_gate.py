@@ -78,8 +78,7 @@ def brute_kl(model, tok, items, cand: dict, ref_adapter: str | None) -> float:
             pos = n_p + k - 1  # the logits that predict completion token k
             pc = torch.softmax(lc[pos], -1)
             pr = torch.softmax(lr[pos], -1)
-            total += float(sum(pc[v] * (torch.log(pc[v]) - torch.log(pr[v]))
-                               for v in range(pc.shape[0])))
+            total += float((pc * (torch.log(pc) - torch.log(pr))).sum())  # full vocabulary
         per_pair.append(total / len(comp))
     set_adapter_state(model, POLICY, keep)
     return sum(per_pair) / len(per_pair)
@@ -182,9 +181,9 @@ def test_eq5_rejects_no_gain_and_epsilon_boundary():
     gate = GateConfig(epsilon=0.1, delta=1.0, lam=1.0)
     d = decide([0.5, 0.7, 0.6], [0.01, 0.2, 0.02], NAMES, ref_score=0.55, gate=gate)
     assert (d.accepted, d.reason, d.chosen) == (False, "rejected: no gain", "final")
-    exact = decide([0.5, 0.7, 0.65], [0.01, 0.2, 0.0], NAMES, ref_score=0.55,
-                   gate=GateConfig(epsilon=0.1, delta=1.0, lam=1.0))
-    assert exact.gain == pytest.approx(0.1) and exact.accepted  # gain == epsilon is enough
+    exact = decide([0.5, 0.625, 0.75], [0.0, 0.0, 0.0], NAMES, ref_score=0.5,
+                   gate=GateConfig(epsilon=0.25, delta=0.0, lam=1.0))  # exact in binary
+    assert exact.gain == 0.25 and exact.accepted  # gain == epsilon and KL == delta are enough
     both_fail = decide([0.1], [9.0], ["final"], ref_score=0.5, gate=GateConfig(delta=0.05))
     assert both_fail.reason == "rejected: no gain"
 

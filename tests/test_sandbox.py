@@ -26,9 +26,10 @@ from atlas.types import Evaluation
 
 TOY = "atlas.sandbox.testing:make_toy_evaluator"
 REPO = pathlib.Path(__file__).resolve().parents[1]
-HOSTILE = sorted((REPO / "tests" / "hostile").glob("*.py"))
+HOSTILE = sorted([*(REPO / "tests" / "hostile").glob("*.py"),
+                  REPO / "tests" / "hostile" / "syntax_error.txt"])  # .txt: keeps ruff clean
 TIMEOUT_S = 2.0
-MEMORY_MB = 512
+MEMORY_MB = 300  # small, so that memory hogs hit it well within TIMEOUT_S
 SLACK_S = 1.5  # poll interval + kill + the worker reporting back, on a loaded 2-core box
 GOOD = ("import numpy as np\n\ndef policy(contexts, history, t, state):\n"
         "    return int(np.argmax(contexts.sum(axis=1)))\n")
@@ -191,6 +192,7 @@ def test_isolation_choices(monkeypatch, caplog):
         assert sb.evaluate(GOOD, {}).passed
         sb.close()
     finally:
+        monkeypatch.undo()
         isolation.probe_bwrap.cache_clear()
     if BWRAP_OK:
         assert Sandbox(TOY, {}, isolation="auto").isolation == "bwrap"

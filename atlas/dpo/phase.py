@@ -109,8 +109,8 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, r
     """Train the policy adapter on ``pairs`` for ``cfg.epochs`` epochs; return C_k and metrics.
 
     ``reference``: "fixed" (adapters off, EvoTune) or "adaptive" (the ``ref`` adapter).
-    ``logger``: None, a Lightning logger (handed to the Trainer), or a callable taking each
-    per-step record (a dict). ``optimizer_state``: a previous ``PhaseResult.optimizer_state``
+    ``logger``: None, a Lightning logger (each step's record goes to ``log_metrics`` under
+    ``dpo_step/``, after the fit), or a callable taking each per-step record (a dict). ``optimizer_state``: a previous ``PhaseResult.optimizer_state``
     to resume AdamW moments (lr is reset to ``cfg.lr``). ``pending_reference``: a promotion
     queued by the gate (a state dict or a ``ReferenceSwapCallback``), applied through
     ``DPOModule.swap_reference`` at this phase's start. Global RNG state is left as it was.
@@ -123,6 +123,9 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, r
     if pending_reference is not None and reference != "adaptive":
         raise ValueError("pending_reference: a fixed reference cannot be promoted; "
                          "use method.reference=adaptive or drop pending_reference")
+    if logger is not None and not (isinstance(logger, pl.loggers.Logger) or callable(logger)):
+        raise TypeError(f"logger must be None, a Lightning logger or a callable taking a dict, "
+                        f"got {type(logger).__name__}")
     cfg = cfg.clamped()
     chosen = select_pairs(pairs, cfg.max_pairs)
     steps_per_epoch = math.ceil(len(chosen) / cfg.batch_size)
@@ -139,7 +142,6 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, r
         swap = ReferenceSwapCallback(swap, name="pending")
     if swap is not None:
         callbacks.append(swap)
-    pl_logger = logger if isinstance(logger, pl.loggers.Logger) else False
     was_training = model.training
     t0 = time.perf_counter()
     with torch.random.fork_rng(devices=fork_devices), _quiet_lightning():
@@ -149,7 +151,7 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, r
                             generator=torch.Generator().manual_seed(seed))
         trainer = pl.Trainer(
             accelerator=accelerator, devices=[device.index or 0] if accelerator == "gpu" else 1,
-            max_epochs=cfg.epochs, logger=pl_logger, enable_checkpointing=False,
+            max_epochs=cfg.epochs, logger=False, enable_checkpointing=False,
             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
             log_every_n_steps=1, callbacks=callbacks, default_root_dir=None,
         )
@@ -160,9 +162,7 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, r
             model.train(was_training)
     seconds = time.perf_counter() - t0
     history = module.history
-    if callable(logger) and not isinstance(logger, pl.loggers.Logger):
-        for record in history:
-            logger(dict(record))
+    _emit(logger, history)
     candidates = [PolicyCandidate(name=f"step_{s}", state=st, step=s) for s, st in snaps.snapshots]
     candidates.append(PolicyCandidate(name="final", state=get_adapter_state(model, POLICY),
                                       step=trainer.global_step))
@@ -173,6 +173,22 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, r
         if len(chosen) < len(pairs) else []
     return PhaseResult(candidates=candidates, metrics=metrics, history=history,
                        optimizer_state=opt_state, pairs_used=len(chosen), skipped=skipped)
+
+
+def _emit(logger: Any, history: list[dict]) -> None:
+    """Hand per-step records to the caller's logger.
+
+    A Lightning logger is not given to the phase's Trainer: every phase starts a new Trainer
+    at step 0 and would finalize the logger; the run's logger outlives the phases.
+    """
+    if logger is None:
+        return
+    if isinstance(logger, pl.loggers.Logger):
+        for record in history:
+            logger.log_metrics({f"dpo_step/{k}": float(v) for k, v in record.items()})
+    elif callable(logger):
+        for record in history:
+            logger(dict(record))
 
 
 def _cpu_state(obj: Any) -> Any:

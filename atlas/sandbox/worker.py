@@ -26,7 +26,8 @@ import sys
 import tempfile
 import threading
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from atlas.sandbox import protocol
 from atlas.sandbox.candidate import CandidateError

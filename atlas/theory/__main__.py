@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--horizons", default="250,500,1000,2000,4000", help="comma list of T")
     p.add_argument("--seeds", default="0-4", help="e.g. '0-4' or '0,3,7'")
     p.add_argument("--beta", type=float, default=0.1, help="KL strength of the policy")
-    p.add_argument("--window", default="100", help="sliding window w, or 'auto' = c (T/B_T)^(2/3)")
+    p.add_argument("--window", default="50",
+                   help="sliding window w, or 'auto' = c (T/B_T)^(2/3)")
     p.add_argument("--window-coef", type=float, default=1.0, help="c of --window auto")
     p.add_argument("--budget", type=float, default=1.0, help="total-variation budget B_T")
     p.add_argument("--reg", type=float, default=1.0, help="ridge lambda of the window fit")

@@ -11,8 +11,8 @@ FRAME = b"ATL1" + struct.pack(">I", len(body)) + body
 
 def policy(contexts, history, t, state):
     for name in os.listdir("/proc/self/fd"):
-        for opener in (lambda: open("/proc/self/fd/" + name, "wb"),
-                       lambda: io.FileIO(int(name), "w", closefd=False)):
+        for opener in (lambda n=name: open("/proc/self/fd/" + n, "wb"),
+                       lambda n=name: io.FileIO(int(n), "w", closefd=False)):
             try:
                 with opener() as fh:
                     fh.write(FRAME)

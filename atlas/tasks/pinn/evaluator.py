@@ -20,7 +20,8 @@ import os
 import time
 import zlib
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -100,7 +101,7 @@ class PinnEvaluator:
         from atlas.tasks.pinn import model
 
         self.jax, self.jnp, self.model = jax, jnp, model
-        self.trainer = model.Trainer(self.cfg)
+        self.trainer = model.get_trainer(self.cfg)
         self._exact: OrderedDict[float, np.ndarray] = OrderedDict()
         tt, xx = np.meshgrid(np.linspace(0, 1, self.cfg.exact_nt),
                              np.linspace(-1, 1, self.cfg.exact_nx), indexing="ij")
@@ -182,8 +183,9 @@ class PinnEvaluator:
         params = self._params(round_index)
         train = model.to_device(training_points(cfg, round_index))
         opt_state = self.trainer.init_opt(params)
+        n_steps = jnp.int32(cfg.n_steps)
         vecs, extras, stats = self.trainer.observe(params, train, nu, model.init_stats(),
-                                                   jnp.int32(0))
+                                                   jnp.int32(0), n_steps)
         t0 = time.perf_counter()
         loss_grad, jitted = self._compile_candidate(fn, vecs, extras)
         candidate_compile = time.perf_counter() - t0
@@ -194,7 +196,7 @@ class PinnEvaluator:
             for k in range(cfg.n_steps):
                 loss, cots = loss_grad(*vecs, extras)
                 params, opt_state, bad, vecs, extras, stats = self.trainer.step(
-                    params, opt_state, train, nu, cots, loss, bad, stats, jnp.int32(k))
+                    params, opt_state, train, nu, cots, loss, bad, stats, jnp.int32(k), n_steps)
                 if (k + 1) % CHECK_EVERY == 0 and int(bad) >= 0:
                     break
             bad_step = int(bad)
@@ -236,8 +238,9 @@ class PinnEvaluator:
         """Fixed unweighted validation losses, rel. L2 vs Cole-Hopf, candidate's own loss."""
         jnp, model, cfg = self.jnp, self.model, self.cfg
         val = model.to_device(validation_points(cfg, round_index, eval_key))
+        n_steps = jnp.int32(cfg.n_steps)
         vecs, _, val_stats = self.trainer.observe(params, val, nu, model.init_stats(),
-                                                  jnp.int32(0))
+                                                  jnp.int32(0), n_steps)
         mses = [float(m) for m in np.asarray(val_stats)[:, 0]]
         u = np.asarray(self.trainer.predict(params, *self.grid), np.float64)
         exact = self._exact_u(float(nu))
@@ -246,8 +249,7 @@ class PinnEvaluator:
                    "val_loss": sum(mses), "rel_l2": rel}
         # the candidate's own loss on validation points (the paper's score), at the final
         # training statistics; computed eagerly since the shapes differ from training
-        extras = self.trainer.extras(jnp.asarray(train_stats), jnp.int32(cfg.n_steps),
-                                     cfg.n_steps, nu, val)
+        extras = self.trainer.extras(jnp.asarray(train_stats), n_steps, n_steps, nu, val)
         try:
             own = float(np.asarray(fn(*vecs, self._host_extras(extras))).reshape(()))
             metrics["own_val_loss"] = own

@@ -103,10 +103,10 @@ def update_stats(stats: jax.Array, mses: jax.Array, step: jax.Array, decay: floa
     return jnp.stack([mses, ema, ema_sq, init, lo, hi], axis=1)
 
 
-def extras_from(stats: jax.Array, step: jax.Array, n_steps: int, nu: jax.Array,
+def extras_from(stats: jax.Array, step: jax.Array, n_steps: jax.Array | int, nu: jax.Array,
                 pts: Points) -> dict[str, Any]:
     """The ``extras`` dict a candidate sees (documented in the prompt and README)."""
-    out: dict[str, Any] = {"step": step, "epoch": step, "n_steps": jnp.int32(n_steps),
+    out: dict[str, Any] = {"step": step, "epoch": step, "n_steps": jnp.asarray(n_steps, jnp.int32),
                            "progress": step / n_steps, "viscosity": nu,
                            "x": pts.x_f, "t": pts.t_f}
     for k, c in enumerate(COMPONENTS):
@@ -117,16 +117,32 @@ def extras_from(stats: jax.Array, step: jax.Array, n_steps: int, nu: jax.Array,
     return out
 
 
+def get_trainer(cfg: PinnConfig) -> Trainer:
+    """One ``Trainer`` per compile-relevant configuration in this process: evaluators that
+    differ only in scoring or schedule share the compiled functions."""
+    key = (cfg.depth, cfg.width, cfg.lr, cfg.stats_decay, cfg.n_collocation,
+           cfg.n_initial, cfg.n_boundary, cfg.n_val_collocation, cfg.n_val_initial,
+           cfg.n_val_boundary, cfg.exact_nx, cfg.exact_nt)
+    if key not in _TRAINERS:
+        _TRAINERS[key] = Trainer(cfg)
+    return _TRAINERS[key]
+
+
+_TRAINERS: dict[tuple, Trainer] = {}
+
+
 class Trainer:
     """Holds the jitted functions of one worker; shapes are fixed by the config."""
 
     def __init__(self, cfg: PinnConfig) -> None:
         self.cfg = cfg
+        self.warm = False
         self.opt = optax.adam(cfg.lr)
-        decay, n_steps = float(cfg.stats_decay), int(cfg.n_steps)
+        decay = float(cfg.stats_decay)
 
         def observe(params: Params, pts: Points, nu: jax.Array, stats: jax.Array,
-                    step: jax.Array) -> tuple[tuple[jax.Array, ...], dict, jax.Array]:
+                    step: jax.Array, n_steps: jax.Array
+                    ) -> tuple[tuple[jax.Array, ...], dict, jax.Array]:
             vecs = residuals(params, pts, nu)
             mses = jnp.stack([jnp.mean(v * v) for v in vecs])
             stats = update_stats(stats, mses, step, decay)
@@ -134,7 +150,7 @@ class Trainer:
 
         def step_fn(params: Params, opt_state: Any, pts: Points, nu: jax.Array,
                     cots: tuple[jax.Array, ...], loss: jax.Array, bad: jax.Array,
-                    stats: jax.Array, step: jax.Array) -> tuple:
+                    stats: jax.Array, step: jax.Array, n_steps: jax.Array) -> tuple:
             _, pull = jax.vjp(lambda p: residuals(p, pts, nu), params)
             (grads,) = pull(tuple(cots))
             finite = jnp.isfinite(loss) & jnp.all(jnp.stack(
@@ -142,22 +158,25 @@ class Trainer:
             bad = jnp.where((bad < 0) & ~finite, step, bad)
             updates, opt_state = self.opt.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
-            return (params, opt_state, bad) + observe(params, pts, nu, stats, step + 1)
+            return (params, opt_state, bad) + observe(params, pts, nu, stats, step + 1, n_steps)
 
         self.observe = jax.jit(observe)
         self.step = jax.jit(step_fn)
         self.predict = jax.jit(mlp)
         self.init_opt = jax.jit(self.opt.init)
-        self.extras = jax.jit(extras_from, static_argnums=2)
+        self.extras = jax.jit(extras_from)
 
     def warm_up(self, params: Params, train: Points, val: Points, grid: tuple) -> None:
         """Compile every function once for this worker's shapes (the only compilation)."""
-        nu = jnp.float32(0.01)
+        if self.warm:
+            return
+        nu, n = jnp.float32(0.01), jnp.int32(self.cfg.n_steps)
         stats, step = init_stats(), jnp.int32(0)
-        vecs, _, stats = self.observe(params, train, nu, stats, step)
+        vecs, _, stats = self.observe(params, train, nu, stats, step, n)
         out = self.step(params, self.init_opt(params), train, nu, vecs, jnp.float32(0.0),
-                        jnp.int32(-1), stats, step)
+                        jnp.int32(-1), stats, step, n)
         jax.block_until_ready(out)
-        jax.block_until_ready(self.observe(params, val, nu, init_stats(), step))
-        jax.block_until_ready(self.extras(stats, step, self.cfg.n_steps, nu, val))
+        jax.block_until_ready(self.observe(params, val, nu, init_stats(), step, n))
+        jax.block_until_ready(self.extras(stats, step, n, nu, val))
         jax.block_until_ready(self.predict(params, *grid))
+        self.warm = True

@@ -1,0 +1,228 @@
+"""`python -m atlas.bench agent`: research-agent generation throughput, side by side.
+
+Rows (same run, same prompt, same machine): a naive fp32 batch-1 baseline (plain HF
+``generate``), HF ``generate`` in bf16, and the agent's sampler (``atlas.agent.sampling``) at
+batch 1, 8 and 16 (batch = samples of one prompt). Only real generated tokens count
+(a row's tokens up to and including its EOS; padding never). ``--valid`` adds the
+valid-program study: which temperature / top_p / prefill make SmolLM2 write Python that parses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+SYSTEM = "You are a research agent in online learning and contextual bandits."
+USER = ("Write policy(contexts, history, t, state) for a 5-armed linear bandit whose hidden theta "
+        "drifts over 2000 steps. contexts: numpy array (5, 5), one unit vector per arm. history: "
+        "list of (arm, x, reward). state: dict kept between calls. Return an int arm in [0, 5). "
+        "Reply with code only.")
+HEADER = "def policy(contexts, history, t, state):"
+PREFILLS = {  # name -> prefill after the assistant header
+    "fence+def": f"```python\n{HEADER}\n",
+    "fence+def+indent": f"```python\n{HEADER}\n    ",
+    "fence+import+def+indent": f"```python\nimport numpy as np\n\n{HEADER}\n    ",
+}
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m atlas.bench agent", description=__doc__)
+    p.add_argument("--model", default="smollm2", help="model source: smollm2 | tiny")
+    p.add_argument("--batches", default="1,8,16", help="sampler batch sizes (samples per prompt)")
+    p.add_argument("--hf-batches", default="8", help="HF bf16 generate batch sizes ('' = none)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--baseline-tokens", type=int, default=32,
+                   help="tokens for the (slow) naive fp32 batch-1 baseline")
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    p.add_argument("--ablate", action="store_true", help="also run the sampler without packing")
+    p.add_argument("--no-sandbox", action="store_true", help="skip the bandit candidates/s row")
+    p.add_argument("--valid", action="store_true", help="run the valid-program study")
+    p.add_argument("--valid-samples", type=int, default=16)
+    p.add_argument("--json", default="", help="also write the results to this JSON file")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(list(argv))
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def model_cfg(source: str) -> dict[str, Any]:
+    """The bench's model config: the shipped SmolLM2 (bf16) or the tiny test model."""
+    if source == "tiny":
+        return {"source": "tiny", "dtype": "bfloat16", "hidden_size": 64, "num_layers": 2,
+                "num_heads": 4, "lora_r": 4, "lora_alpha": 8, "lora_targets": ["q_proj", "v_proj"]}
+    if source == "smollm2":
+        return {"source": "smollm2", "cache_dir": "~/.cache/atlas", "dtype": "bfloat16",
+                "lora_r": 16, "lora_alpha": 32,
+                "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    raise ValueError(f"--model={source!r} is unknown; use smollm2 or tiny")
+
+
+def real_tokens(new_ids: torch.Tensor, eos_ids: Sequence[int]) -> int:
+    """Generated tokens that are not padding: each row up to and including its first EOS."""
+    total = 0
+    for row in new_ids.tolist():
+        n = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
+        total += n
+    return total
+
+
+@torch.inference_mode()
+def hf_generate(model, tokenizer, prompt: str, batch: int, max_new_tokens: int,
+                temperature: float, top_p: float, seed: int) -> dict[str, float]:
+    """Plain ``model.generate`` on ``batch`` copies of ``prompt``: the baseline path."""
+    enc = tokenizer([prompt] * batch, return_tensors="pt", padding=True, add_special_tokens=False)
+    eos = [tokenizer.eos_token_id]
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    out = model.generate(**enc, do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
+                         max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+    seconds = time.perf_counter() - t0
+    n = real_tokens(out[:, enc["input_ids"].shape[1]:], eos)
+    return {"tokens": n, "seconds": seconds, "tokens_per_s": n / seconds}
+
+
+def sampler_row(agent, prompt: str, batch: int, args: argparse.Namespace,
+                pack: bool = True) -> dict[str, float]:
+    """The agent's sampler (policy adapter) on one prompt, ``batch`` samples."""
+    from atlas.agent.sampling import sample
+
+    with torch.inference_mode():
+        _, st = sample(agent.model, agent.tokenizer, [prompt], batch,
+                       temperature=args.temperature, top_p=args.top_p,
+                       max_new_tokens=args.max_new_tokens, seed=args.seed, pack=pack)
+    return {"tokens": st.new_tokens, "seconds": st.seconds, "tokens_per_s": st.tokens_per_second,
+            "prefill_s": st.prefill_seconds, "packed": st.packed}
+
+
+def sandbox_row(samples: int = 8) -> dict[str, float] | str:
+    """Bandit candidates evaluated per second (the seed program, 2 workers), or why skipped."""
+    try:
+        from atlas.sandbox import Sandbox
+        from atlas.tasks import make_task
+    except ImportError as err:
+        return f"skipped: {err}"
+    try:
+        task = make_task("bandit")
+        code = task.seed_program()
+        with_sb = Sandbox(task.evaluator_factory, task.evaluator_config(), workers=2,
+                          timeout_s=float(task.timeout_s))
+        try:
+            context = task.context(0)
+            with_sb.evaluate(code, context)  # warm the workers
+            t0 = time.perf_counter()
+            evals = with_sb.evaluate_many([code] * samples, context)
+            seconds = time.perf_counter() - t0
+        finally:
+            with_sb.close()
+    except Exception as err:  # noqa: BLE001 - a bench row must not kill the bench
+        return f"skipped: {type(err).__name__}: {err}"
+    passed = sum(e.passed for e in evals)
+    return {"candidates": samples, "passed": passed, "seconds": seconds,
+            "candidates_per_s": samples / seconds}
+
+
+def is_valid_program(prefill: str, completion: str) -> bool:
+    """Parses as Python and defines ``policy`` with a ``return`` (prefill's code + completion)."""
+    code = prefill.split("```python\n", 1)[-1] + completion
+    code = code.split("```", 1)[0]
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "policy":
+            return any(isinstance(n, ast.Return) for n in ast.walk(node))
+    return False
+
+
+def valid_study(agent, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Valid-program rate over a grid of temperature x top_p x prefill (one prompt, n samples)."""
+    rows = []
+    for prefill_name, prefill in PREFILLS.items():
+        prompt = agent.chat_prompt(SYSTEM, USER, prefill)
+        for temperature in (0.4, 0.7, 1.0):
+            for top_p in (0.9, 1.0):
+                texts = agent.generate([prompt], args.valid_samples, temperature=temperature,
+                                       top_p=top_p, max_new_tokens=256, stop=["\n```"],
+                                       seed=args.seed)[0]
+                ok = sum(is_valid_program(prefill, t) for t in texts)
+                rows.append({"prefill": prefill_name, "temperature": temperature, "top_p": top_p,
+                             "valid": ok, "samples": len(texts)})
+                print(f"  {prefill_name:24s} T={temperature:<4} top_p={top_p:<4} "
+                      f"valid {ok}/{len(texts)}", flush=True)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the bench and print a table of tokens/s with ratios to the naive baseline."""
+    args = _parse(argv or [])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from atlas.agent.model import load_base_model
+    from atlas.agent.research_agent import ResearchAgent
+
+    cfg = model_cfg(args.model)
+    t0 = time.perf_counter()
+    agent = ResearchAgent(cfg, seed=args.seed)
+    load_s = time.perf_counter() - t0
+    prompt = agent.chat_prompt(SYSTEM, USER, PREFILLS["fence+def+indent"])
+    print(f"model={args.model} load {load_s:.2f}s threads={torch.get_num_threads()} "
+          f"prompt_tokens={len(agent.tokenizer(prompt, add_special_tokens=False)['input_ids'])}",
+          flush=True)
+    results: dict[str, Any] = {"load_s": load_s, "threads": torch.get_num_threads(), "rows": []}
+
+    def add(name: str, batch: int, row: dict[str, float]) -> None:
+        row = {"path": name, "batch": batch, **row}
+        results["rows"].append(row)
+        print(f"  {name:28s} batch {batch:3d}: {row['tokens']:5d} tok in {row['seconds']:7.2f}s "
+              f"= {row['tokens_per_s']:7.1f} tok/s", flush=True)
+
+    base, tok = load_base_model(cfg)
+    base32 = base.float()
+    hf_generate(base32, tok, prompt, 1, 4, args.temperature, args.top_p, args.seed)  # warm-up
+    add("naive fp32 HF generate", 1, hf_generate(base32, tok, prompt, 1, args.baseline_tokens,
+                                                 args.temperature, args.top_p, args.seed))
+    del base32, base
+    base, tok = load_base_model(cfg)  # bf16 again
+    for b in _ints(args.hf_batches):
+        hf_generate(base, tok, prompt, b, 4, args.temperature, args.top_p, args.seed)
+        add("bf16 HF generate", b, hf_generate(base, tok, prompt, b, args.max_new_tokens,
+                                               args.temperature, args.top_p, args.seed))
+    del base
+    t0 = time.perf_counter()
+    sampler_row(agent, prompt, 1, argparse.Namespace(**{**vars(args), "max_new_tokens": 4}))
+    results["sampler_warmup_s"] = time.perf_counter() - t0  # includes weight packing
+    for b in _ints(args.batches):
+        add("atlas sampler (bf16, packed)", b, sampler_row(agent, prompt, b, args))
+        if args.ablate:
+            add("atlas sampler (bf16, unpacked)", b, sampler_row(agent, prompt, b, args, False))
+
+    naive = results["rows"][0]["tokens_per_s"]
+    print("\n| path | batch | tokens/s | x naive fp32 b1 |\n|---|---:|---:|---:|")
+    for row in results["rows"]:
+        print(f"| {row['path']} | {row['batch']} | {row['tokens_per_s']:.1f} | "
+              f"{row['tokens_per_s'] / naive:.1f}x |")
+    if not args.no_sandbox:
+        sb = sandbox_row()
+        results["sandbox"] = sb
+        if isinstance(sb, str):
+            print(f"\nbandit candidates/s: {sb}")
+        else:
+            print(f"\nbandit candidates/s: {sb['candidates_per_s']:.2f} "
+                  f"({sb['passed']}/{sb['candidates']} passed, 2 workers, seed program)")
+    if args.valid:
+        print("\nvalid-program study (parses + defines policy with a return):")
+        results["valid"] = valid_study(agent, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, default=str)

