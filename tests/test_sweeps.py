@@ -223,37 +223,79 @@ def _wait_for(pred, timeout: float, what: str, proc: subprocess.Popen | None = N
     raise AssertionError(f"timed out waiting for {what}\n{out}")
 
 
-@pytest.mark.slurm
-def test_preemption_requeues_into_same_run_folder(slurm_cluster: None, toy_app: Path) -> None:
-    """A real USR2 (what SLURM sends before pre-emption or the time limit): submitit calls the
-    launcher's checkpoint hook, requeues the job, and the requeued job resumes from the
-    run's checkpoint in the same folder."""
+def _signal_and_finish(toy_app: Path, overrides: list[str], signal_at_round: int,
+                       timeout: float) -> tuple[list[dict], str, str]:
+    """Run a one-job sweep on the cluster; once it has checkpointed ``signal_at_round`` rounds
+    send USR2 (unless ``signal_at_round`` is 0: SLURM signals by itself). Returns the job's
+    attempts, its id and submitit's log."""
     run_dir = toy_app.parent / "multirun" / "toy" / "toy_s0"
-    cmd = [sys.executable, str(toy_app), "-m", "seed=0", "rounds=12", "sleep_s=1", *SLURM_SMALL]
+    cmd = [sys.executable, str(toy_app), "-m", "seed=0", "sleep_s=1", *SLURM_SMALL, *overrides]
     master = subprocess.Popen(cmd, cwd=toy_app.parent, env=_env(), text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        ckpt = run_dir / "checkpoint.json"
-        _wait_for(lambda: ckpt.exists() and json.loads(ckpt.read_text())["next_round"] >= 2,
-                  120, "the first attempt to checkpoint round 2", master)
-        job_id = _attempts(run_dir)[0]["job_id"]
-        subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
-        out, _ = master.communicate(timeout=300)
+        if signal_at_round:
+            ckpt = run_dir / "checkpoint.json"
+            _wait_for(lambda: ckpt.exists()
+                      and json.loads(ckpt.read_text())["next_round"] >= signal_at_round,
+                      120, f"the first attempt to checkpoint round {signal_at_round}", master)
+            job_id = _attempts(run_dir)[0]["job_id"]
+            subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
+        out, _ = master.communicate(timeout=timeout)
     finally:
         if master.poll() is None:
             master.kill()
+            master.communicate()
     assert master.returncode == 0, out[-3000:]
-    first, second = _attempts(run_dir)
-    assert second["job_id"] == job_id and _job_info(job_id).get("Restarts") == "1"
-    assert (first["restarts"], second["restarts"]) == ("0", "1")
-    assert second["output_dir"] == first["output_dir"] == str(run_dir.resolve())
-    assert 2 <= second["start_round"] < 12  # resumed, did not start over
-    assert json.loads((run_dir / "results.json").read_text()) == {"seed": 0, "rounds": 12}
+    attempts = _attempts(run_dir)
     log = "".join(p.read_text() for p in (run_dir.parent / ".submitit").glob("*/*_log.err"))
-    assert "Caught signal SIGUSR2" in log and "this job is preempted" in log
-    assert "Exiting gracefully after preemption/timeout" in log
-    # Hydra restores the master's resolver cache in every job, so even a ${now:} stays put
-    assert second["stamp"] == first["stamp"]
+    return attempts, attempts[0]["job_id"], log
+
+
+def _assert_resumed_in_place(attempts: list[dict], job_id: str, rounds: int,
+                             run_dir: Path, requeues: int | None = 1) -> None:
+    """Every attempt ran as the same SLURM job, in the same folder, from the last checkpoint."""
+    assert len(attempts) >= 2 if requeues is None else len(attempts) == requeues + 1, attempts
+    n = len(attempts) - 1
+    assert _job_info(job_id).get("Restarts") == str(n)
+    assert [a["job_id"] for a in attempts] == [job_id] * (n + 1)
+    assert [a["restarts"] for a in attempts] in ([None, *map(str, range(1, n + 1))],
+                                                 [str(i) for i in range(n + 1)])
+    # the same run folder: the sweep dir has no timestamp and the subdir only overrides
+    assert {a["output_dir"] for a in attempts} == {str(run_dir.resolve())}
+    starts = [a["start_round"] for a in attempts]
+    assert starts[0] == 0 and all(0 < b < rounds for b in starts[1:])
+    assert starts == sorted(starts)  # each attempt resumed from the checkpoint, none restarted
+    assert json.loads((run_dir / "results.json").read_text()) == {"seed": 0, "rounds": rounds}
+    # Why no ${now:} in our sweep folder: a requeued job re-resolves every interpolation the
+    # launching process did not (Hydra only carries over the launcher's resolver cache).
+    assert attempts[1]["stamp"] != attempts[0]["stamp"]
+
+
+@pytest.mark.slurm
+def test_preemption_requeues_into_same_run_folder(slurm_cluster: None, toy_app: Path) -> None:
+    """A real USR2 (what SLURM sends a job it pre-empts): submitit calls the launcher's
+    checkpoint hook, requeues the job, and the requeued job resumes from the run's
+    checkpoint in the same folder; a pre-emption does not use up max_num_timeout."""
+    attempts, job_id, log = _signal_and_finish(
+        toy_app, ["rounds=8", "hydra.launcher.timeout_min=30"], signal_at_round=2, timeout=300)
+    _assert_resumed_in_place(attempts, job_id, 8, toy_app.parent / "multirun/toy/toy_s0")
+    assert "Caught signal SIGUSR2 on" in log and "this job is preempted" in log
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_time_limit_signal_requeues_and_resumes(slurm_cluster: None, toy_app: Path) -> None:
+    """No test-side signal: a 1-minute time limit and signal_delay_s=30 make SLURM itself send
+    USR2 (its periodic check sends it 6-30 s into each attempt here); the job is requeued
+    until it finishes, in the same folder, within max_num_timeout requeues."""
+    attempts, job_id, log = _signal_and_finish(
+        toy_app, ["rounds=30", "hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=30",
+                  "hydra.launcher.max_num_timeout=6"], signal_at_round=0, timeout=500)
+    _assert_resumed_in_place(attempts, job_id, 30, toy_app.parent / "multirun/toy/toy_s0",
+                             requeues=None)
+    assert "this job is timed-out" in log
+    assert "#SBATCH --signal=USR2@30" in next(
+        (toy_app.parent / "multirun/toy/.submitit").glob("*/*submission.sh")).read_text()
 
 
 @pytest.mark.slurm

@@ -83,6 +83,7 @@ def _quiet_lightning() -> Iterator[None]:
             warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
             warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+            warnings.filterwarnings("ignore", message=".*`srun` command is available.*")
             yield
     finally:
         for lg, level in zip(loggers, levels):

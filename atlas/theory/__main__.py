@@ -25,7 +25,8 @@ def parse_ints(text: str, name: str) -> list[int]:
             else:
                 out.append(int(part))
     except ValueError:
-        raise ValueError(f"--{name} {text!r} is invalid: use integers like '250,500' or '0-4'")
+        raise ValueError(
+            f"--{name} {text!r} is invalid: use integers like '250,500' or '0-4'") from None
     if not out:
         raise ValueError(f"--{name} is empty: give at least one integer, e.g. '0-4'")
     return out
@@ -62,7 +63,8 @@ def config_from_args(args: argparse.Namespace) -> TheoryConfig:
         try:
             window = int(args.window)
         except ValueError:
-            raise ValueError(f"--window {args.window!r} is invalid: use an integer or 'auto'")
+            raise ValueError(
+                f"--window {args.window!r} is invalid: use an integer or 'auto'") from None
     return TheoryConfig(n_arms=args.arms, dim=args.dim, beta=args.beta, window=window,
                         window_coef=args.window_coef, budget=args.budget, reg=args.reg,
                         segments=args.segments, newton_steps=args.newton_steps, floor=args.floor)
@@ -87,6 +89,7 @@ def format_table(record: dict) -> str:
 def plot(record: dict, path: Path) -> None:
     """Left: regret vs T on log-log axes with fitted slopes; right: the largest run's curve."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -113,6 +116,8 @@ def plot(record: dict, path: Path) -> None:
     ax.set(xscale="log", yscale="log", xlabel="horizon T", ylabel="cumulative dynamic regret",
            title=f"beta={cfg['beta']}, w={w}, B_T={cfg['budget']}, "
                  f"{len(record['seeds'])} seeds")
+    ax.set_xticks(hs, [str(int(h)) for h in hs])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(fontsize=8)
     ax2.set(xlabel="t", ylabel="cumulative dynamic regret",
             title=f"one horizon, T={record['horizons'][-1]} (mean over seeds)")

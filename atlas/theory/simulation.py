@@ -109,7 +109,7 @@ def drift_path(rng: np.random.Generator, horizon: int, dim: int, budget: float,
 
     Each arc turns in a fresh random tangent direction, so the budget is spent on real movement
     (a per-step random direction would mostly cancel out). The chord sum, i.e. the total
-    variation of Eq. 8, is T * 2 sin(B_T / 2T) <= B_T.
+    variation of Eq. 8, is (T - 1) * 2 sin(B_T / 2T) <= B_T.
     """
     step = budget / horizon
     theta = np.empty((horizon, dim))
