@@ -20,7 +20,7 @@ from transformers.cache_utils import DynamicLayer
 
 from atlas.agent.fastlinear import packed_linears
 
-TOPK_FIRST = 1024  # nucleus is searched among these first; falls back to a full sort if needed
+TOPK_TRIES = (64, 1024)  # nucleus searched among these top-k first; full sort as a last resort
 
 
 @dataclass
@@ -112,10 +112,16 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float,
         cdf = probs.cumsum(dim=-1)
         choice = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=probs.shape[-1] - 1)
         return choice.squeeze(1)
-    k = min(TOPK_FIRST, probs.shape[-1])
-    vals, idx = probs.topk(k, dim=-1, sorted=True)
-    cum = vals.cumsum(dim=-1)
-    if k < probs.shape[-1] and bool((cum[:, -1] < top_p).any()):
+    vals = idx = cum = None
+    for k in TOPK_TRIES:  # small nuclei are the rule: try a cheap top-k before a full sort
+        if k >= probs.shape[-1]:
+            break
+        vals, idx = probs.topk(k, dim=-1, sorted=True)
+        cum = vals.cumsum(dim=-1)
+        if bool((cum[:, -1] >= top_p).all()):
+            break
+        vals = None
+    if vals is None:
         vals, idx = probs.sort(dim=-1, descending=True)
         cum = vals.cumsum(dim=-1)
     keep = (cum - vals) < top_p  # the mass before a token is below top_p: the first always stays

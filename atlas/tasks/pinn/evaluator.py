@@ -184,8 +184,8 @@ class PinnEvaluator:
         train = model.to_device(training_points(cfg, round_index))
         opt_state = self.trainer.init_opt(params)
         n_steps = jnp.int32(cfg.n_steps)
-        vecs, extras, stats = self.trainer.observe(params, train, nu, model.init_stats(),
-                                                   jnp.int32(0), n_steps)
+        vecs, extras, stats, pull = self.trainer.start(params, train, nu, model.init_stats(),
+                                                       jnp.int32(0), n_steps)
         t0 = time.perf_counter()
         loss_grad, jitted = self._compile_candidate(fn, vecs, extras)
         candidate_compile = time.perf_counter() - t0
@@ -195,8 +195,9 @@ class PinnEvaluator:
         try:
             for k in range(cfg.n_steps):
                 loss, cots = loss_grad(*vecs, extras)
-                params, opt_state, bad, vecs, extras, stats = self.trainer.step(
-                    params, opt_state, train, nu, cots, loss, bad, stats, jnp.int32(k), n_steps)
+                params, opt_state, bad, vecs, extras, stats, pull = self.trainer.step(
+                    params, opt_state, pull, train, nu, cots, loss, bad, stats, jnp.int32(k),
+                    n_steps)
                 if (k + 1) % CHECK_EVERY == 0 and int(bad) >= 0:
                     break
             bad_step = int(bad)
