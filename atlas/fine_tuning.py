@@ -16,7 +16,14 @@ from statistics import median
 from typing import Any
 
 from atlas.agent.adapters import get_adapter_state
-from atlas.dpo import DPOConfig, GateConfig, promote, select_and_gate, train_phase
+from atlas.dpo import (
+    DPOConfig,
+    GateConfig,
+    ReferenceSwapCallback,
+    promote,
+    select_and_gate,
+    train_phase,
+)
 from atlas.evolution.preferences import build_pairs, sample_gate_subset
 from atlas.supporters import Supporters
 from atlas.supporters import requests as supporter_requests
@@ -50,16 +57,27 @@ class FineTuner:
         self.seed = seed
         self.optimizer_state: dict | None = None
         self.history: list[dict[str, Any]] = []  # compact per-phase records the strategist reads
+        # an accepted promotion is queued here and applied by Lightning (DPOModule.swap_reference)
+        # at the start of the next phase's training; flush_promotion() applies it at run end
+        self.reference_swap = ReferenceSwapCallback()
 
     # -- persistence (crash-safe resume) -----------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"dpo_cfg": dataclasses.asdict(self.dpo_cfg), "optimizer_state": self.optimizer_state,
-                "history": self.history}
+                "history": self.history, "reference_swap": self.reference_swap.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.dpo_cfg = DPOConfig(**state["dpo_cfg"])
         self.optimizer_state = state["optimizer_state"]
         self.history = list(state["history"])
+        self.reference_swap.load_state_dict(state["reference_swap"])
+
+    def flush_promotion(self) -> None:
+        """Apply a promotion still queued after the last phase (no next phase will)."""
+        if self.reference_swap.pending is not None:
+            promote(self.agent.model, self.reference_swap.pending)
+            self.reference_swap.applied.append(self.reference_swap.pending_name)
+            self.reference_swap.pending, self.reference_swap.pending_name = None, ""
 
     # -- the phase ---------------------------------------------------------------------
     def run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
@@ -94,7 +112,8 @@ class FineTuner:
         t1 = time.time()
         result = train_phase(self.agent.model, self.agent.tokenizer, pairs, cfg,
                              self.method.reference, seed=self.seed * 1000 + phase, logger=logger,
-                             optimizer_state=self.optimizer_state)
+                             optimizer_state=self.optimizer_state,
+                             pending_reference=self.reference_swap)
         self.optimizer_state = getattr(result, "optimizer_state", None)
         record["dpo"] = result.metrics
         record["seconds_dpo"] = time.time() - t1
@@ -107,16 +126,15 @@ class FineTuner:
             decision = select_and_gate(self.agent.model, self.agent.tokenizer, result.candidates,
                                        items, self.gate_cfg, enabled=bool(self.method.gate),
                                        reference="adaptive")
-            gate_record = dataclasses.asdict(decision)
+            gate_record = decision.to_dict()
             promoted, vetoed, verdict = decision.accepted, False, None
             if decision.accepted and self.method.gate and self.supporters is not None:
-                verdict = self.supporters.inspector.review(
-                    supporter_requests.inspector_request(phase, decision, items, phase_programs))
+                verdict = self.supporters.inspector.review(supporter_requests.inspector_request(
+                    phase, decision, items, phase_programs, gate_cfg=self.gate_cfg))
                 vetoed = bool(verdict.veto)
                 promoted = not vetoed
             if promoted:
-                chosen = next(c for c in result.candidates if c.name == decision.chosen)
-                promote(self.agent.model, chosen.state)
+                self.reference_swap.queue_decision(decision, result.candidates)
             record.update(gate=gate_record, promoted=promoted, vetoed=vetoed,
                           inspector=verdict.model_dump() if verdict is not None else None,
                           seconds_gate=time.time() - t2)
@@ -132,7 +150,7 @@ class FineTuner:
         if self.supporters is None:
             return None
         request = supporter_requests.strategist_request(phase, self.dpo_cfg, programs, stats,
-                                                        self.history)
+                                                        self.history, gate_cfg=self.gate_cfg)
         advice = self.supporters.strategist.advise(request)
         before = dataclasses.asdict(self.dpo_cfg)
         updated = dataclasses.replace(self.dpo_cfg, beta=advice.beta, lr=advice.lr,

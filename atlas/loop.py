@@ -216,6 +216,7 @@ class EvolutionLoop:
         self.telemetry.event("phase", round=r, **record)
 
     def finish(self) -> dict[str, Any]:
+        self.finetuner.flush_promotion()
         wall = self.wall_before + time.time() - self.started
         meta = {"task": self.task.name, "method": self.cfg.method.name, "seed": int(self.cfg.seed),
                 "model": self.cfg.model.source, "isolation": self.sandbox.isolation,

@@ -177,6 +177,19 @@ def test_next_tokens_top_p_keeps_only_the_nucleus():
     assert next_tokens(probs.log(), 0.0, 1.0, gen).eq(0).all()
 
 
+def test_next_tokens_large_vocab_uses_topk_or_full_sort_exactly():
+    gen = torch.Generator().manual_seed(1)
+    peaked = torch.full((200, 5000), -30.0)
+    peaked[:, 7], peaked[:, 9] = 0.0, -0.5  # nucleus {7, 9}: found by the cheap top-k
+    assert set(next_tokens(peaked, 1.0, 0.9, gen).tolist()) == {7, 9}
+    slope = -torch.arange(5000.0) * 1e-4  # nearly flat, strictly ordered: a ~4400-token nucleus
+    probs = torch.softmax(slope, -1)
+    boundary = int(((probs.cumsum(-1) - probs) < 0.9).sum())
+    assert boundary > 4000
+    picks = next_tokens(slope.repeat(400, 1), 1.0, 0.9, gen)  # needs the full-sort fallback
+    assert picks.max() < boundary and (picks >= 1024).float().mean() > 0.6
+
+
 @pytest.mark.skipif(not packing_supported(), reason="no oneDNN packed bf16 linear in this build")
 def test_packed_linears_match_plain_forward_and_track_adapter_updates():
     agent = ResearchAgent({**TINY, "dtype": "bfloat16", "hidden_size": 64}, seed=0)

@@ -312,3 +312,16 @@ def test_gate_subset_is_fresh_per_seed_and_complete():
     # asking for more than there are returns every prompt, thin ones last
     everything = sample_gate_subset(programs, 100, seed=0)
     assert len(everything) == 13 and everything[-1].prompt == "single"
+
+
+def test_database_rejects_bad_settings_by_field_name():
+    with pytest.raises(ValueError, match="explore.buffer_size"):
+        ProgramDatabase(num_islands=2, buffer_size=0, max_clusters=8)
+    with pytest.raises(ValueError, match="explore.topk_pool_factor"):
+        ProgramDatabase(num_islands=2, buffer_size=4, max_clusters=8, pool_factor=0.5)
+    with pytest.raises(ValueError, match="top_k"):
+        select_top_k([], -1)
+    assert select_top_k([prog(0, RANDOM, -0.1)], 0) == []
+    db = ProgramDatabase.from_config({"islands": 3, "buffer_size": 5, "clusters": 2,
+                                      "topk_pool_factor": 1.0, "cluster_similarity": 0.9})
+    assert (db.num_islands, db.buffer_size, db.max_clusters, db.pool_factor) == (3, 5, 2, 1.0)

@@ -67,6 +67,7 @@ class ScriptedAgent:
     def __init__(self, completions: list[str]) -> None:
         self.completions = completions
         self.calls: list[dict] = []
+        self.sandbox: ThreadSandbox | None = None  # to observe submissions during generation
 
     def chat_prompt(self, system: str, user: str, prefill: str) -> str:
         return f"<s>{system}\n<u>{user}\n<a>{prefill}"
@@ -75,7 +76,8 @@ class ScriptedAgent:
                  adapter, seed):
         self.calls.append(dict(prompts=prompts, n=num_samples, temperature=temperature,
                                top_p=top_p, max_new_tokens=max_new_tokens, stop=stop,
-                               adapter=adapter, seed=seed))
+                               adapter=adapter, seed=seed,
+                               submitted=len(self.sandbox.submitted) if self.sandbox else None))
         return [[self.completions[i % len(self.completions)] for i in range(num_samples)]
                 for _ in prompts]
 
@@ -95,6 +97,7 @@ COMPLETIONS = [
 def make(completions=COMPLETIONS, cfg=CFG):
     db = ProgramDatabase.from_config(cfg, seed=0)
     agent, sandbox = ScriptedAgent(completions), ThreadSandbox()
+    agent.sandbox = sandbox
     return Explorer(ToyTask(), agent, sandbox, db, cfg, seed=7), agent, sandbox, db
 
 
@@ -125,6 +128,8 @@ def test_round_bookkeeping_ids_parents_islands_failure_kinds():
     assert all(c["adapter"] == "policy" and c["stop"] == ["\n```"] and c["n"] == 5
                and c["max_new_tokens"] == 64 for c in agent.calls)
     assert agent.calls[0]["seed"] != agent.calls[1]["seed"]
+    # island 0's candidates were already with the consumers while island 1 was generated
+    assert [c["submitted"] for c in agent.calls] == [1, 1 + 4]
     # the prompt the program keeps is the text the agent sampled from (DPO needs the same x)
     assert new[0].prompt == agent.calls[0]["prompts"][0] and "# v0: score -0.75" in new[0].prompt
     assert "Reviewer note: return the target" in new[5].prompt

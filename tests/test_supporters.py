@@ -422,6 +422,9 @@ def test_valid_llm_answers_are_used_and_labelled(server):
     assert server.requests[1]["temperature"] == 0.3
     assert all(r["response_format"] == {"type": "json_object"} for r in server.requests)
     assert "window_size = 50" in server.requests[0]["messages"][1]["content"]
+    strat_prompt = server.requests[1]["messages"][1]["content"]
+    assert "beta=0.1, lr=5e-05, epochs=2" in strat_prompt and "epochs integer 1..5" in strat_prompt
+    assert "accepted" in server.requests[2]["messages"][1]["content"]
     stats = sup.stats()
     assert [stats[r]["llm_ok"] for r in ("exploration", "strategist", "inspector")] == [1, 1, 1]
     _assert_counters_add_up(stats)

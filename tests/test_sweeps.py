@@ -155,7 +155,7 @@ def test_toy_sweep_submitit_local(toy_app: Path) -> None:
 @ATLAS_TRAIN_XFAIL
 def test_atlas_train_sweep_submitit_local(tmp_path: Path) -> None:
     """`python -m atlas.train experiment=test -m seed=0,1` through submitit_local."""
-    _run([sys.executable, "-m", "atlas.train", "experiment=test", "-m", "seed=0,1",
+    _run([sys.executable, "-m", "atlas.train", "-m", "experiment=test", "seed=0,1",
           "hydra/launcher=submitit_local"], cwd=tmp_path, timeout=900)
     sweep = tmp_path / "multirun" / "test"
     runs = sorted(sweep.glob("*_s[01]"))
@@ -302,7 +302,7 @@ def test_time_limit_signal_requeues_and_resumes(slurm_cluster: None, toy_app: Pa
 @ATLAS_TRAIN_XFAIL
 def test_atlas_train_sweep_slurm(slurm_cluster: None, tmp_path: Path) -> None:
     """`python -m atlas.train experiment=test -m seed=0,1` as a job array on the cluster."""
-    _run([sys.executable, "-m", "atlas.train", "experiment=test", "-m", "seed=0,1",
+    _run([sys.executable, "-m", "atlas.train", "-m", "experiment=test", "seed=0,1",
           *SLURM_SMALL], cwd=tmp_path, timeout=900)
     sweep = tmp_path / "multirun" / "test"
     runs = sorted(sweep.glob("*_s[01]"))

@@ -71,6 +71,10 @@ class GateDecision:
     score: float = math.nan  # S(c*)
     enabled: bool = True
     argmax: str = ""  # Eq. 4's choice (== chosen unless the gate is disabled)
+    # per gate item, the index of the completion each policy ranks highest (the programs it
+    # "prefers"): the Policy Inspector compares their per-component metrics (paper B.3.2)
+    candidate_preferred: list[int] = field(default_factory=list)
+    reference_preferred: list[int] = field(default_factory=list)
 
     def promoted_state(self, candidates: Sequence["PolicyCandidate"]) -> dict[str, torch.Tensor] | None:
         """The tensors to promote (the chosen candidate's), or None when rejected."""
@@ -158,8 +162,17 @@ def select_and_gate(model, tokenizer, candidates: list["PolicyCandidate"], items
     scores = [weighted_score(m, items, gate.temperature) for m in res.mean_logps]
     kls = [mean_kl(k) for k in res.kl]
     ref_score = weighted_score(res.ref_mean_logps, items, gate.temperature)
-    return decide(scores, kls, names, ref_score, gate, enabled=enabled,
-                  steps=[c.step for c in candidates])
+    decision = decide(scores, kls, names, ref_score, gate, enabled=enabled,
+                      steps=[c.step for c in candidates])
+    chosen = names.index(decision.chosen)
+    decision.candidate_preferred = [_argmax(lp) for lp in res.mean_logps[chosen]]
+    decision.reference_preferred = [_argmax(lp) for lp in res.ref_mean_logps]
+    return decision
+
+
+def _argmax(values: Sequence[float]) -> int:
+    finite = [i for i, v in enumerate(values) if not math.isnan(v)]
+    return max(finite, key=lambda i: values[i]) if finite else 0
 
 
 def promote(model, state: dict[str, torch.Tensor]) -> None:

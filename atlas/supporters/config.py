@@ -104,7 +104,8 @@ def role_configs(cfg: Mapping | None) -> dict[str, RoleConfig]:
         try:
             out[role] = model(**merged)
         except ValidationError as exc:
-            errs = "; ".join(f"supporters.{role}.{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                             for e in exc.errors())
+            errs = "; ".join(
+                ".".join(["supporters", role, *map(str, e["loc"])]) + f": {e['msg']}"
+                for e in exc.errors())
             raise ValueError(f"invalid supporters config: {errs}") from None
     return out

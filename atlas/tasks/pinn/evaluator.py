@@ -37,6 +37,8 @@ from atlas.tasks.pinn.problem import (
 from atlas.types import Evaluation, FailureKind
 
 ENTRY_POINT = "pinn_loss_strategy"
+#: XLA options for compiling the candidate's function (the trainer keeps full optimisation)
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 #: how often (in steps) the loop checks the on-device "non-finite seen" flag
 CHECK_EVERY = 50
 
@@ -145,7 +147,11 @@ class PinnEvaluator:
         if self.cfg.jit_candidate:
             try:
                 _check_return(jax.eval_shape(fn, *vecs, extras))
-                compiled = jax.jit(vg)
+                lowered = jax.jit(vg).lower(*vecs, extras)
+                try:  # the candidate is tiny: skip XLA's slow backend passes (~30% faster)
+                    compiled = lowered.compile(FAST_COMPILE)
+                except Exception:  # noqa: BLE001 - option unknown to this jaxlib
+                    compiled = lowered.compile()
                 jax.block_until_ready(compiled(*vecs, extras))
                 return compiled, True
             except CandidateError:
@@ -184,8 +190,8 @@ class PinnEvaluator:
         train = model.to_device(training_points(cfg, round_index))
         opt_state = self.trainer.init_opt(params)
         n_steps = jnp.int32(cfg.n_steps)
-        vecs, extras, stats, pull = self.trainer.start(params, train, nu, model.init_stats(),
-                                                       jnp.int32(0), n_steps)
+        vecs, extras, stats = self.trainer.observe(params, train, nu, model.init_stats(),
+                                                   jnp.int32(0), n_steps)
         t0 = time.perf_counter()
         loss_grad, jitted = self._compile_candidate(fn, vecs, extras)
         candidate_compile = time.perf_counter() - t0
@@ -195,9 +201,8 @@ class PinnEvaluator:
         try:
             for k in range(cfg.n_steps):
                 loss, cots = loss_grad(*vecs, extras)
-                params, opt_state, bad, vecs, extras, stats, pull = self.trainer.step(
-                    params, opt_state, pull, train, nu, cots, loss, bad, stats, jnp.int32(k),
-                    n_steps)
+                params, opt_state, bad, vecs, extras, stats = self.trainer.step(
+                    params, opt_state, train, nu, cots, loss, bad, stats, jnp.int32(k), n_steps)
                 if (k + 1) % CHECK_EVERY == 0 and int(bad) >= 0:
                     break
             bad_step = int(bad)
