@@ -170,12 +170,17 @@ def test_prompt_shows_versions_worst_to_best_with_scores_and_ends_with_prefill()
     assert user.index("# v0: score -0.612") < user.index("# v1: score -0.1")
     assert "random.randrange" in user and "Reviewer note: Try a window." in user
     assert "Write v2" in user and "- Use numpy only." in user
-    assert prefill.startswith("```python\n# v2")
-    # the best parent's preamble (imports, constants) precedes the signature
-    assert prefill.endswith("import numpy as np\nW = 5\n\ndef policy(contexts, history, t, state):\n")
+    # the best parent's preamble (imports, constants) precedes the signature, and its opening
+    # body comment follows it (indentation and "rewrite this" mode, no statement committed)
+    assert prefill == ("```python\nimport numpy as np\nW = 5\n\n"
+                       "def policy(contexts, history, t, state):\n"
+                       "    # greedy on the mean reward of each arm")
     # no parents: still a prefilled header
     _, user0, prefill0 = build_prompt(SPEC, [])
-    assert "v0:" not in user0 and prefill0 == "```python\n# v0\ndef policy(contexts, history, t, state):\n"
+    assert "v0:" not in user0 and prefill0 == "```python\ndef policy(contexts, history, t, state):"
+    # never a bare trailing newline: "\n" + indentation is one BPE token, a lone "\n" token
+    # made SmolLM2 start at column 0 and leave the function
+    assert not prefill.endswith("\n") and not prefill0.endswith("\n")
     with pytest.raises(ValueError, match="signature"):
         build_prompt(PromptSpec("s", "p", "policy(x)", "policy"), [])
 
@@ -183,13 +188,13 @@ def test_prompt_shows_versions_worst_to_best_with_scores_and_ends_with_prefill()
 def test_prompt_prefill_plus_parent_body_is_a_valid_program():
     _, _, prefill = build_prompt(SPEC, [prog(0, LINUCB.format(lam=1.0), -0.3)])
     body = split_program(LINUCB.format(lam=1.0), "policy")[1].split("\n", 1)[1]
-    code = extract_program(prefill, body + "\n```\nDone.", "policy")
+    code = extract_program(prefill, "\n" + body + "\n```\nDone.", "policy")
     assert code is not None and ast.parse(code)
     assert "np.linalg.inv" in code and "Done" not in code
 
 
 # ---- extraction ---------------------------------------------------------------------------
-PREFILL = "```python\n# v1\nimport numpy as np\n\ndef policy(contexts, history, t, state):\n"
+PREFILL = "```python\nimport numpy as np\n\ndef policy(contexts, history, t, state):"
 
 
 @pytest.mark.parametrize("completion, must_have, must_not", [
@@ -207,12 +212,17 @@ PREFILL = "```python\n# v1\nimport numpy as np\n\ndef policy(contexts, history, 
      "np.int64(3)", "```"),
 ])
 def test_extraction_repairs_messy_completions(completion, must_have, must_not):
-    code = extract_program(PREFILL, completion, "policy")
+    code = extract_program(PREFILL, "\n" + completion, "policy")  # samples open with "\n   "
     assert code is not None, completion
     tree = ast.parse(code)
     assert any(isinstance(n, ast.FunctionDef) and n.name == "policy" for n in tree.body)
     assert must_have in code and must_not not in code
     assert code.startswith("import numpy as np")  # imports from the prefill are kept
+
+
+def test_extraction_when_the_sampler_dropped_the_line_break():
+    code = extract_program(PREFILL, "    x = 1\n    return x\n```", "policy")
+    assert code == "import numpy as np\n\ndef policy(contexts, history, t, state):\n    x = 1\n    return x\n"
 
 
 @pytest.mark.parametrize("completion", ["I'm sorry, I cannot write code.", "```\nHere you go.", "",

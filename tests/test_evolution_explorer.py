@@ -86,11 +86,11 @@ CFG = {"islands": 3, "islands_per_round": 2, "samples_per_prompt": 5, "programs_
        "max_new_tokens": 64, "temperatures": [0.7, 0.9, 1.1, 1.3, 1.5, 1.7], "top_p": 0.9,
        "buffer_size": 16, "clusters": 4}
 COMPLETIONS = [
-    "    return 3  # slow\n```",                 # best: score 0
-    "    return 1\n```\nAlways one.",            # score -0.5
-    "Sorry, I can't.",                           # no code
-    "    return xs[9]\n```",                     # exception
-    "    return 'a'\n```",                       # wrong return
+    "\n    return 3  # slow\n```",               # best: score 0
+    "\n    return 1\n```\nAlways one.",          # score -0.5
+    "\nSorry, I can't.",                         # no code
+    "\n    return xs[9]\n```",                   # exception
+    "\n    return 'a'\n```",                     # wrong return
 ]
 
 
@@ -230,10 +230,10 @@ def test_round_through_the_real_sandbox():
     from atlas.sandbox import Sandbox
 
     completions = [
-        "    import numpy as np\n    return int(np.argmax(contexts.sum(axis=1)))\n```",
-        "Here is an idea but no code.",
-        "    while True:\n        pass\n```",
-        "    return 17\n```",
+        "\n    import numpy as np\n    return int(np.argmax(contexts.sum(axis=1)))\n```",
+        "\nHere is an idea but no code.",
+        "\n    while True:\n        pass\n```",
+        "\n    return 17\n```",
     ]
     cfg = {**CFG, "islands": 2, "islands_per_round": 1, "samples_per_prompt": 4}
     with Sandbox(ToyBanditTask.evaluator_factory, {"steps": 20}, workers=2, timeout_s=2.0) as sb:

@@ -488,3 +488,14 @@ def test_stats_survive_a_resume():
     b = build_supporters(None, task_name="bandit", seed=0)
     b.load_stats(json.loads(json.dumps(a.stats())))
     assert b.stats() == a.stats() and b.stats()["strategist"]["calls"] == 1
+
+
+def test_tuple_assigned_hyper_parameters_are_tunable_sites() -> None:
+    """The bandit seed program binds its knobs in one tuple assignment."""
+    from atlas.supporters.patching import find_numeric_sites, perturb
+
+    code = "def policy(c, h, t, s):\n    window, alpha, lam = 50, 1.0, 0.5\n    return 0\n"
+    sites = find_numeric_sites(code)
+    assert [(s.name, s.value) for s in sites] == [("window", 50.0), ("alpha", 1.0), ("lam", 0.5)]
+    patched, text = perturb(code, sites[2], 2.0)
+    assert text == "1.0" and "window, alpha, lam = 50, 1.0, 1.0" in patched

@@ -45,7 +45,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--ablate", action="store_true", help="also run the sampler without packing")
     p.add_argument("--no-sandbox", action="store_true", help="skip the bandit candidates/s row")
     p.add_argument("--valid", action="store_true", help="run the valid-program study")
-    p.add_argument("--valid-samples", type=int, default=16)
+    p.add_argument("--valid-samples", type=int, default=8)
+    p.add_argument("--valid-tokens", type=int, default=192)
+    p.add_argument("--skip-speed", action="store_true", help="skip the tokens/s rows")
     p.add_argument("--json", default="", help="also write the results to this JSON file")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(list(argv))
@@ -145,30 +147,81 @@ def is_valid_program(prefill: str, completion: str) -> bool:
     return False
 
 
+def _study_prompts() -> list[tuple[str, str, str, str]]:
+    """(name, system, user, prefill): the hand-written prompt, and the loop's own prompt builder."""
+    out = [(f"hand:{name}", SYSTEM, USER, prefill) for name, prefill in PREFILLS.items()]
+    try:
+        from atlas.evolution.prompts import build_prompt
+        from atlas.tasks import make_task
+    except ImportError:
+        return out
+    system, user, prefill = build_prompt(make_task("bandit").prompt_spec(), [])
+    out += [("builder", system, user, prefill), ("builder+indent", system, user, prefill + "    ")]
+    return out
+
+
 def valid_study(agent, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Valid-program rate over a grid of temperature x top_p x prefill (one prompt, n samples)."""
+    """Valid-program rate: every prompt at T=0.7/top_p=0.95, then a T x top_p grid on builders."""
     rows = []
-    for prefill_name, prefill in PREFILLS.items():
-        prompt = agent.chat_prompt(SYSTEM, USER, prefill)
-        for temperature in (0.4, 0.7, 1.0):
-            for top_p in (0.9, 1.0):
-                texts = agent.generate([prompt], args.valid_samples, temperature=temperature,
-                                       top_p=top_p, max_new_tokens=256, stop=["\n```"],
-                                       seed=args.seed)[0]
-                ok = sum(is_valid_program(prefill, t) for t in texts)
-                rows.append({"prefill": prefill_name, "temperature": temperature, "top_p": top_p,
-                             "valid": ok, "samples": len(texts)})
-                print(f"  {prefill_name:24s} T={temperature:<4} top_p={top_p:<4} "
-                      f"valid {ok}/{len(texts)}", flush=True)
+    for name, system, user, prefill in _study_prompts():
+        grid = [(0.7, 0.95)]
+        if name.startswith("builder"):
+            grid = [(t, p) for t in (0.4, 0.7, 1.0) for p in (0.9, 1.0)]
+        prompt = agent.chat_prompt(system, user, prefill)
+        for temperature, top_p in grid:
+            texts = agent.generate([prompt], args.valid_samples, temperature=temperature,
+                                   top_p=top_p, max_new_tokens=args.valid_tokens,
+                                   stop=["\n```"], seed=args.seed)[0]
+            ok = sum(is_valid_program(prefill, t) for t in texts)
+            rows.append({"prompt": name, "temperature": temperature, "top_p": top_p,
+                         "valid": ok, "samples": len(texts)})
+            print(f"  {name:30s} T={temperature:<4} top_p={top_p:<5} valid {ok}/{len(texts)}",
+                  flush=True)
     return rows
 
 
+def speed_rows(agent, cfg: dict[str, Any], prompt: str, args: argparse.Namespace,
+               results: dict[str, Any]) -> None:
+    """Naive fp32 b1, HF bf16 and sampler rows, measured back to back; prints the table."""
+    from atlas.agent.model import load_base_model
+
+    def add(name: str, batch: int, row: dict[str, float]) -> None:
+        row = {"path": name, "batch": batch, **row}
+        results["rows"].append(row)
+        print(f"  {name:30s} batch {batch:3d}: {row['tokens']:5d} tok in {row['seconds']:7.2f}s "
+              f"= {row['tokens_per_s']:7.1f} tok/s", flush=True)
+
+    gen = (args.temperature, args.top_p, args.seed)
+    base32, tok = load_base_model(cfg)
+    base32 = base32.float()
+    hf_generate(base32, tok, prompt, 1, 4, *gen)  # warm-up
+    add("naive fp32 HF generate", 1, hf_generate(base32, tok, prompt, 1, args.baseline_tokens,
+                                                 *gen))
+    del base32
+    base, tok = load_base_model(cfg)
+    for b in _ints(args.hf_batches):
+        hf_generate(base, tok, prompt, b, 4, *gen)
+        add("bf16 HF generate", b, hf_generate(base, tok, prompt, b, args.max_new_tokens, *gen))
+    del base
+    t0 = time.perf_counter()
+    sampler_row(agent, prompt, 1, argparse.Namespace(**{**vars(args), "max_new_tokens": 4}))
+    results["sampler_warmup_s"] = time.perf_counter() - t0  # includes weight packing
+    for b in _ints(args.batches):
+        add("atlas sampler (bf16, packed)", b, sampler_row(agent, prompt, b, args))
+        if args.ablate:
+            add("atlas sampler (bf16, unpacked)", b, sampler_row(agent, prompt, b, args, False))
+    naive = results["rows"][0]["tokens_per_s"]
+    print("\n| path | batch | tokens/s | x naive fp32 b1 |\n|---|---:|---:|---:|")
+    for row in results["rows"]:
+        print(f"| {row['path']} | {row['batch']} | {row['tokens_per_s']:.1f} | "
+              f"{row['tokens_per_s'] / naive:.1f}x |")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run the bench and print a table of tokens/s with ratios to the naive baseline."""
+    """Run the bench: tokens/s table, bandit candidates/s, optionally the valid-program study."""
     args = _parse(argv or [])
     if args.threads:
         torch.set_num_threads(args.threads)
-    from atlas.agent.model import load_base_model
     from atlas.agent.research_agent import ResearchAgent
 
     cfg = model_cfg(args.model)
@@ -180,38 +233,8 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"prompt_tokens={len(agent.tokenizer(prompt, add_special_tokens=False)['input_ids'])}",
           flush=True)
     results: dict[str, Any] = {"load_s": load_s, "threads": torch.get_num_threads(), "rows": []}
-
-    def add(name: str, batch: int, row: dict[str, float]) -> None:
-        row = {"path": name, "batch": batch, **row}
-        results["rows"].append(row)
-        print(f"  {name:28s} batch {batch:3d}: {row['tokens']:5d} tok in {row['seconds']:7.2f}s "
-              f"= {row['tokens_per_s']:7.1f} tok/s", flush=True)
-
-    base, tok = load_base_model(cfg)
-    base32 = base.float()
-    hf_generate(base32, tok, prompt, 1, 4, args.temperature, args.top_p, args.seed)  # warm-up
-    add("naive fp32 HF generate", 1, hf_generate(base32, tok, prompt, 1, args.baseline_tokens,
-                                                 args.temperature, args.top_p, args.seed))
-    del base32, base
-    base, tok = load_base_model(cfg)  # bf16 again
-    for b in _ints(args.hf_batches):
-        hf_generate(base, tok, prompt, b, 4, args.temperature, args.top_p, args.seed)
-        add("bf16 HF generate", b, hf_generate(base, tok, prompt, b, args.max_new_tokens,
-                                               args.temperature, args.top_p, args.seed))
-    del base
-    t0 = time.perf_counter()
-    sampler_row(agent, prompt, 1, argparse.Namespace(**{**vars(args), "max_new_tokens": 4}))
-    results["sampler_warmup_s"] = time.perf_counter() - t0  # includes weight packing
-    for b in _ints(args.batches):
-        add("atlas sampler (bf16, packed)", b, sampler_row(agent, prompt, b, args))
-        if args.ablate:
-            add("atlas sampler (bf16, unpacked)", b, sampler_row(agent, prompt, b, args, False))
-
-    naive = results["rows"][0]["tokens_per_s"]
-    print("\n| path | batch | tokens/s | x naive fp32 b1 |\n|---|---:|---:|---:|")
-    for row in results["rows"]:
-        print(f"| {row['path']} | {row['batch']} | {row['tokens_per_s']:.1f} | "
-              f"{row['tokens_per_s'] / naive:.1f}x |")
+    if not args.skip_speed:
+        speed_rows(agent, cfg, prompt, args, results)
     if not args.no_sandbox:
         sb = sandbox_row()
         results["sandbox"] = sb

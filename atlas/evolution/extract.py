@@ -123,15 +123,14 @@ def _is_head(line: str, entry_point: str) -> bool:
     return re.match(rf"^\s*def {re.escape(entry_point)}\b", line) is not None
 
 
-def extract_program(prefill: str, completion: str, entry_point: str) -> str | None:
-    """Program source from ``prefill + completion`` (see module docstring), or ``None``."""
-    text = prefill + completion
-    blocks = _fenced_blocks(text) if "```" in text else [text]
+def _attempts(text: str, entry_point: str) -> list[str]:
+    """Candidate code strings for ``text``, most faithful first."""
+    blocks = (_fenced_blocks(text) if "```" in text else []) or [text]
     tries: list[str] = []
-    first = (blocks or [text])[0].splitlines()
+    first = blocks[0].splitlines()
     head0 = next((i for i, ln in enumerate(first) if _is_head(ln, entry_point)), len(first))
     preamble = "\n".join(first[:head0])  # the prefill's imports, for re-opened blocks
-    for n, block in enumerate(blocks or [text]):
+    for n, block in enumerate(blocks):
         if n and preamble.strip():
             tries.append(preamble + "\n" + block)
         tries.append(block)
@@ -141,6 +140,17 @@ def extract_program(prefill: str, completion: str, entry_point: str) -> str | No
             tries.append("\n".join(lines[:heads[0]] + lines[heads[1]:]))
         if heads:
             tries.append(_indent_body(block, heads[0]))
+    return tries
+
+
+def extract_program(prefill: str, completion: str, entry_point: str) -> str | None:
+    """Program source from ``prefill + completion`` (see module docstring), or ``None``."""
+    texts = [prefill + completion]
+    if prefill and not prefill.endswith("\n") and completion[:1] in (" ", "\t"):
+        texts.insert(0, prefill + "\n" + completion)  # a sampler stripped the line break
+    tries: list[str] = []
+    for text in texts:
+        tries.extend(_attempts(text, entry_point))
     fallback = None
     for code in tries:
         kept = _clean(code, entry_point)

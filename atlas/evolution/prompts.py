@@ -4,8 +4,10 @@ Why this shape (FunSearch/EvoTune style, tuned for SmolLM2-135M): free-form chat
 0-4 valid programs out of 8, so the prompt is mostly code. The island's best programs are shown
 as versions ``v0 .. v{n-1}`` ordered worst -> best, each a fenced block whose first line is
 ``# vI: score S``; the model is asked for ``v{n}`` and its answer is *prefilled* with the
-opening fence, the version comment, the best parent's preamble (imports, constants, helpers
-the body may call) and the function signature, so generation starts inside the function body.
+opening fence, the best parent's preamble (imports, constants, helpers the body may call),
+the function signature and the best parent's opening body comments, so generation starts
+inside the function body. Measured on SmolLM2-135M: a ``# vN`` comment in the prefill was
+copied as prose and spawned ``policy_v2``-style junk, so the prefill carries none.
 """
 
 from __future__ import annotations
@@ -62,14 +64,31 @@ def build_prompt(spec: PromptSpec, parents: list[Program],
         parts.append(f"Write {spec.entry_point}. Keep the signature. Reply with code only.")
     user = "\n\n".join(parts)
 
-    preamble = ""
+    preamble, lead = "", []
     if shown:
         split = split_program(strip_version_comments(shown[-1].code), spec.entry_point)
         if split is not None:
-            preamble = split[0]
-    header = f"# v{n}: score higher than v{n - 1}" if shown else "# v0"
-    prefill = "```python\n" + header + "\n"
+            preamble, lead = split[0], _leading_comments(split[1])
+    prefill = "```python\n"
     if preamble:
         prefill += preamble + "\n\n"
-    prefill += sig + "\n"
+    # no trailing newline: BPE tokenizers merge "\n" with the next line's indentation
+    # ("\n   " is one SmolLM2 token), so a prompt ending in a bare "\n" token makes the model
+    # start the next line at column 0, i.e. leave the function (measured: 7/8 no_code)
+    prefill += sig + "".join("\n" + line for line in lead)
     return spec.system.strip(), user, prefill
+
+
+def _leading_comments(function_source: str) -> list[str]:
+    """The comment lines that open the function body.
+
+    Why: they fix the body's indentation and put the model in "rewrite this function" mode
+    without committing it to any statement; a version comment here was copied as prose.
+    """
+    out = []
+    for line in function_source.splitlines()[1:]:
+        if line.strip().startswith("#") and line.startswith((" ", "\t")):
+            out.append(line)
+        else:
+            break
+    return out

@@ -73,6 +73,14 @@ def find_numeric_sites(code: str) -> list[NumericSite]:
             name = _bound_name(targets[0]) if len(targets) == 1 else None
             if lit is not None and name is not None:
                 found.append((name, lit))
+            elif (len(targets) == 1 and isinstance(targets[0], ast.Tuple)
+                  and isinstance(node.value, ast.Tuple)
+                  and len(targets[0].elts) == len(node.value.elts)):
+                # ``window, alpha, lam = 50, 1.0, 1.0``: one site per element
+                for target, value in zip(targets[0].elts, node.value.elts):
+                    lit, name = _literal(value), _bound_name(target)
+                    if lit is not None and name is not None:
+                        found.append((name, lit))
         elif isinstance(node, ast.Call):
             fname = _bound_name(node.func) or ""
             if fname in _NON_HYPER:

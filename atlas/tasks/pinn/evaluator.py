@@ -53,6 +53,8 @@ def _setup_jax(cfg: PinnConfig) -> None:
             os.makedirs(cfg.compilation_cache_dir, exist_ok=True)
             if os.access(cfg.compilation_cache_dir, os.W_OK):
                 jax.config.update("jax_compilation_cache_dir", cfg.compilation_cache_dir)
+                # the worker's functions compile in well under JAX's 1 s default threshold
+                jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         except OSError:
             pass
 
@@ -63,7 +65,8 @@ def _is_tracer_error(exc: BaseException) -> bool:
     return isinstance(exc, (jax.errors.ConcretizationTypeError,
                             jax.errors.TracerArrayConversionError,
                             jax.errors.TracerIntegerConversionError,
-                            jax.errors.TracerBoolConversionError))
+                            jax.errors.TracerBoolConversionError,
+                            jax.errors.UnexpectedTracerError))
 
 
 def _describe(exc: BaseException) -> str:
@@ -112,6 +115,10 @@ class PinnEvaluator:
         self.trainer.warm_up(self._params(0), model.to_device(training_points(self.cfg, 0)),
                              model.to_device(validation_points(self.cfg, 0, 0)), self.grid)
         self.compile_seconds = time.perf_counter() - t0
+        if self.cfg.compilation_cache_dir:
+            # only the worker's own functions are worth persisting; a candidate's compile
+            # must not write files while the sandbox guard watches its writes
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e9)
 
     # ------------------------------------------------------------------ helpers
     def _params(self, round_index: int) -> list:
