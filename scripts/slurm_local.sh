@@ -5,7 +5,8 @@
 #   sudo bash scripts/slurm_local.sh start    # install (apt) if missing, configure, start, wait idle
 #   sudo bash scripts/slurm_local.sh status   # sinfo; exit 0 iff the node answers
 #   sudo bash scripts/slurm_local.sh stop     # stop the daemons this script started (pid files)
-# Idempotent: `start` on a running cluster only checks it. Needs root (daemons, apt-get).
+# Idempotent: `start` on a running cluster only checks it (and restarts it if slurm.conf
+# changed). Needs root (daemons, apt-get).
 # No slurmdbd: `sacct` is unavailable (accounting_storage/none); finished jobs are in
 # $ATLAS_SLURM_DIR/log/jobcomp.txt and, for MinJobAge seconds, in `scontrol show job`.
 # Env: ATLAS_SLURM_DIR (default /tmp/atlas-slurm), ATLAS_SLURM_CONF (default
