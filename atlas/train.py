@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -100,5 +101,14 @@ def main(cfg: DictConfig) -> float | None:
     return run(cfg)["final_score"]
 
 
+def hoist_multirun_flag(argv: list[str]) -> list[str]:
+    """Let ``-m`` stand anywhere (``... task=pinn -m seed=0,1``): Hydra's parser needs it before
+    the overrides on Python < 3.12, where argparse cannot split positionals around a flag."""
+    flags = [a for a in argv[1:] if a in ("-m", "--multirun")]
+    rest = [a for a in argv[1:] if a not in ("-m", "--multirun")]
+    return [argv[0], *flags[:1], *rest]
+
+
 if __name__ == "__main__":
+    sys.argv = hoist_multirun_flag(sys.argv)
     main()

@@ -86,11 +86,15 @@ def test_generate_shapes_and_seed_determinism(agent):
 def test_greedy_matches_hf_generate_with_padding(agent):
     """KV buffer, row expansion and left padding give exactly HF's greedy tokens."""
     base, tok = agent.model.base_model.model, agent.tokenizer
+    with torch.no_grad():  # sharpen attention so that a wrong position or mask changes tokens
+        for name, p in base.named_parameters():
+            if ("q_proj" in name or "k_proj" in name) and "lora_" not in name:
+                p.mul_(40)
     prompts = [_prompt(agent, "x"), _prompt(agent, "a longer, padded prompt")]
-    ours = agent.generate(prompts, 2, max_new_tokens=10, adapter=None, **GREEDY)
+    ours = agent.generate(prompts, 2, max_new_tokens=24, adapter=None, **GREEDY)
     enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     with agent.model.disable_adapter(), torch.no_grad():
-        ref = base.generate(**enc, do_sample=False, max_new_tokens=10, eos_token_id=None,
+        ref = base.generate(**enc, do_sample=False, max_new_tokens=24, eos_token_id=None,
                             pad_token_id=tok.pad_token_id)
     for i, row in enumerate(ref[:, enc["input_ids"].shape[1]:]):
         assert ours[i] == [tok.decode(row, skip_special_tokens=True)] * 2
