@@ -83,21 +83,35 @@ def test_generate_shapes_and_seed_determinism(agent):
     assert agent.last_stats.rows == 6 and 0 < agent.last_stats.new_tokens <= 6 * 12
 
 
-def test_greedy_matches_hf_generate_with_padding(agent):
-    """KV buffer, row expansion and left padding give exactly HF's greedy tokens."""
+def test_sampler_logits_match_full_forward_with_padding(agent):
+    """KV buffer, row expansion, positions and left padding: every step's logits equal a
+    plain no-cache forward over prompt + tokens so far (per prompt, unpadded)."""
     base, tok = agent.model.base_model.model, agent.tokenizer
-    with torch.no_grad():  # sharpen attention so that a wrong position or mask changes tokens
+    with torch.no_grad():  # sharpen attention so that a wrong position or mask shows
         for name, p in base.named_parameters():
             if ("q_proj" in name or "k_proj" in name) and "lora_" not in name:
                 p.mul_(40)
+        emb = base.get_input_embeddings().weight  # the pad row starts at zero: a masked-out
+        emb[tok.pad_token_id] = emb[tok.eos_token_id] * 5  # pad must matter if attended to
+    seen: list[torch.Tensor] = []
+    hook = base.lm_head.register_forward_hook(
+        lambda mod, inp, out: seen.append(out[:, -1].detach().float().clone()))
     prompts = [_prompt(agent, "x"), _prompt(agent, "a longer, padded prompt")]
-    ours = agent.generate(prompts, 2, max_new_tokens=24, adapter=None, **GREEDY)
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    with agent.model.disable_adapter(), torch.no_grad():
-        ref = base.generate(**enc, do_sample=False, max_new_tokens=24, eos_token_id=None,
-                            pad_token_id=tok.pad_token_id)
-    for i, row in enumerate(ref[:, enc["input_ids"].shape[1]:]):
-        assert ours[i] == [tok.decode(row, skip_special_tokens=True)] * 2
+    try:
+        ours = agent.generate(prompts, 2, max_new_tokens=12, adapter=None, **GREEDY)
+    finally:
+        hook.remove()
+    assert agent.last_stats.finish == ["length"] * 4 and len(seen) == 12
+    for i, prompt in enumerate(prompts):
+        ids = tok(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        steps = [seen[0][i]] + [s[2 * i] for s in seen[1:]]
+        gen = torch.stack([s.argmax() for s in steps])
+        assert ours[i] == [tok.decode(gen, skip_special_tokens=True)] * 2
+        with agent.model.disable_adapter(), torch.no_grad():
+            full = base(input_ids=torch.cat([ids[0], gen[:-1]])[None]).logits[0].float()
+        ref = full[ids.shape[1] - 1:]
+        assert torch.allclose(torch.stack(steps), ref, atol=1e-4, rtol=1e-4)
+        assert torch.equal(seen[1][2 * i], seen[1][2 * i + 1])  # samples share the prompt
 
 
 def test_stop_string_cuts_completion_and_ends_row(agent):

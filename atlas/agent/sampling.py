@@ -224,7 +224,7 @@ def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], nu
                     layer.batch_select_indices(keep)
             length = cache.layers[0].length + 1
             out = model(input_ids=tok[:, None],
-                        attention_mask=None,
+                        attention_mask=mask_buf[:, :length] if padded else None,
                         position_ids=next_pos, past_key_values=cache, use_cache=True)
             next_pos = next_pos + 1
             logits = out.logits[:, -1]
