@@ -113,7 +113,8 @@ class FineTuner:
         result = train_phase(self.agent.model, self.agent.tokenizer, pairs, cfg,
                              self.method.reference, seed=self.seed * 1000 + phase, logger=logger,
                              optimizer_state=self.optimizer_state,
-                             pending_reference=self.reference_swap)
+                             pending_reference=self.reference_swap
+                             if self.method.reference == "adaptive" else None)
         self.optimizer_state = getattr(result, "optimizer_state", None)
         record["dpo"] = result.metrics
         record["seconds_dpo"] = time.time() - t1

@@ -73,8 +73,7 @@ class EvolutionLoop:
         self.task = make_task(task_cfg.pop("name"), **task_cfg)
         self.agent = ResearchAgent(cfg.model, device=resolve_device(cfg.device), seed=int(cfg.seed))
         ex = cfg.explore
-        self.db = ProgramDatabase(int(ex.islands), int(ex.buffer_size), int(ex.clusters),
-                                  seed=int(cfg.seed))
+        self.db = ProgramDatabase.from_config(ex, seed=int(cfg.seed))
         self.sandbox = Sandbox(self.task.evaluator_factory, self.task.evaluator_config(),
                                workers=int(ex.workers), timeout_s=float(self.task.timeout_s))
         log.info("sandbox isolation: %s", self.sandbox.isolation)

@@ -70,7 +70,7 @@ class BanditTask(Task):
             signature="def policy(contexts, history, t, state):",
             entry_point="policy",
             hints=(
-                "Old data is stale: tune the window (or use a discount) and alpha, lam.",
+                "Old data is stale: tune window, alpha and reg (or use a discount).",
                 "Rewards are noisy: too short a window gives a noisy theta.",
                 "Keep running sums in state to stay fast; use numpy only.",
             ),
