@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -148,8 +149,17 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"{d} does not exist")
     paths = find_runs(args.dirs)
     if not paths:
-        parser.error(f"no run folders (with {EVENTS}) under {[str(d) for d in args.dirs]}")
-    runs = [load_run(p) for p in paths]
+        parser.error(f"no run folders (with {EVENTS}) under {[str(d) for d in args.dirs]}: "
+                     f"pass a sweep folder (multirun/<name>) or a run folder")
+    runs = []
+    for path in paths:
+        try:
+            runs.append(load_run(path))
+        except (ValueError, KeyError) as exc:  # a run killed before its config event
+            print(f"skipping {path}: {exc!r}", file=sys.stderr)
+    if not runs:
+        parser.error(f"none of the {len(paths)} run folders under {[str(d) for d in args.dirs]} "
+                     f"could be read (see above)")
     incomplete = [r["run_dir"] for r in runs if not r["complete"]]
     print(f"{len(runs)} runs ({len(incomplete)} incomplete)\n")
     print(table2(runs), end="\n\n")

@@ -3,6 +3,13 @@
 The JSONL files are the source of truth (figures and tables are recomputed from them);
 W&B mirrors them. Files are append-only and their byte offsets are checkpointed, so a
 resumed run truncates what the crashed round wrote and never duplicates a line.
+
+W&B layout (see ``logger_metrics``): ``round/*`` charts are plotted against ``round/round``
+(valid rate, best, ``round/islands/<i>/{best,median,size,coverage}``, failure counts),
+``phase/*`` against ``phase/phase`` (scores, pairs, ``phase/dpo/*``, ``phase/gate/{kl,gain,...}``,
+``phase/promoted``, ``phase/strategist/values/*``, ``phase/interventions/<knob>`` as 0/1);
+at the end of the run the tables ``programs`` and ``phases`` and ``results/*`` summary keys.
+Tables are rebuilt from the JSONL files, so a resumed run's tables hold every program once.
 """
 
 from __future__ import annotations
@@ -53,6 +60,54 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
+# columns of the W&B tables logged at the end of a run
+PROGRAM_COLUMNS = ("id", "island", "round", "phase", "source", "score", "passed", "failure_kind",
+                   "code")
+PHASE_COLUMNS = ("phase", "round", "skipped", "reason", "pairs", "gate_reason", "gain", "kl",
+                 "promoted", "vetoed", "interventions")
+# what flatten() drops (lists) but a chart needs: strategist knob changes as 0/1 series
+_KNOBS = ("score_threshold", "epochs", "beta", "lr")  # == atlas.results.KNOBS (import cycle)
+
+
+def logger_metrics(kind: str, record: dict[str, Any]) -> dict[str, float]:
+    """The chart values of one ``round`` / ``phase`` / ``seed`` event, keyed ``<kind>/a/b``."""
+    metrics = flatten({k: v for k, v in record.items() if k != "event"}, prefix=kind)
+    if kind == "phase":  # a trained phase's record has no "skipped": chart it as 0
+        metrics.setdefault("phase/skipped", 0.0)
+    strategist = record.get("strategist") if kind == "phase" else None
+    if isinstance(strategist, dict):
+        changed = set(strategist.get("changed") or [])
+        metrics.update({f"phase/interventions/{k}": float(k in changed) for k in _KNOBS})
+    return metrics
+
+
+def program_rows(programs: list[dict[str, Any]], limit: int) -> list[list[Any]]:
+    """Rows of the ``programs`` table; over ``limit`` (W&B truncates), the best ``limit`` by score."""
+    rows = [[p["id"], p["island"], p["round"], p.get("phase", 0), p.get("source", "agent"),
+             p["evaluation"].get("score"), bool(p["evaluation"].get("passed")),
+             p["evaluation"].get("failure_kind", "ok"), p["code"]] for p in programs]
+    if len(rows) > limit:
+        log.warning("W&B programs table: keeping the best %d of %d programs (all are in %s)",
+                    limit, len(rows), PROGRAMS)
+        rows.sort(key=lambda r: (r[6], r[5] if r[5] is not None else -math.inf), reverse=True)
+        rows = rows[:limit]
+    return rows
+
+
+def phase_rows(events: list[dict[str, Any]]) -> list[list[Any]]:
+    """Rows of the ``phases`` table: what each phase did and why (gate reason, interventions)."""
+    rows = []
+    for e in events:
+        if e.get("event") != "phase":
+            continue
+        gate = e.get("gate") or {}
+        changed = (e.get("strategist") or {}).get("changed") or []
+        rows.append([e.get("phase"), e.get("round"), bool(e.get("skipped", False)),
+                     e.get("reason", ""), e.get("pairs"), gate.get("reason", ""), gate.get("gain"),
+                     gate.get("kl"), e.get("promoted"), e.get("vetoed"), ",".join(changed)])
+    return rows
+
+
 class Telemetry:
     """Writes the run's JSONL files and mirrors them to an optional Lightning logger."""
 
@@ -63,6 +118,8 @@ class Telemetry:
         self._events = open(self.run_dir / EVENTS, "a", encoding="utf-8")  # noqa: SIM115
         self._programs = open(self.run_dir / PROGRAMS, "a", encoding="utf-8")  # noqa: SIM115
         self._step = 0
+        if logger is not None:
+            define_axes(logger)
 
     # -- resume -----------------------------------------------------------------------
     def offsets(self) -> dict[str, int]:
@@ -85,10 +142,27 @@ class Telemetry:
         self._events.flush()
         if self.logger is not None and kind in ("round", "phase", "seed"):
             self._step += 1
-            metrics = flatten({k: v for k, v in record.items() if k != "event"}, prefix=kind)
+            metrics = logger_metrics(kind, record)
             if metrics:
                 self.logger.log_metrics(metrics, step=self._step)
+        if self.logger is not None and kind == "end":
+            self.log_tables(record.get("results") or {})
         return record
+
+    def log_tables(self, results: dict[str, Any]) -> None:
+        """End of run: ``programs`` and ``phases`` W&B tables and ``results/*`` summary keys."""
+        self.flush()
+        if hasattr(self.logger, "log_table"):  # Lightning's WandbLogger
+            import wandb
+
+            programs = read_jsonl(self.run_dir / PROGRAMS)
+            self.logger.log_table("programs", columns=list(PROGRAM_COLUMNS),
+                                  data=program_rows(programs, wandb.Table.MAX_ROWS))
+            self.logger.log_table("phases", columns=list(PHASE_COLUMNS),
+                                  data=phase_rows(read_jsonl(self.run_dir / EVENTS)))
+        summary = getattr(getattr(self.logger, "experiment", None), "summary", None)
+        if summary is not None and hasattr(summary, "update"):
+            summary.update(flatten(results, prefix="results"))
 
     def programs(self, programs: list[Program]) -> None:
         for p in programs:
@@ -104,6 +178,17 @@ class Telemetry:
         self.flush()
         self._events.close()
         self._programs.close()
+
+
+def define_axes(logger: Any) -> None:
+    """Plot ``round/*`` against the round number and ``phase/*`` against the phase number
+    (instead of W&B's global step, which DPO steps also advance). A no-op for non-W&B loggers."""
+    define = getattr(getattr(logger, "experiment", None), "define_metric", None)
+    if callable(define):
+        define("round/round")
+        define("round/*", step_metric="round/round")
+        define("phase/phase")
+        define("phase/*", step_metric="phase/phase")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -53,12 +53,14 @@ def _sweep_group() -> str | None:
     return None
 
 
-def finish_logger(logger: Any) -> None:
+def finish_logger(logger: Any, status: str = "success") -> None:
+    """Close this job's W&B run. Hydra's basic launcher runs a sweep's jobs one after another
+    in ONE process: without ``wandb.finish`` the next job would log into this job's run."""
     if logger is not None:
         import wandb
 
-        logger.finalize("success")
-        wandb.finish()
+        logger.finalize(status)
+        wandb.finish(exit_code=0 if status == "success" else 1)
 
 
 def summary(results: dict[str, Any]) -> str:
@@ -85,12 +87,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     validate(cfg)
     run_dir = Path(cfg.run_dir)
     logger = make_logger(cfg, run_dir)
-    loop = EvolutionLoop(cfg, run_dir, logger)
+    status = "failed"
     try:
-        results = loop.run()
+        loop = EvolutionLoop(cfg, run_dir, logger)
+        try:
+            results = loop.run()
+            status = "success"
+        finally:
+            loop.close()
     finally:
-        loop.close()
-        finish_logger(logger)
+        finish_logger(logger, status)
     print(summary(results), flush=True)
     print(f"  outputs in {run_dir}", flush=True)
     return results

