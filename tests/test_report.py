@@ -1,0 +1,248 @@
+"""Reports, the analysis notebook and trace export, from run folders.
+
+Numbers are checked on hand-written run folders whose tables are known in advance (two
+seeds with known initial/final scores -> known mean/std; known strategist interventions and
+gate decisions -> known rates). The plumbing is checked on a real sweep (3 methods x 2 seeds,
+tiny model; built once per session by tests/test_wandb.py's ``build_sweep``): the CLI, the
+notebook executed with nbclient, and ``atlas.export`` read back with ``datasets``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from atlas.export import COLUMNS, export, trace_records
+from atlas.telemetry import EVENTS, PROGRAMS, read_jsonl
+from tests.test_wandb import METHODS, SEEDS, build_sweep, job_dirs
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "analysis.ipynb"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="session")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_sweep(tmp_path_factory.getbasetemp())
+
+
+def _cli(module: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=180, env=dict(os.environ, MPLBACKEND="Agg"))
+    if ok:
+        assert proc.returncode == 0, f"{module} {args} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _rows(text: str, title: str) -> dict[tuple[str, ...], list[str]]:
+    """The rows of one printed table, keyed by (task, method[, seed]), as whitespace tokens."""
+    block = text.split(title, 1)[1].split("\n\n", 1)[0].strip().splitlines()[2:]
+    width = 3 if title.startswith("Table 5") else 2
+    return {tuple(line.split()[:width]): line.split()[width:] for line in block}
+
+
+# -- hand-written run folders with known numbers -------------------------------------------
+
+def _program(pid: int, rnd: int, score: float | None, source: str = "agent") -> dict[str, Any]:
+    passed = score is not None
+    return {"id": pid, "island": pid % 2, "round": rnd, "phase": max(rnd, 1) if rnd else 0,
+            "code": f"def policy():\n    return {pid}\n", "prompt": f"prompt {pid}",
+            "completion": f"completion {pid}", "parents": [0] if rnd else [], "cluster": "c0",
+            "source": source,
+            "evaluation": {"score": score, "passed": passed, "message": "" if passed else "boom",
+                           "failure_kind": "ok" if passed else "syntax", "metrics": {}}}
+
+
+def _trained(phase: int, changed: list[str], promoted: bool | None) -> dict[str, Any]:
+    e: dict[str, Any] = {"event": "phase", "round": phase, "phase": phase,
+                         "strategist": {"changed": changed} if changed is not None else None}
+    if promoted is not None:
+        e.update(gate={"accepted": promoted, "reason": "accepted" if promoted else "rejected: no gain"},
+                 promoted=promoted, vetoed=False)
+    return e
+
+
+def write_run(root: Path, task: str, method: str, seed: int, initial: float,
+              rounds: list[list[float | None]], phases: list[dict[str, Any]],
+              complete: bool = True) -> Path:
+    """A run folder as atlas.loop writes it: seed program, agent programs per round, phases."""
+    run = root / f"{task}_{method}_s{seed}"
+    run.mkdir(parents=True)
+    programs = [_program(0, 0, initial, "seed")]
+    for r, scores in enumerate(rounds, start=1):
+        programs += [_program(len(programs), r, s) for s in scores]
+    (run / PROGRAMS).write_text("".join(json.dumps(p) + "\n" for p in programs))
+    events = [{"event": "config", "config": {"task": {"name": task}, "method": {"name": method},
+                                             "seed": seed}}]
+    events += [{"event": "round", "round": r, "valid_rate": 0.5} for r in range(1, len(rounds) + 1)]
+    events += phases
+    if complete:
+        events.append({"event": "end", "results": {"wall_seconds": 12.0}})
+    (run / EVENTS).write_text("".join(json.dumps(e) + "\n" for e in events))
+    return run
+
+
+@pytest.fixture
+def known_runs(tmp_path: Path) -> Path:
+    """bandit/atlas: seed 0 goes -0.6 -> -0.3 (+50%), seed 1 -0.6 -> -0.4 (+33.3%);
+    beta changed in 1/2 and 2/2 trained phases, lr in 0/2 and 1/2; promotions 1/2 and 2/2.
+    bandit/evotune seed 0: -0.6 -> -0.55, its only phase skipped, the run incomplete.
+    pinn/atlas seed 0: -1e-2 -> -1e-3 (+90%). Plus a folder killed before its config event."""
+    root = tmp_path / "multirun" / "known"
+    write_run(root, "bandit", "atlas", 0, -0.6, [[-0.5, None], [-0.3]],
+              [_trained(1, ["beta"], True), _trained(2, [], False)])
+    write_run(root, "bandit", "atlas", 1, -0.6, [[-0.4], [-0.45, None]],
+              [_trained(1, ["beta", "lr"], True), _trained(2, ["beta"], True)])
+    write_run(root, "bandit", "evotune", 0, -0.6, [[-0.55]],
+              [{"event": "phase", "round": 1, "phase": 1, "skipped": True,
+                "reason": "no score improvement this phase (paper B.4)"}], complete=False)
+    write_run(root, "pinn", "atlas", 0, -1e-2, [[-1e-3, None]],
+              [_trained(1, ["score_threshold"], True)])
+    (root / "bandit_atlas_s9").mkdir()
+    (root / "bandit_atlas_s9" / EVENTS).write_text("")
+    return root
+
+
+def test_report_prints_known_table2_table3_table5_and_writes_pngs(known_runs: Path,
+                                                                  tmp_path: Path) -> None:
+    out = tmp_path / "figs"
+    proc = _cli("atlas.report", str(known_runs), "--out", str(out))
+    text = proc.stdout
+    assert "4 runs (1 incomplete)" in text
+    assert "skipping" in proc.stderr and "bandit_atlas_s9" in proc.stderr
+
+    t2 = _rows(text, "Table 2")
+    # mean +- sample std (ddof=1): final (-0.3, -0.4) -> -0.35 +- 0.0707; improvement (50, 33.3)
+    assert t2[("bandit", "atlas")] == ["2", "-0.6", "+-", "0", "-0.35", "+-", "0.071",
+                                       "41.67", "+-", "12"]
+    assert t2[("bandit", "evotune")] == ["1", "-0.6", "+-", "0", "-0.55", "+-", "0",
+                                         "8.333", "+-", "0"]
+    assert t2[("pinn", "atlas")] == ["1", "-0.01", "+-", "0", "-0.001", "+-", "0", "90", "+-", "0"]
+    assert list(t2) == [("bandit", "evotune"), ("bandit", "atlas"), ("pinn", "atlas")]
+
+    # columns: score_threshold, epochs, beta, lr, accept_rate (means of per-seed rates)
+    t3 = _rows(text, "Table 3")
+    assert t3[("bandit", "atlas")] == ["0.0%", "0.0%", "75.0%", "25.0%", "75.0%"]
+    assert t3[("bandit", "evotune")] == ["-", "-", "-", "-", "-"]  # no trained phase
+    assert t3[("pinn", "atlas")] == ["100.0%", "0.0%", "0.0%", "0.0%", "100.0%"]
+    t5 = _rows(text, "Table 5")
+    assert t5[("bandit", "atlas", "0")] == ["0/2", "0/2", "1/2", "0/2", "1/2"]
+    assert t5[("bandit", "atlas", "1")] == ["0/2", "0/2", "2/2", "1/2", "2/2"]
+
+    for task in ("bandit", "pinn"):
+        png = out / f"figure2_{task}.png"
+        assert f"wrote {png}" in text
+        assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000
+
+
+def test_report_errors_name_the_folder_and_the_fix(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    (empty / "wandb").mkdir(parents=True)
+    proc = _cli("atlas.report", str(empty), ok=False)
+    assert proc.returncode == 2
+    assert "no run folders" in proc.stderr and str(empty) in proc.stderr
+    assert "multirun/<name>" in proc.stderr
+    missing = _cli("atlas.report", str(tmp_path / "nope"), ok=False)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    broken = tmp_path / "broken" / "run"
+    broken.mkdir(parents=True)
+    (broken / EVENTS).write_text(json.dumps({"event": "round", "round": 1}) + "\n")
+    proc = _cli("atlas.report", str(broken.parent), ok=False)
+    assert proc.returncode == 2 and "could be read" in proc.stderr and "no config event" in proc.stderr
+
+
+# -- the real sweep: CLI, notebook, export --------------------------------------------------
+
+def test_report_on_a_real_sweep_matches_each_runs_results(sweep: Path, tmp_path: Path) -> None:
+    proc = _cli("atlas.report", str(sweep), "--out", str(tmp_path))
+    assert f"{len(METHODS) * len(SEEDS)} runs (0 incomplete)" in proc.stdout
+    t2 = _rows(proc.stdout, "Table 2")
+    assert list(t2) == [("bandit", m) for m in METHODS]
+    jobs = job_dirs(sweep)
+    for method in METHODS:
+        results = [json.loads((jobs[(method, s)] / "results.json").read_text()) for s in SEEDS]
+        finals = [r["final_score"] for r in results]
+        mean = sum(finals) / len(finals)
+        std = math.sqrt(sum((f - mean) ** 2 for f in finals) / (len(finals) - 1))
+        cells = t2[("bandit", method)]
+        assert cells[0] == str(len(SEEDS))
+        assert cells[4:7] == [f"{mean:.4g}", "+-", f"{std:.2g}"]
+        assert cells[1] == f"{results[0]['initial_score']:.4g}"
+    t3 = _rows(proc.stdout, "Table 3")
+    assert t3[("bandit", "evotune")] == ["-"] * 5  # the tiny model never trains a phase
+    png = tmp_path / "figure2_bandit.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_analysis_notebook_runs_on_the_sweep_and_writes_the_figures(
+        sweep: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import nbformat
+    from nbclient import NotebookClient
+
+    out = tmp_path / "nb"
+    out.mkdir()
+    monkeypatch.setenv("ATLAS_RUNS", str(sweep))
+    monkeypatch.setenv("ATLAS_REPORT_OUT", str(out))
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
+        "commit the notebook without outputs"
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    # one cell's stdout, then a blank line: the tables' text as the CLI separates them
+    text = "\n".join("".join(o.get("text", "") for o in c.outputs)
+                     for c in nb.cells if c.cell_type == "code")
+    assert f"{len(METHODS) * len(SEEDS)} runs under" in text
+    cli = _cli("atlas.report", str(sweep), "--out", str(tmp_path / "cli")).stdout
+    for title in ("Table 2", "Table 3", "Table 5"):  # the notebook prints what the CLI prints
+        assert _rows(text, title) == _rows(cli, title)
+    for name in ("figure2_bandit.png", "valid_rate_bandit.png"):
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC
+    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(images) == 2  # Figure 2 and the valid-rate chart, shown inline
+
+
+def test_export_writes_jsonl_and_a_loadable_dataset_of_one_run(sweep: Path, tmp_path: Path) -> None:
+    from datasets import load_from_disk
+
+    run = job_dirs(sweep)[("atlas", 1)]
+    programs = read_jsonl(run / PROGRAMS)
+    jsonl, folder = export(run, tmp_path / "traces")
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    ds = load_from_disk(str(folder))
+    assert len(rows) == len(ds) == len(programs) > 0
+    assert ds.column_names == list(COLUMNS)
+    for p, row, rec in zip(programs, rows, ds):
+        ev = p["evaluation"]
+        assert (rec["id"], rec["code"], rec["prompt"], rec["completion"]) == \
+            (p["id"], p["code"], p["prompt"], p["completion"])
+        assert (rec["passed"], rec["failure_kind"], rec["failure_message"]) == \
+            (ev["passed"], ev["failure_kind"], ev["message"])
+        assert rec["score"] == ev["score"] == row["score"]  # None for a failed program
+        assert (rec["task"], rec["method"], rec["seed"], rec["run"]) == ("bandit", "atlas", 1, run.name)
+    assert {r["source"] for r in rows} >= {"seed", "agent"}
+
+
+def test_export_cli_takes_a_whole_sweep_and_rejects_a_folder_without_runs(
+        sweep: Path, tmp_path: Path) -> None:
+    from datasets import load_from_disk
+
+    proc = _cli("atlas.export", str(sweep), "--out", str(tmp_path / "all"))
+    total = sum(len(read_jsonl(d / PROGRAMS)) for d in job_dirs(sweep).values())
+    assert f"wrote {total} records" in proc.stdout
+    ds = load_from_disk(str(tmp_path / "all" / "dataset"))
+    assert len(ds) == total
+    assert sorted({(m, s) for m, s in zip(ds["method"], ds["seed"])}) == \
+        sorted((m, s) for m in METHODS for s in SEEDS)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bad = _cli("atlas.export", str(empty), ok=False)
+    assert bad.returncode == 2 and "no programs.jsonl under" in bad.stderr
+    with pytest.raises(FileNotFoundError, match="has no programs.jsonl"):
+        trace_records(empty)

@@ -1,0 +1,352 @@
+"""Crash-safe resume, proven by ``kill -9``: a killed and re-run job equals an uninterrupted one.
+
+What is compared: ``results.json``, ``programs.jsonl`` and ``events.jsonl`` of the resumed run
+against those of an uninterrupted run with the same seed, after removing wall-clock fields
+(``VOLATILE``: ``seconds``, ``wall_seconds``, ``seconds_dpo``, ``seconds_gate``; they measure
+time, which no two runs share) and the ``config`` event's ``run_dir`` (the two runs live in
+different folders). Everything else, scores, metrics, DPO losses, KL, gate decisions, every
+program's code, must be equal bit for bit.
+
+The fast test runs the tiny model (atlas/agent/tiny.py) through ``python -m tests.test_resume``,
+a driver that passes each tiny-model sample through ``decode_completion``: a deterministic map
+from the sampled text to a bandit program (window/alpha from a hash of the sample; one in four
+broken). The tiny model still samples for real with its trained policy adapter, so a wrong
+generation seed, a lost adapter or a lost optimiser state after resume changes the hash and
+the programs. The driver SIGKILLs itself inside the DPO training of phase ``KILL_PHASE``,
+i.e. mid-round with that round's programs already in the JSONL files (a deterministic kill
+point, unlike a timer). The slow test runs the real SmolLM2 agent unmodified
+(``python -m atlas.train``) and kills it from outside while a round is in flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from atlas import checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+VOLATILE = frozenset({"seconds", "wall_seconds", "seconds_dpo", "seconds_gate"})
+KILL_PHASE = 3  # fast test: phases 1-2 train before the kill, 3-4 after it
+MARKER_ENV = "ATLAS_RESUME_TEST_KILL_MARKER"  # driver: kill once, then leave a marker file
+KILL_PHASE_ENV = "ATLAS_RESUME_TEST_KILL_PHASE"
+
+FAST = ["experiment=test", "method=atlas", "seed=0", "explore.rounds=4", "explore.phase_every=1",
+        "task.T=300", "task.env_seeds=[0,1]", "dpo.max_length=512", "gate.max_length=512",
+        "method.skip_without_improvement=false", "progress=false"]
+
+# body of the sliding-window LinUCB the bandit seed program is (continues its prefill)
+_BODY = """
+    window = {window}
+    alpha = {alpha}
+    d = contexts.shape[1]
+    A = np.eye(d)
+    b = np.zeros(d)
+    for arm, x, reward in history[-window:]:
+        A += np.outer(x, x)
+        b += reward * x
+    A_inv = np.linalg.inv(A)
+    theta = A_inv @ b
+    bonus = np.sqrt(np.sum((contexts @ A_inv) * contexts, axis=1))
+    return int(np.argmax(contexts @ theta + alpha * bonus))
+"""
+_WINDOWS = (10, 25, 50, 100, 200, 300)
+_ALPHAS = (0.1, 0.3, 1.0, 2.0)
+
+
+def decode_completion(sample: str) -> str:
+    """A bandit program determined by ``sample`` (the tiny model's text): same text, same code."""
+    h = hashlib.blake2b(sample.encode("utf-8", "replace"), digest_size=8).digest()
+    if h[2] % 4 == 0:
+        return "\n    return 0.5\n"  # wrong return type: a failed candidate for D_k's pairs
+    return _BODY.format(window=_WINDOWS[h[0] % len(_WINDOWS)], alpha=_ALPHAS[h[1] % len(_ALPHAS)])
+
+
+# ---- helpers ------------------------------------------------------------------------------
+def strip_wall_clock(obj: Any) -> Any:
+    """``obj`` without the wall-clock fields (``VOLATILE``) at any depth."""
+    if isinstance(obj, dict):
+        return {k: strip_wall_clock(v) for k, v in obj.items() if k not in VOLATILE}
+    if isinstance(obj, list):
+        return [strip_wall_clock(v) for v in obj]
+    return obj
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def comparable(run_dir: Path) -> dict[str, Any]:
+    """What must be equal between two runs of the same seed (module docstring)."""
+    events = strip_wall_clock(_jsonl(run_dir / "events.jsonl"))
+    for e in events:
+        if e["event"] == "config":
+            e["config"].pop("run_dir", None)
+    return {"results": strip_wall_clock(json.loads((run_dir / "results.json").read_text())),
+            "programs": strip_wall_clock(_jsonl(run_dir / "programs.jsonl")),
+            "events": events}
+
+
+def _env(marker: Path | None = None) -> dict[str, str]:
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "2"}
+    env.pop(MARKER_ENV, None)
+    if marker is not None:
+        env[MARKER_ENV] = str(marker)
+        env[KILL_PHASE_ENV] = str(KILL_PHASE)
+    return env
+
+
+def _driver_cmd(run_dir: Path, overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "tests.test_resume", *overrides, f"hydra.run.dir={run_dir}"]
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _assert_ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+
+
+def _assert_equal_runs(resumed: dict[str, Any], clean: dict[str, Any]) -> None:
+    assert len(resumed["programs"]) == len(clean["programs"])
+    for a, b in zip(resumed["programs"], clean["programs"]):
+        assert a == b, f"program {b['id']} differs after resume"
+    assert [e["event"] for e in resumed["events"]] == [e["event"] for e in clean["events"]]
+    for a, b in zip(resumed["events"], clean["events"]):
+        assert a == b, f"{b['event']} event of round {b.get('round')} differs after resume"
+    assert resumed["results"] == clean["results"]
+
+
+def _rounds_once(events: list[dict[str, Any]], rounds: int) -> None:
+    assert [e["round"] for e in events if e["event"] == "round"] == list(range(1, rounds + 1))
+    assert [e["event"] for e in events].count("end") == 1
+
+
+# ---- fast: tiny model, deterministic self-kill inside a DPO phase -----------------------------
+@pytest.fixture(scope="module")
+def fast_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """An uninterrupted run and a run killed in phase KILL_PHASE's DPO then re-run (same cmd)."""
+    base = tmp_path_factory.mktemp("resume")
+    clean_dir, killed_dir, marker = base / "clean", base / "killed", base / "killed.marker"
+    t0 = time.perf_counter()
+    _assert_ok(_run(_driver_cmd(clean_dir, FAST), _env(), timeout=600))
+    t_clean = time.perf_counter() - t0
+    cmd = _driver_cmd(killed_dir, FAST)
+    first = _run(cmd, _env(marker), timeout=600)
+    after_kill = {"rc": first.returncode, "marker": marker.exists(),
+                  "results": (killed_dir / "results.json").exists(),
+                  "state": checkpoint.load(killed_dir),
+                  "events": _jsonl(killed_dir / "events.jsonl")}
+    t0 = time.perf_counter()
+    second = _run(cmd, _env(marker), timeout=600)
+    _assert_ok(second)
+    t_resume = time.perf_counter() - t0
+    return {"clean": clean_dir, "killed": killed_dir, "cmd": cmd, "marker": marker,
+            "after_kill": after_kill, "second": second,
+            "timings": {"clean_s": t_clean, "resume_s": t_resume}}
+
+
+def test_kill9_lands_mid_round_after_trained_phases(fast_runs: dict[str, Any]) -> None:
+    k = fast_runs["after_kill"]
+    assert k["rc"] == -signal.SIGKILL and k["marker"] and not k["results"]
+    assert k["state"]["next_round"] == KILL_PHASE  # round KILL_PHASE was in flight
+    rounds_written = [e["round"] for e in k["events"] if e["event"] == "round"]
+    assert rounds_written == list(range(1, KILL_PHASE + 1))  # the crashed round's lines exist
+    phases = [e for e in k["events"] if e["event"] == "phase"]
+    assert [p["phase"] for p in phases] == list(range(1, KILL_PHASE))
+    assert all(not p.get("skipped") and p["dpo"]["steps"] >= 1 for p in phases), \
+        "the phases before the kill must train"
+    assert "resumed from round 3" in fast_runs["second"].stderr + fast_runs["second"].stdout
+
+
+def test_resumed_run_equals_uninterrupted_run(fast_runs: dict[str, Any]) -> None:
+    clean, resumed = comparable(fast_runs["clean"]), comparable(fast_runs["killed"])
+    _rounds_once(resumed["events"], 4)
+    trained = [e for e in resumed["events"] if e["event"] == "phase" and not e.get("skipped")]
+    assert [e["phase"] for e in trained] == [1, 2, 3, 4]  # trained before and after the kill
+    assert any(e["promoted"] for e in trained) and resumed["results"]["promotions"] >= 1
+    assert any(p["source"] == "supporter" for p in resumed["programs"])
+    assert resumed["results"]["valid_rate"] not in (None, 0.0, 1.0)
+    _assert_equal_runs(resumed, clean)
+
+
+def test_rerunning_a_finished_run_is_a_noop(fast_runs: dict[str, Any]) -> None:
+    run_dir = fast_runs["killed"]
+    files = ["results.json", "events.jsonl", "programs.jsonl", "checkpoint/state.pt"]
+    before = {f: ((run_dir / f).read_bytes(), (run_dir / f).stat().st_mtime_ns) for f in files}
+    proc = _run(fast_runs["cmd"], _env(fast_runs["marker"]), timeout=600)
+    _assert_ok(proc)
+    assert "already holds a finished run" in proc.stderr + proc.stdout
+    assert {f: ((run_dir / f).read_bytes(), (run_dir / f).stat().st_mtime_ns) for f in files} == before
+    final = json.loads((run_dir / "results.json").read_text())["final_score"]
+    assert f"final {final:.4g}" in proc.stdout
+
+
+# ---- checkpoint files --------------------------------------------------------------------------
+def test_stale_tmp_file_is_ignored_and_removed(tmp_path: Path) -> None:
+    state = {"next_round": 3, "x": torch.arange(4)}
+    checkpoint.save(tmp_path, state)
+    stale = tmp_path / "checkpoint" / ".state.pt.4242.tmp"  # a save killed before os.replace
+    stale.write_bytes(b"\x80\x02half a pickle")
+    os.utime(stale, (time.time() + 60, time.time() + 60))  # newer than state.pt: still ignored
+    loaded = checkpoint.load(tmp_path)
+    assert loaded["next_round"] == 3 and torch.equal(loaded["x"], state["x"])
+    assert not stale.exists() and checkpoint.stale_tmp_files(tmp_path) == []
+
+
+def test_save_replaces_atomically_and_leaves_no_tmp(tmp_path: Path) -> None:
+    checkpoint.save(tmp_path, {"next_round": 1})
+    checkpoint.save(tmp_path, {"next_round": 2})
+    assert checkpoint.load(tmp_path)["next_round"] == 2
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["state.pt"]
+
+
+def test_unreadable_checkpoint_names_the_file_and_the_fix(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "state.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(RuntimeError, match=r"state\.pt is unreadable.*resume=false"):
+        checkpoint.load(tmp_path)
+    torch.save({"something": 1}, tmp_path / "checkpoint" / "state.pt")
+    with pytest.raises(RuntimeError, match="next_round"):
+        checkpoint.load(tmp_path)
+    assert checkpoint.load(tmp_path / "fresh") is None
+
+
+def test_rng_state_round_trip() -> None:
+    import random
+
+    import numpy as np
+
+    saved = checkpoint.rng_state()
+    first = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    checkpoint.set_rng_state(saved)
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == first
+
+
+# ---- the sandbox: a candidate's own randomness is reproducible across worker processes ------
+def test_unseeded_candidate_randomness_scores_the_same_in_fresh_workers() -> None:
+    from atlas.sandbox import Sandbox
+    from atlas.tasks import make_task
+
+    task = make_task("bandit", T=200, env_seeds=[0])
+    code = ("import numpy as np\nimport random\n\ndef policy(contexts, history, t, state):\n"
+            "    return int(np.random.randint(0, 5)) if random.random() < 0.9 else 0\n")
+    scores = []
+    for _ in range(2):  # two sandboxes: two worker processes with fresh entropy
+        with Sandbox(task.evaluator_factory, task.evaluator_config(), workers=1,
+                     timeout_s=30.0) as sb:
+            ev = sb.evaluate(code, task.context(1))
+        assert ev.passed, ev.message
+        scores.append(ev.score)
+    assert scores[0] == scores[1]
+
+
+# ---- slow: the real SmolLM2 agent, killed from outside while a round is in flight -------------
+SMOLLM2 = ["method=atlas", "model=smollm2", "seed=0", "logger=none", "explore.islands=2",
+           "explore.rounds=3", "explore.phase_every=1", "explore.samples_per_prompt=4",
+           "explore.max_new_tokens=160", "explore.temperatures=[0.3,0.5]", "explore.workers=1",
+           "dpo.max_pairs=4", "dpo.checkpoints=1", "gate.subset_size=2", "task.T=500",
+           "method.skip_without_improvement=false", "progress=false"]
+
+
+def _wait_for_event(proc: subprocess.Popen, events: Path, kind: str, round_: int,
+                    timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the run ended (rc={proc.returncode}) before the kill point"
+        if events.exists() and any(e["event"] == kind and e.get("round") == round_
+                                   for e in _safe_jsonl(events)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no {kind} event of round {round_} within {timeout} s")
+
+
+def _safe_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written right now
+            pass
+    return rows
+
+
+@pytest.mark.slow
+def test_smollm2_run_killed_by_sigkill_resumes_to_the_same_results(tmp_path: Path) -> None:
+    """Real agent, real DPO phases: kill -9 once round 2 is in flight (its exploration done,
+    phase 2 not yet), re-run the same command, compare with an uninterrupted run."""
+    cmd = [sys.executable, "-m", "atlas.train", *SMOLLM2]
+    clean_dir, killed_dir = tmp_path / "clean", tmp_path / "killed"
+    _assert_ok(_run([*cmd, f"hydra.run.dir={clean_dir}"], _env(), timeout=3600))
+    killed_cmd = [*cmd, f"hydra.run.dir={killed_dir}"]
+    proc = subprocess.Popen(killed_cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_event(proc, killed_dir / "events.jsonl", "exploration", 2, timeout=3000)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert checkpoint.load(killed_dir)["next_round"] == 2 and not (killed_dir / "results.json").exists()
+    _assert_ok(_run(killed_cmd, _env(), timeout=3600))
+    clean, resumed = comparable(clean_dir), comparable(killed_dir)
+    _rounds_once(resumed["events"], 3)
+    trained = [e["phase"] for e in resumed["events"] if e["event"] == "phase" and not e.get("skipped")]
+    assert 1 in trained and any(p >= 2 for p in trained), f"trained phases: {trained}"
+    _assert_equal_runs(resumed, clean)
+
+
+# ---- driver: python -m tests.test_resume <hydra overrides> -----------------------------------
+def _install_test_hooks() -> None:
+    """Decode tiny-model samples into programs; SIGKILL this process once, inside phase
+    ``$ATLAS_RESUME_TEST_KILL_PHASE``'s first DPO step, unless the marker file exists."""
+    from atlas.agent.research_agent import ResearchAgent
+    from atlas.dpo.module import DPOModule
+    from atlas.fine_tuning import FineTuner
+
+    sample = ResearchAgent.generate
+
+    def generate(self: ResearchAgent, prompts: list[str], num_samples: int,
+                 **kw: Any) -> list[list[str]]:
+        return [[decode_completion(t) for t in row] for row in sample(self, prompts, num_samples, **kw)]
+
+    ResearchAgent.generate = generate  # type: ignore[method-assign]
+    marker = os.environ.get(MARKER_ENV)
+    if not marker:
+        return
+    kill_phase, current = int(os.environ[KILL_PHASE_ENV]), {"phase": 0}
+    run_phase, batch_end = FineTuner.run_phase, DPOModule.on_train_batch_end
+
+    def tracked_run_phase(self: FineTuner, phase: int, *args: Any, **kw: Any) -> dict[str, Any]:
+        current["phase"] = phase
+        return run_phase(self, phase, *args, **kw)
+
+    def killing_batch_end(self: DPOModule, *args: Any, **kw: Any) -> None:
+        batch_end(self, *args, **kw)
+        if current["phase"] == kill_phase and not Path(marker).exists():
+            Path(marker).write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    FineTuner.run_phase = tracked_run_phase  # type: ignore[method-assign]
+    DPOModule.on_train_batch_end = killing_batch_end  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    _install_test_hooks()
+    from atlas.train import hoist_multirun_flag, main
+
+    sys.argv = hoist_multirun_flag(sys.argv)
+    main()
