@@ -45,7 +45,7 @@ def test_paper_experiment_values() -> None:
     bandit = compose_cfg(["experiment=paper", "task=bandit"]).task
     assert (bandit.K, bandit.d, bandit.T) == (5, 5, 2000)
     pinn = compose_cfg(["experiment=paper", "task=pinn"]).task
-    assert pinn.steps == 500
+    assert (pinn.n_steps, pinn.depth, pinn.width) == (500, 4, 32)
 
 
 def test_unknown_group_option_fails_with_its_name() -> None:
