@@ -101,7 +101,10 @@ def test_config_errors_name_the_field():
 
 
 def test_task_from_yaml_and_contract():
-    cfg = OmegaConf.to_container(OmegaConf.load("conf/task/pinn.yaml"))
+    from tests.conftest import compose_cfg
+
+    cfg = OmegaConf.to_container(compose_cfg(["task=pinn"]).task, resolve=True)
+    assert cfg["drift_rounds"] == compose_cfg().explore.rounds  # drifts over the whole run
     task = make_task(**cfg)
     assert isinstance(task, PinnTask) and task.name == "pinn"
     assert task.evaluator_factory == "atlas.tasks.pinn.evaluator:make_evaluator"

@@ -344,9 +344,22 @@ def _install_test_hooks() -> None:
     DPOModule.on_train_batch_end = killing_batch_end  # type: ignore[method-assign]
 
 
-if __name__ == "__main__":
-    _install_test_hooks()
-    from atlas.train import hoist_multirun_flag, main
+def _driver_main() -> None:
+    """``atlas.train.main`` with the hooks installed (config path absolute: run as a module
+    outside ``atlas``, Hydra would look for ``conf`` relative to this file)."""
+    import hydra
 
-    sys.argv = hoist_multirun_flag(sys.argv)
+    from atlas import train
+
+    _install_test_hooks()
+
+    @hydra.main(version_base="1.3", config_path=str(ROOT / "conf"), config_name="train")
+    def main(cfg: Any) -> float | None:
+        return train.run(cfg)["final_score"]
+
+    sys.argv = train.hoist_multirun_flag(sys.argv)
     main()
+
+
+if __name__ == "__main__":
+    _driver_main()
