@@ -26,7 +26,9 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -135,9 +137,16 @@ def _rounds_once(events: list[dict[str, Any]], rounds: int) -> None:
 
 # ---- fast: tiny model, deterministic self-kill inside a DPO phase -----------------------------
 @pytest.fixture(scope="module")
-def fast_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """An uninterrupted run and a run killed in phase KILL_PHASE's DPO then re-run (same cmd)."""
-    base = tmp_path_factory.mktemp("resume")
+def fast_runs() -> Iterator[dict[str, Any]]:
+    """An uninterrupted run and a run killed in phase KILL_PHASE's DPO then re-run (same cmd).
+
+    A private temp folder, not ``tmp_path_factory``: concurrent pytest sessions of one user
+    prune each other's old basetemp folders, and these runs outlive several tests."""
+    with tempfile.TemporaryDirectory(prefix="atlas-resume-") as tmp:
+        yield _fast_runs(Path(tmp))
+
+
+def _fast_runs(base: Path) -> dict[str, Any]:
     clean_dir, killed_dir, marker = base / "clean", base / "killed", base / "killed.marker"
     t0 = time.perf_counter()
     _assert_ok(_run(_driver_cmd(clean_dir, FAST), _env(), timeout=600))
