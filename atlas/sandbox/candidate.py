@@ -6,7 +6,8 @@ type); any other exception escaping candidate code is classified as ``exception`
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from atlas.types import FailureKind
 

@@ -11,8 +11,9 @@ A task has two halves that live in different processes:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from atlas.types import Evaluation
 
