@@ -6,6 +6,7 @@ a summary. The algorithm lives in ``atlas.loop``.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
@@ -34,10 +35,12 @@ def make_logger(cfg: DictConfig, run_dir: Path) -> Any:
     from lightning.pytorch.loggers import WandbLogger
 
     group = cfg.logger.group or _sweep_group()
+    # the run folder fixes the W&B run id, so a resumed job continues its W&B run
+    run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
     return WandbLogger(project=cfg.logger.project, entity=cfg.logger.entity, group=group,
                        name=run_dir.name, save_dir=str(run_dir), job_type=cfg.method.name,
-                       config=OmegaConf.to_container(cfg, resolve=True),
-                       offline=os.environ["WANDB_MODE"] == "offline")
+                       config=OmegaConf.to_container(cfg, resolve=True), id=run_id,
+                       resume="allow", offline=os.environ["WANDB_MODE"] == "offline")
 
 
 def _sweep_group() -> str | None:
