@@ -19,6 +19,8 @@ import math
 import os
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,26 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run a block with ``n`` torch threads (restored afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def exploration_threads(cfg: DictConfig) -> int:
+    """Torch threads for the agent while sandbox workers evaluate: cores left over by the
+    workers, at least one. Oversubscribed OpenMP threads spin-wait on each other and slow
+    generation many times over; DPO phases (no evaluation running) use every core."""
+    if cfg.explore.get("agent_threads"):
+        return int(cfg.explore.agent_threads)
+    return max(1, (os.cpu_count() or 1) - int(cfg.explore.workers))
 
 
 def island_summary(db: ProgramDatabase, islands: int, k: int) -> dict[str, Any]:
@@ -163,8 +185,9 @@ class EvolutionLoop:
     def _round(self, r: int, every: int) -> None:
         t0 = time.time()
         phase = (r - 1) // every + 1
-        programs = self.explorer.run_round(r, phase, critiques=self.critiques or None,
-                                           temperature_overrides=self.temperatures or None)
+        with torch_threads(exploration_threads(self.cfg)):
+            programs = self.explorer.run_round(r, phase, critiques=self.critiques or None,
+                                               temperature_overrides=self.temperatures or None)
         t_explore = time.time() - t0
         served = sorted({p.island for p in programs})
         if self.supporters is not None:

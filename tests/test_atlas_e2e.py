@@ -45,8 +45,7 @@ def _openai(url: str, timeout_s: float = 60.0) -> list[str]:
     return ["supporters=openai", f"supporters.base_url={url}", "supporters.model=smollm2",
             "supporters.api_key=none", "supporters.max_retries=0",
             f"supporters.timeout_s={timeout_s}", "supporters.max_tokens=96",
-            # one program in the exploration prompt: prompt evaluation dominates on a busy CPU
-            "+supporters.exploration.max_tokens=192", "+supporters.exploration.programs_in_prompt=1"]
+            "+supporters.exploration.max_tokens=192"]
 
 
 def _run(tmp_path: Path, overrides: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -63,6 +63,21 @@ def _kill_tree(root: psutil.Process | None, keep_root: bool = False) -> None:
             pass
 
 
+def thread_limits(threads: int) -> dict[str, str]:
+    """Environment that caps a worker's BLAS/OpenMP/XLA thread pools.
+
+    Parallelism comes from the number of workers; a worker that also spawned one thread per
+    core would oversubscribe the machine while the agent generates (OpenMP threads then
+    spin-wait on each other and everything slows down many times over).
+    """
+    n = str(threads)
+    xla = os.environ.get("XLA_FLAGS", "")
+    if threads == 1 and "xla_cpu_multi_thread_eigen" not in xla:
+        xla = (xla + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
+    return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n,
+            "XLA_FLAGS": xla}
+
+
 class _Slot:
     """One worker process and the pipes to it; used by one thread at a time."""
 
@@ -84,7 +99,7 @@ class _Slot:
         self.resp_r, resp_w = os.pipe()
         cmd = [sys.executable, "-m", _WORKER_MODULE, "--req-fd", str(req_r),
                "--resp-fd", str(resp_w)]
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **thread_limits(sb.threads_per_worker))
         if sb.isolation == BWRAP:
             cmd = bwrap_args(str(find_bwrap()), sb.memory_mb) + cmd
         else:
@@ -277,7 +292,8 @@ class Sandbox:
 
     def __init__(self, evaluator_factory: str, evaluator_config: dict, *, workers: int = 2,
                  timeout_s: float = 30.0, memory_mb: int = 2048, isolation: str = "auto",
-                 max_output_bytes: int = 65536, recycle_every: int = 50) -> None:
+                 max_output_bytes: int = 65536, recycle_every: int = 50,
+                 threads_per_worker: int = 1) -> None:
         if not isinstance(evaluator_factory, str) or evaluator_factory.count(":") != 1 \
                 or not all(evaluator_factory.split(":")):
             raise ValueError(f"evaluator_factory={evaluator_factory!r} is invalid: use an import "
@@ -291,7 +307,8 @@ class Sandbox:
             raise ValueError(f"evaluator_config must hold plain JSON values: {exc}") from exc
         for name, value, low in (("workers", workers, 1), ("memory_mb", memory_mb, 64),
                                  ("max_output_bytes", max_output_bytes, 0),
-                                 ("recycle_every", recycle_every, 1)):
+                                 ("recycle_every", recycle_every, 1),
+                                 ("threads_per_worker", threads_per_worker, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"sandbox {name}={value!r} is invalid: use an integer >= {low}")
         if not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
@@ -300,6 +317,7 @@ class Sandbox:
         self.evaluator_config = dict(evaluator_config)
         self.workers, self.timeout_s, self.memory_mb = workers, float(timeout_s), memory_mb
         self.max_output_bytes, self.recycle_every = max_output_bytes, recycle_every
+        self.threads_per_worker = threads_per_worker
         self.isolation: str = resolve_isolation(isolation)
         self._slots: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         self._all = [_Slot(self, i) for i in range(workers)]
