@@ -70,7 +70,7 @@ class DPOConfig:
     """AdamW learning rate of the policy adapter."""
     epochs: int = 1
     """Passes over D_k per phase."""
-    batch_size: int = 4
+    batch_size: int = 2
     """Pairs per optimiser step (chosen and rejected go through one forward: 2x rows)."""
     max_length: int = 768
     """Prompt+completion tokens kept; the prompt is truncated from the left."""
