@@ -39,11 +39,24 @@ def find_bwrap() -> str | None:
     return shutil.which("bwrap")
 
 
+def _code_under_tmp() -> list[str]:
+    """Interpreter, venv and import paths that live below /tmp (e.g. a CI clone there):
+    the private /tmp would hide them, so they are bound back in, read-only."""
+    import atlas
+
+    paths = {sys.prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(atlas.__file__)),
+             *(p for p in sys.path if p)}
+    keep = sorted(os.path.realpath(p) for p in paths)
+    keep = [p for p in keep if p.startswith("/tmp/") and os.path.isdir(p)]
+    return [p for i, p in enumerate(keep) if not any(p.startswith(q + "/") for q in keep[:i])]
+
+
 def bwrap_args(bwrap: str, tmp_mb: int) -> list[str]:
     """The bwrap prefix for one worker: read-only root, private /tmp, no net, own pids."""
+    rebind = [arg for p in _code_under_tmp() for arg in ("--ro-bind", p, p)]
     return [
         bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-        "--size", str(int(tmp_mb) << 20), "--tmpfs", "/tmp",
+        "--size", str(int(tmp_mb) << 20), "--tmpfs", "/tmp", *rebind,
         "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
         "--unshare-cgroup-try", "--uid", "65534", "--gid", "65534", "--disable-userns",
         "--die-with-parent", "--new-session", "--cap-drop", "ALL",
