@@ -148,6 +148,24 @@ def test_taylor_derivatives_match_autodiff():
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.parametrize("n", [1, 7, 64])
+def test_chunked_residuals_equal_one_pass(monkeypatch, n):
+    import jax.numpy as jnp
+
+    from atlas.tasks.pinn import model
+    from atlas.tasks.pinn.problem import init_params
+
+    cfg = PinnConfig(n_collocation=n)
+    params = [(jnp.asarray(w), jnp.asarray(b)) for w, b in init_params(cfg, 0)]
+    pts = model.to_device(training_points(cfg, 0))
+    chunked = model.residuals(params, pts, jnp.float32(0.01))
+    monkeypatch.setattr(model, "COLLOCATION_CHUNKS", 1)
+    whole = model.residuals(params, pts, jnp.float32(0.01))
+    assert chunked[0].shape == (n,)
+    for got, want in zip(chunked, whole):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_running_statistics():
     import jax.numpy as jnp
 
@@ -290,3 +308,18 @@ def test_evaluator_runs_under_bubblewrap_and_memory_limit(tmp_path):
         pytest.skip(f"bubblewrap cannot run here: {out.stderr.strip()[:200]}")
     assert out.returncode == 0, out.stderr[-2000:]
     assert math.isfinite(float(out.stdout.split("score")[-1]))
+
+
+def test_benchmark_runs_all_loops_side_by_side(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "atlas.bench", "pinn", "--steps", "5",
+                           "--candidates", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    for loop in "abcd":
+        assert len(data["times_s"][loop]) == 2 and min(data["times_s"][loop]) > 0
+    assert all(math.isfinite(v) for v in data["a_scores"].values())
+    assert data["d_run_s"] > 0 and data["c_over_floor"] > 0
+    for label in ("(a) ours", "(b) naive", "(c) PyTorch", "(d) fused", "floor:"):
+        assert label in proc.stdout

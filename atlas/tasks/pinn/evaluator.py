@@ -154,12 +154,17 @@ class PinnEvaluator:
         if self.cfg.jit_candidate:
             try:
                 _check_return(jax.eval_shape(fn, *vecs, extras))
-                lowered = jax.jit(vg).lower(*vecs, extras)
-                try:  # the candidate is tiny: skip XLA's slow backend passes (~30% faster)
-                    compiled = lowered.compile(FAST_COMPILE)
-                except Exception:  # noqa: BLE001 - option unknown to this jaxlib
-                    compiled = lowered.compile()
-                jax.block_until_ready(compiled(*vecs, extras))
+                # jax.jit (not lower().compile()) keeps JAX's C++ fast dispatch path, ~100 us
+                # cheaper per call; the candidate is tiny, so XLA's slow backend passes are
+                # skipped (~30% faster compile)
+                compiled = jax.jit(vg, compiler_options=FAST_COMPILE)
+                try:
+                    jax.block_until_ready(compiled(*vecs, extras))
+                except Exception as exc:  # noqa: BLE001 - option unknown to this jaxlib?
+                    if "xla_" not in str(exc):
+                        raise
+                    compiled = jax.jit(vg)
+                    jax.block_until_ready(compiled(*vecs, extras))
                 return compiled, True
             except CandidateError:
                 raise
@@ -203,13 +208,13 @@ class PinnEvaluator:
         loss_grad, jitted = self._compile_candidate(fn, vecs, extras)
         candidate_compile = time.perf_counter() - t0
 
-        bad = jnp.int32(-1)
+        bad, step = jnp.int32(-1), jnp.int32(0)
         t0 = time.perf_counter()
         try:
             for k in range(cfg.n_steps):
                 loss, cots = loss_grad(*vecs, extras)
-                params, opt_state, bad, vecs, extras, stats = self.trainer.step(
-                    params, opt_state, train, nu, cots, loss, bad, stats, jnp.int32(k), n_steps)
+                params, opt_state, bad, step, vecs, extras, stats = self.trainer.step(
+                    params, opt_state, train, nu, cots, loss, bad, stats, step, n_steps)
                 if (k + 1) % CHECK_EVERY == 0 and int(bad) >= 0:
                     break
             bad_step = int(bad)

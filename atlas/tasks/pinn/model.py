@@ -77,11 +77,22 @@ def mlp_derivatives(params: Params, t: jax.Array, x: jax.Array
     return u + b[0], ut, ux, uxx
 
 
+#: collocation points go through the Taylor pass in this many independent slices, which
+#: XLA's CPU runtime executes concurrently: on 2 cores a candidate trains ~25% faster with 2
+#: slices than with 1 (same time on 1 core); 4 or 8 slices were slower (per-op overhead)
+COLLOCATION_CHUNKS = 2
+
+
 def residuals(params: Params, pts: Points, nu: jax.Array
               ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """PDE residual at collocation points, initial error, boundary error (vectors)."""
-    u, ut, ux, uxx = mlp_derivatives(params, pts.t_f, pts.x_f)
-    res = ut + u * ux - nu * uxx
+    n = pts.t_f.shape[0]
+    bounds = np.linspace(0, n, min(COLLOCATION_CHUNKS, n) + 1).astype(int)
+    parts = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        u, ut, ux, uxx = mlp_derivatives(params, pts.t_f[lo:hi], pts.x_f[lo:hi])
+        parts.append(ut + u * ux - nu * uxx)
+    res = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
     ic = mlp(params, jnp.zeros_like(pts.x_i), pts.x_i) - pts.u_i
     bc = mlp(params, pts.t_b, pts.x_b)
     return res, ic, bc
@@ -160,7 +171,9 @@ class Trainer:
             bad = jnp.where((bad < 0) & ~finite, step, bad)
             updates, opt_state = self.opt.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
-            return (params, opt_state, bad) + observe(params, pts, nu, stats, step + 1, n_steps)
+            # the step counter stays on device: no host-to-device transfer per step
+            return (params, opt_state, bad, step + 1) + observe(params, pts, nu, stats,
+                                                                 step + 1, n_steps)
 
         self.observe = jax.jit(observe)
         self.step = jax.jit(step_fn)
