@@ -24,7 +24,8 @@ from atlas.dpo import (
     select_and_gate,
     train_phase,
 )
-from atlas.evolution.preferences import build_pairs, sample_gate_subset
+from atlas.evolution.online_inspection import OnlineInspector
+from atlas.evolution.preferences import build_pairs, failure_floor, sample_gate_subset
 from atlas.supporters import Supporters
 from atlas.supporters import requests as supporter_requests
 from atlas.types import Program
@@ -47,7 +48,12 @@ class FineTuner:
     """Holds what persists across phases: the knobs, optimiser state, gate history."""
 
     def __init__(self, agent: Any, method: Any, dpo_cfg: DPOConfig, gate_cfg: GateConfig,
-                 supporters: Supporters | None, task_name: str, seed: int) -> None:
+                 supporters: Supporters | None, task_name: str, seed: int,
+                 explorer: Any = None) -> None:
+        if gate_cfg.score_mode == "online" and explorer is None:
+            raise ValueError("gate.score_mode=online samples and scores programs: pass the "
+                             "run's Explorer (EvolutionLoop does)")
+        self.explorer = explorer  # only for gate.score_mode=online
         self.agent = agent
         self.method = method
         self.dpo_cfg = dpo_cfg
@@ -124,10 +130,13 @@ class FineTuner:
             t2 = time.time()
             items = sample_gate_subset(phase_programs, self.gate_cfg.subset_size,
                                        seed=self.seed * 1000 + phase)
+            online = self._online_inspector(phase, items, phase_programs)
             decision = select_and_gate(self.agent.model, self.agent.tokenizer, result.candidates,
                                        items, self.gate_cfg, enabled=bool(self.method.gate),
-                                       reference="adaptive")
+                                       reference="adaptive", online_score=online)
             gate_record = decision.to_dict()
+            if online is not None:
+                gate_record["online"] = online.records
             promoted, vetoed, verdict = decision.accepted, False, None
             if decision.accepted and self.method.gate and self.supporters is not None:
                 verdict = self.supporters.inspector.review(supporter_requests.inspector_request(
@@ -144,6 +153,20 @@ class FineTuner:
                              "promoted": record.get("promoted")})
         record["seconds"] = time.time() - t0
         return record
+
+    def _online_inspector(self, phase: int, items: list, programs: list[Program]
+                          ) -> OnlineInspector | None:
+        """gate.score_mode=online: each policy writes fresh programs for G_k's prompts, scored
+        under the task context of the phase's last round."""
+        if self.gate_cfg.score_mode != "online" or not items:
+            return None
+        last_round = max((p.round for p in programs), default=0)
+        return OnlineInspector(self.explorer, [it.prompt for it in items],
+                               self.explorer.task.context(last_round),
+                               samples=self.gate_cfg.online_samples,
+                               temperature=self.gate_cfg.online_temperature,
+                               failure_score=failure_floor(programs),
+                               seed=self.seed * 1000 + phase)
 
     def _consult_strategist(self, phase: int, programs: list[Program],
                             stats: dict[str, Any]) -> dict[str, Any] | None:

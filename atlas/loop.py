@@ -105,7 +105,7 @@ class EvolutionLoop:
                                             seed=int(cfg.seed)) if use_supporters else None)
         self.finetuner = FineTuner(self.agent, cfg.method, DPOConfig.from_cfg(cfg.dpo),
                                    GateConfig.from_cfg(cfg.gate), self.supporters,
-                                   self.task.name, int(cfg.seed))
+                                   self.task.name, int(cfg.seed), explorer=self.explorer)
         self.telemetry = Telemetry(self.run_dir, logger)
         self.critiques: dict[int, str] = {}
         self.temperatures: dict[int, float] = {}

@@ -254,7 +254,7 @@ def test_gate_rejects_bad_input_with_field_names():
         select_and_gate(model, tok, final, [], GateConfig())
     with pytest.raises(ValueError, match="C_k is empty"):
         select_and_gate(model, tok, [], ITEMS, GateConfig())
-    with pytest.raises(NotImplementedError, match="score_mode"):
+    with pytest.raises(ValueError, match="gate.score_mode=online needs online_score"):
         select_and_gate(model, tok, final, ITEMS, GateConfig(score_mode="online"))
     with pytest.raises(ValueError, match="reference must be one of"):
         token_kl(model, tok, ITEMS, final[0].state, "base")

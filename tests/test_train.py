@@ -78,3 +78,25 @@ def test_evodpo_on_smollm2_trains_and_promotes_every_phase(tmp_path: Path) -> No
         assert {c["name"] for c in p["gate"]["candidates"]} >= {"final"}
     assert results["promotions"] == len(trained) and results["accept_rate"] == 1.0
     assert results["valid_rate"] is not None and results["valid_rate"] > 0
+
+
+@pytest.mark.slow
+def test_atlas_online_gate_on_smollm2(tmp_path: Path) -> None:
+    """gate.score_mode=online in a real run: every policy of C_k and the reference wrote
+    fresh programs for G_k, scored in the sandbox, and the gate decided on those scores."""
+    cfg = compose_cfg(["experiment=test", "method=atlas", *SMALL_REAL, "gate.score_mode=online",
+                       "gate.online_samples=2"], run_dir=tmp_path)
+    run(cfg)
+    phases = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "phase"]
+    gated = [p for p in phases if p.get("gate")]
+    assert gated, f"no phase reached the gate: {[p.get('reason') for p in phases]}"
+    for p in gated:
+        online = p["gate"]["online"]
+        names = [c["name"] for c in p["gate"]["candidates"]]
+        assert [r["policy"] for r in online] == [*names, "reference"]
+        n_prompts = len(p["gate"]["candidate_preferred"])
+        assert all(r["samples"] == 2 * n_prompts for r in online)
+        by_name = {r["policy"]: r["score"] for r in online}
+        assert p["gate"]["ref_score"] == pytest.approx(by_name["reference"])
+        for c in p["gate"]["candidates"]:
+            assert c["score"] == pytest.approx(by_name[c["name"]])

@@ -166,7 +166,12 @@ class GateConfig:
     subset_size: int = 8
     """|G_k|: gate prompts drawn afresh each phase (by the caller)."""
     score_mode: str = "offline"
-    """offline: re-weight already evaluated completions; online: sample and evaluate (caller)."""
+    """offline: re-weight already evaluated completions; online: each policy of C_k and the
+    reference writes fresh programs for the gate prompts, scored in the sandbox."""
+    online_samples: int = 2
+    """online only: completions sampled per gate prompt and policy (same seeds for all)."""
+    online_temperature: float = 0.5
+    """online only: sampling temperature of those completions."""
     temperature: float = 1.0
     """Softmax temperature over length-normalised log-probs in the inspector score."""
     batch_size: int = 8
@@ -182,6 +187,10 @@ class GateConfig:
         self.subset_size = _number(g, "subset_size", self.subset_size, low=1, integer=True)
         if self.score_mode not in SCORE_MODES:
             raise ValueError(f"gate.score_mode must be one of {SCORE_MODES}, got {self.score_mode!r}")
+        self.online_samples = _number(g, "online_samples", self.online_samples, low=1,
+                                      integer=True)
+        self.online_temperature = _number(g, "online_temperature", self.online_temperature,
+                                          low=0.0, low_open=True)
         self.temperature = _number(g, "temperature", self.temperature, low=0.0, low_open=True)
         self.batch_size = _number(g, "batch_size", self.batch_size, low=1, integer=True)
         self.max_length = _number(g, "max_length", self.max_length, low=2, integer=True)

@@ -12,7 +12,7 @@ and the next ``train_phase(..., pending_reference=callback)``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -134,20 +134,23 @@ def decide(scores: Sequence[float], kls: Sequence[float], names: Sequence[str], 
 
 
 def select_and_gate(model, tokenizer, candidates: list["PolicyCandidate"], items: list[GateItem],
-                    gate: GateConfig, *, enabled: bool = True, reference: str = "adaptive"
+                    gate: GateConfig, *, enabled: bool = True, reference: str = "adaptive",
+                    online_score: Callable[[PolicySpec, str], float] | None = None
                     ) -> GateDecision:
     """Score C_k and the reference on G_k, choose c* (Eq. 4), test it (Eq. 5).
 
     ``reference``: "adaptive" (the ``ref`` adapter) or "fixed" (adapters disabled). Leaves the
     policy adapter as it was on entry (the phase-final state) and never writes ``ref``.
+    ``online_score(spec, name)``: S for ``gate.score_mode=online`` (sample and evaluate, e.g.
+    ``atlas.evolution.online_inspection.OnlineInspector``); KL stays teacher-forced on G_k.
     """
     if not isinstance(gate, GateConfig):
         raise TypeError(f"gate must be a GateConfig (GateConfig.from_cfg(cfg.gate)), got {type(gate).__name__}")
     if reference not in ("adaptive", "fixed"):
         raise ValueError(f"reference must be 'adaptive' or 'fixed' (method.reference), got {reference!r}")
-    if gate.score_mode != "offline":
-        raise NotImplementedError("gate.score_mode=online (sample and evaluate fresh completions) "
-                                  "is not implemented in atlas.dpo; use gate.score_mode=offline")
+    if gate.score_mode == "online" and online_score is None:
+        raise ValueError("gate.score_mode=online needs online_score (a sampler and the sandbox: "
+                         "the phase loop passes an OnlineInspector); or use gate.score_mode=offline")
     if not candidates:
         raise ValueError("candidates: C_k is empty; pass at least the phase-final policy")
     names = [c.name for c in candidates]
@@ -159,9 +162,13 @@ def select_and_gate(model, tokenizer, candidates: list["PolicyCandidate"], items
     res = gate_pass(model, tokenizer, items, [c.state for c in candidates],
                     kl_reference="ref" if reference == "adaptive" else "fixed", need_scores=True,
                     batch_size=gate.batch_size, max_length=gate.max_length)
-    scores = [weighted_score(m, items, gate.temperature) for m in res.mean_logps]
     kls = [mean_kl(k) for k in res.kl]
-    ref_score = weighted_score(res.ref_mean_logps, items, gate.temperature)
+    if gate.score_mode == "online":
+        scores = [online_score(c.state, c.name) for c in candidates]
+        ref_score = online_score("ref" if reference == "adaptive" else "fixed", "reference")
+    else:
+        scores = [weighted_score(m, items, gate.temperature) for m in res.mean_logps]
+        ref_score = weighted_score(res.ref_mean_logps, items, gate.temperature)
     decision = decide(scores, kls, names, ref_score, gate, enabled=enabled,
                       steps=[c.step for c in candidates])
     chosen = names.index(decision.chosen)

@@ -86,6 +86,19 @@ def _running(model, spec: PolicySpec, original: dict) -> Iterator[None]:
             yield
 
 
+@contextlib.contextmanager
+def running_policy(model, spec: PolicySpec) -> Iterator[None]:
+    """Run a block under the policy ``spec`` names; the policy adapter is restored on exit
+    (used by the on-line inspector, which samples from each candidate of C_k)."""
+    spec = check_spec(spec, "policy")
+    original = get_adapter_state(model, POLICY)
+    try:
+        with _running(model, spec, original):
+            yield
+    finally:
+        set_adapter_state(model, POLICY, original)
+
+
 @torch.no_grad()
 def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[PolicySpec], *,
               kl_reference: PolicySpec | None, need_scores: bool = True, batch_size: int = 8,

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.extract import extract_program
-from atlas.evolution.prompts import build_prompt
+from atlas.evolution.prompts import build_prompt, prefill_of
 from atlas.tasks.base import Task
 from atlas.types import Evaluation, FailureKind, Program
 
@@ -231,6 +231,20 @@ class Explorer:
         stats["wall_s"] = time.perf_counter() - t_round
         self.last_stats = stats
         return out
+
+    def sample_and_score(self, prompts: list[str], *, samples: int, temperature: float,
+                         seed: int, context: dict[str, Any], adapter: str | None
+                         ) -> list[list[Evaluation]]:
+        """Sample ``samples`` completions per stored prompt from ``adapter`` and score them in
+        the sandbox, filing nothing (the on-line Policy Inspector's measurement)."""
+        s = self.settings
+        completions = self.agent.generate(prompts, samples, temperature=temperature,
+                                          top_p=s.top_p, max_new_tokens=s.max_new_tokens,
+                                          stop=STOP, adapter=adapter, seed=seed)
+        futures = [[self._submit(extract_program(prefill_of(prompt), c, self.spec.entry_point),
+                                 context) for c in comps]
+                   for prompt, comps in zip(prompts, completions)]
+        return [[self._outcome(f) for f in row] for row in futures]
 
     def add_external(self, code: str, island: int, round_index: int, phase: int, source: str,
                      parents: list[int], *, prompt: str = "", completion: str = "") -> Program:

@@ -69,7 +69,7 @@ def build_prompt(spec: PromptSpec, parents: list[Program],
         split = split_program(strip_version_comments(shown[-1].code), spec.entry_point)
         if split is not None:
             preamble, lead = split[0], _leading_comments(split[1])
-    prefill = "```python\n"
+    prefill = PREFILL_START
     if preamble:
         prefill += preamble + "\n\n"
     # no trailing newline: BPE tokenizers merge "\n" with the next line's indentation
@@ -77,6 +77,18 @@ def build_prompt(spec: PromptSpec, parents: list[Program],
     # start the next line at column 0, i.e. leave the function (measured: 7/8 no_code)
     prefill += sig + "".join("\n" + line for line in lead)
     return spec.system.strip(), user, prefill
+
+
+PREFILL_START = "```python\n"
+
+
+def prefill_of(prompt: str) -> str:
+    """The prefill a chat prompt built from ``build_prompt`` ends with (from its last code
+    fence on), so a completion of a stored prompt can be turned back into a program."""
+    at = prompt.rfind(PREFILL_START)
+    if at < 0:
+        raise ValueError("prompt holds no '```python' prefill; it was not built by build_prompt")
+    return prompt[at:]
 
 
 def _leading_comments(function_source: str) -> list[str]:
