@@ -17,6 +17,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from atlas.config import validate
+from atlas.interrupt import Terminated, stop_on_sigterm
 
 log = logging.getLogger("atlas.train")
 
@@ -91,15 +92,20 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     run_dir = Path(cfg.run_dir)
     logger = make_logger(cfg, run_dir)
     status = "failed"
-    try:
-        loop = EvolutionLoop(cfg, run_dir, logger)
+    with stop_on_sigterm():
         try:
-            results = loop.run()
-            status = "success"
+            loop = EvolutionLoop(cfg, run_dir, logger)
+            try:
+                results = loop.run()
+                status = "success"
+            finally:
+                loop.close()
+        except Terminated:
+            log.warning("SIGTERM: stopped; %s keeps the checkpoint of the last finished round, "
+                        "re-run the same command to resume", run_dir)
+            raise
         finally:
-            loop.close()
-    finally:
-        finish_logger(logger, status)
+            finish_logger(logger, status)
     print(summary(results), flush=True)
     print(f"  outputs in {run_dir}", flush=True)
     return results

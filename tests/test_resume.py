@@ -42,6 +42,7 @@ VOLATILE = frozenset({"seconds", "wall_seconds", "seconds_dpo", "seconds_gate"})
 KILL_PHASE = 3  # fast test: phases 1-2 train before the kill, 3-4 after it
 MARKER_ENV = "ATLAS_RESUME_TEST_KILL_MARKER"  # driver: kill once, then leave a marker file
 KILL_PHASE_ENV = "ATLAS_RESUME_TEST_KILL_PHASE"
+KILL_SIGNAL_ENV = "ATLAS_RESUME_TEST_KILL_SIGNAL"  # SIGKILL (default) or SIGTERM
 
 FAST = ["experiment=test", "method=atlas", "seed=0", "explore.rounds=4", "explore.phase_every=1",
         "task.T=300", "task.env_seeds=[0,1]", "dpo.max_length=512", "gate.max_length=512",
@@ -99,12 +100,13 @@ def comparable(run_dir: Path) -> dict[str, Any]:
             "events": events}
 
 
-def _env(marker: Path | None = None) -> dict[str, str]:
+def _env(marker: Path | None = None, sig: str = "SIGKILL") -> dict[str, str]:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "2"}
     env.pop(MARKER_ENV, None)
     if marker is not None:
         env[MARKER_ENV] = str(marker)
         env[KILL_PHASE_ENV] = str(KILL_PHASE)
+        env[KILL_SIGNAL_ENV] = sig
     return env
 
 
@@ -161,8 +163,19 @@ def _fast_runs(base: Path) -> dict[str, Any]:
     second = _run(cmd, _env(marker), timeout=600)
     _assert_ok(second)
     t_resume = time.perf_counter() - t0
+    # the same kill point, by SIGTERM (what SLURM and `kill` send first)
+    termed_dir, term_marker = base / "termed", base / "termed.marker"
+    term_cmd = _driver_cmd(termed_dir, FAST)
+    termed = _run(term_cmd, _env(term_marker, "SIGTERM"), timeout=600)
+    after_term = {"proc": termed, "marker": term_marker.exists(),
+                  "results": (termed_dir / "results.json").exists(),
+                  "state": checkpoint.load(termed_dir),
+                  "events": _jsonl(termed_dir / "events.jsonl")}
+    term_resumed = _run(term_cmd, _env(term_marker, "SIGTERM"), timeout=600)
+    _assert_ok(term_resumed)
     return {"clean": clean_dir, "killed": killed_dir, "cmd": cmd, "marker": marker,
-            "after_kill": after_kill, "second": second,
+            "after_kill": after_kill, "second": second, "termed": termed_dir,
+            "after_term": after_term,
             "timings": {"clean_s": t_clean, "resume_s": t_resume}}
 
 
@@ -188,6 +201,21 @@ def test_resumed_run_equals_uninterrupted_run(fast_runs: dict[str, Any]) -> None
     assert any(p["source"] == "supporter" for p in resumed["programs"])
     assert resumed["results"]["valid_rate"] not in (None, 0.0, 1.0)
     _assert_equal_runs(resumed, clean)
+
+
+def test_sigterm_in_a_phase_stops_at_once_and_resumes(fast_runs: dict[str, Any]) -> None:
+    """SIGTERM inside phase KILL_PHASE's first DPO step: the process ends there (status 143,
+    no further round or phase), the checkpoint is the last finished round's, and re-running
+    the same command gives the uninterrupted run's results."""
+    t = fast_runs["after_term"]
+    out = t["proc"].stdout + t["proc"].stderr
+    assert t["proc"].returncode == 143, out[-3000:]
+    assert t["marker"] and not t["results"]
+    assert "SIGTERM: stopped" in out and "re-run the same command" in out
+    assert t["state"]["next_round"] == KILL_PHASE
+    assert [e["phase"] for e in t["events"] if e["event"] == "phase"] == list(range(1, KILL_PHASE))
+    assert max(e["round"] for e in t["events"] if e["event"] == "round") == KILL_PHASE
+    _assert_equal_runs(comparable(fast_runs["termed"]), comparable(fast_runs["clean"]))
 
 
 def test_rerunning_a_finished_run_is_a_noop(fast_runs: dict[str, Any]) -> None:
@@ -347,7 +375,7 @@ def _install_test_hooks() -> None:
         batch_end(self, *args, **kw)
         if current["phase"] == kill_phase and not Path(marker).exists():
             Path(marker).write_text(str(os.getpid()))
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), getattr(signal, os.environ.get(KILL_SIGNAL_ENV, "SIGKILL")))
 
     FineTuner.run_phase = tracked_run_phase  # type: ignore[method-assign]
     DPOModule.on_train_batch_end = killing_batch_end  # type: ignore[method-assign]
