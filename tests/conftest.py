@@ -28,3 +28,16 @@ def compose_cfg(overrides: list[str] | None = None, run_dir: Path | None = None)
 @pytest.fixture
 def compose_config():
     return compose_cfg
+
+
+@pytest.fixture(scope="module")
+def llama_url(tmp_path_factory):
+    """A real llama-cpp-python OpenAI-compatible server on 127.0.0.1 serving the SmolLM2
+    GGUF, one per test module; yields its ``.../v1`` URL."""
+    from tests.test_supporters_server import start_llama_server, stop_llama_server
+
+    proc, url = start_llama_server(tmp_path_factory.mktemp("llama"))
+    try:
+        yield url
+    finally:
+        stop_llama_server(proc)

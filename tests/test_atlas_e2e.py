@@ -113,15 +113,6 @@ def test_atlas_embedded_runs_on_both_tasks(tmp_path, task):
 
 # ------------------------------------------------------------------ a real llama.cpp server
 
-@pytest.fixture(scope="module")
-def llama_url(tmp_path_factory):
-    proc, url = start_llama_server(tmp_path_factory.mktemp("llama_e2e"))
-    try:
-        yield url
-    finally:
-        stop_llama_server(proc)
-
-
 @pytest.mark.server
 @requires_llama
 def test_atlas_against_a_real_server(tmp_path, llama_url):

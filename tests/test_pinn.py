@@ -98,6 +98,13 @@ def test_config_errors_name_the_field():
         PinnTask(name="pinn", n_steps=0)
     with pytest.raises(ValueError, match=r"unknown task field.*viscosity"):
         PinnTask(name="pinn", viscosity=0.1)
+    with pytest.raises(TypeError, match=r"task\.depth must be an integer, got 3\.5"):
+        PinnConfig(depth=3.5)
+    with pytest.raises(TypeError, match=r"task\.lr must be a number, got 'fast'"):
+        PinnConfig(lr="fast")
+    with pytest.raises(ValueError, match=r"task\.stats_decay=1\.0 is invalid"):
+        PinnConfig(stats_decay=1.0)
+    assert PinnConfig(n_steps=20.0).n_steps == 20 and isinstance(PinnConfig(n_steps=20.0).n_steps, int)
 
 
 def test_task_from_yaml_and_contract():

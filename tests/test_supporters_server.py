@@ -9,7 +9,7 @@ small model's answers are mostly unusable, so the test records how often they we
 CI-sized (~1 min): one server per module, a single llama.cpp thread, short answers. One
 thread matters: with ``--n_threads 2`` on a 2-core machine that other processes also use,
 llama.cpp's threads spin-wait on each other and generation fell from ~26 to ~1.3 tokens/s.
-``start_llama_server`` / ``stop_llama_server`` are reused by ``tests/test_atlas_e2e.py``.
+``start_llama_server`` / ``stop_llama_server`` back the ``llama_url`` fixture (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -118,15 +118,6 @@ def stop_llama_server(proc: subprocess.Popen) -> None:
             proc.wait(timeout=20)
 
 
-@pytest.fixture(scope="module")
-def llama_server(tmp_path_factory):
-    proc, url = start_llama_server(tmp_path_factory.mktemp("llama"))
-    try:
-        yield url
-    finally:
-        stop_llama_server(proc)
-
-
 def _requests():
     exp = ExplorationRequest(
         task_name="bandit", island=0, entry_point="policy", temperature=0.9,
@@ -147,13 +138,13 @@ def _requests():
 
 
 @pytest.mark.parametrize("json_mode", [False, True], ids=["free_text", "json_mode"])
-def test_three_roles_against_a_real_server(llama_server, json_mode):
+def test_three_roles_against_a_real_server(llama_url, json_mode):
     # the Ollama preset, re-pointed: same keys, same code path
-    cfg = {"backend": "openai", "base_url": llama_server, "api_key": "none", "temperature": 0.7,
+    cfg = {"backend": "openai", "base_url": llama_url, "api_key": "none", "temperature": 0.7,
            "timeout_s": 60, "max_retries": 0, "json_mode": json_mode, "max_tokens": 96,
            "exploration": {"model": "smollm2", "max_tokens": 192},
            "strategist": {"model": "smollm2"}, "inspector": {"model": "smollm2"}}
-    assert {c.base_url for c in role_configs(cfg).values()} == {llama_server}
+    assert {c.base_url for c in role_configs(cfg).values()} == {llama_url}
     sup = build_supporters(cfg, task_name="bandit", seed=0)
     exp, strat, insp = _requests()
     t0 = time.time()

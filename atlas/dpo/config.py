@@ -13,51 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from atlas.fields import check_known_fields, number, plain_mapping
+
 _DEFAULT_BOUNDS: dict[str, tuple[float, float]] = {
     "beta": (0.01, 2.0), "lr": (1.0e-6, 1.0e-3), "epochs": (1, 5),
 }
-
-
-def _plain(cfg: Any, group: str) -> dict[str, Any]:
-    """Turn a dict or an OmegaConf node into a plain dict, or fail naming the group."""
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            cfg = OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf ships with hydra
-        pass
-    if not isinstance(cfg, Mapping):
-        raise TypeError(f"{group}: expected a mapping of fields, got {type(cfg).__name__}")
-    return dict(cfg)
-
-
-def _check_keys(cls: type, data: Mapping[str, Any], group: str) -> None:
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"{group}.{unknown[0]} is not a known field; remove it or use one of "
-                         f"{sorted(known)}")
-
-
-def _number(group: str, name: str, value: Any, *, low: float | None = None,
-            low_open: bool = False, integer: bool = False) -> float | int:
-    """Coerce one knob to a finite number, failing with the field name and the fix."""
-    kind = "an integer" if integer else "a number"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{group}.{name} must be {kind}, got {value!r}; set {group}.{name}=<{kind}>")
-    if not math.isfinite(value):
-        raise ValueError(f"{group}.{name} must be finite, got {value!r}")
-    if integer:
-        if float(value) != int(value):
-            raise TypeError(f"{group}.{name} must be an integer, got {value!r}")
-        value = int(value)
-    else:
-        value = float(value)
-    if low is not None and (value <= low if low_open else value < low):
-        sign = ">" if low_open else ">="
-        raise ValueError(f"{group}.{name} must be {sign} {low}, got {value!r}")
-    return value
 
 
 @dataclass
@@ -89,17 +49,17 @@ class DPOConfig:
 
     def __post_init__(self) -> None:
         g = "dpo"
-        self.beta = _number(g, "beta", self.beta, low=0.0, low_open=True)
-        self.lr = _number(g, "lr", self.lr, low=0.0, low_open=True)
-        self.epochs = _number(g, "epochs", self.epochs, low=1, integer=True)
-        self.batch_size = _number(g, "batch_size", self.batch_size, low=1, integer=True)
-        self.max_length = _number(g, "max_length", self.max_length, low=2, integer=True)
-        self.max_pairs = _number(g, "max_pairs", self.max_pairs, low=1, integer=True)
+        self.beta = number(g, "beta", self.beta, low=0.0, low_open=True)
+        self.lr = number(g, "lr", self.lr, low=0.0, low_open=True)
+        self.epochs = number(g, "epochs", self.epochs, low=1, integer=True)
+        self.batch_size = number(g, "batch_size", self.batch_size, low=1, integer=True)
+        self.max_length = number(g, "max_length", self.max_length, low=2, integer=True)
+        self.max_pairs = number(g, "max_pairs", self.max_pairs, low=1, integer=True)
         if self.score_threshold is not None:
-            self.score_threshold = _number(g, "score_threshold", self.score_threshold)
-        self.top_k = _number(g, "top_k", self.top_k, low=1, integer=True)
-        self.grad_clip = _number(g, "grad_clip", self.grad_clip, low=0.0)
-        self.checkpoints = _number(g, "checkpoints", self.checkpoints, low=0, integer=True)
+            self.score_threshold = number(g, "score_threshold", self.score_threshold)
+        self.top_k = number(g, "top_k", self.top_k, low=1, integer=True)
+        self.grad_clip = number(g, "grad_clip", self.grad_clip, low=0.0)
+        self.checkpoints = number(g, "checkpoints", self.checkpoints, low=0, integer=True)
         self.bounds = self._check_bounds(self.bounds)
 
     @staticmethod
@@ -115,8 +75,8 @@ class DPOConfig:
                                  f"{sorted(numeric)}")
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
                 raise ValueError(f"dpo.bounds.{name} must be [low, high], got {pair!r}")
-            low = _number("dpo.bounds", f"{name}[0]", pair[0])
-            high = _number("dpo.bounds", f"{name}[1]", pair[1])
+            low = number("dpo.bounds", f"{name}[0]", pair[0])
+            high = number("dpo.bounds", f"{name}[1]", pair[1])
             if low > high:
                 raise ValueError(f"dpo.bounds.{name}: low {low} exceeds high {high}; swap them")
             out[name] = (low, high)
@@ -125,8 +85,8 @@ class DPOConfig:
     @classmethod
     def from_cfg(cls, cfg: Mapping) -> "DPOConfig":
         """Build from the Hydra ``dpo`` group (dict or DictConfig); unknown fields are errors."""
-        data = _plain(cfg, "dpo")
-        _check_keys(cls, data, "dpo")
+        data = plain_mapping(cfg, "dpo")
+        check_known_fields((f.name for f in fields(cls)), data, "dpo")
         return cls(**data)
 
     def clamped(self) -> "DPOConfig":
@@ -181,23 +141,23 @@ class GateConfig:
 
     def __post_init__(self) -> None:
         g = "gate"
-        self.epsilon = _number(g, "epsilon", self.epsilon)
-        self.delta = _number(g, "delta", self.delta, low=0.0)
-        self.lam = _number(g, "lam", self.lam, low=0.0)
-        self.subset_size = _number(g, "subset_size", self.subset_size, low=1, integer=True)
+        self.epsilon = number(g, "epsilon", self.epsilon)
+        self.delta = number(g, "delta", self.delta, low=0.0)
+        self.lam = number(g, "lam", self.lam, low=0.0)
+        self.subset_size = number(g, "subset_size", self.subset_size, low=1, integer=True)
         if self.score_mode not in SCORE_MODES:
             raise ValueError(f"gate.score_mode must be one of {SCORE_MODES}, got {self.score_mode!r}")
-        self.online_samples = _number(g, "online_samples", self.online_samples, low=1,
+        self.online_samples = number(g, "online_samples", self.online_samples, low=1,
                                       integer=True)
-        self.online_temperature = _number(g, "online_temperature", self.online_temperature,
+        self.online_temperature = number(g, "online_temperature", self.online_temperature,
                                           low=0.0, low_open=True)
-        self.temperature = _number(g, "temperature", self.temperature, low=0.0, low_open=True)
-        self.batch_size = _number(g, "batch_size", self.batch_size, low=1, integer=True)
-        self.max_length = _number(g, "max_length", self.max_length, low=2, integer=True)
+        self.temperature = number(g, "temperature", self.temperature, low=0.0, low_open=True)
+        self.batch_size = number(g, "batch_size", self.batch_size, low=1, integer=True)
+        self.max_length = number(g, "max_length", self.max_length, low=2, integer=True)
 
     @classmethod
     def from_cfg(cls, cfg: Mapping) -> "GateConfig":
         """Build from the Hydra ``gate`` group (dict or DictConfig); unknown fields are errors."""
-        data = _plain(cfg, "gate")
-        _check_keys(cls, data, "gate")
+        data = plain_mapping(cfg, "gate")
+        check_known_fields((f.name for f in fields(cls)), data, "gate")
         return cls(**data)

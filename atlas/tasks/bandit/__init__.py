@@ -13,6 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from atlas.fields import check_known_fields
 from atlas.tasks.bandit.env import BanditConfig
 from atlas.tasks.bandit.evaluator import check_env_seeds
 from atlas.tasks.base import PromptSpec, Task
@@ -43,10 +44,8 @@ class BanditTask(Task):
         if name != self.name:
             raise ValueError(f"task.name={name!r} but BanditTask is {self.name!r}; use "
                              f"task=bandit or the task class registered for {name!r}")
-        unknown = sorted(set(config) - set(DEFAULTS))
-        if unknown:
-            raise ValueError(f"unknown bandit task field(s) {unknown}; known fields: "
-                             f"{sorted(DEFAULTS)} (see conf/task/bandit.yaml)")
+        check_known_fields(DEFAULTS, config, "task", label="bandit task",
+                           hint=" (see conf/task/bandit.yaml)")
         merged = {**copy.deepcopy(DEFAULTS), **{k: _plain(v) for k, v in config.items()}}
         timeout = merged["timeout_s"]
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:

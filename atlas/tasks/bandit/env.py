@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from atlas.fields import require
+
 
 @dataclass(frozen=True)
 class BanditConfig:
@@ -45,8 +47,7 @@ class BanditConfig:
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, fix: str) -> None:
-            if not ok:
-                raise ValueError(f"task.{name}={getattr(self, name)!r} is invalid: {fix}")
+            require(ok, "task", name, getattr(self, name), fix)
 
         need(_is_int(self.K) and self.K >= 2, "K", "use an integer number of arms >= 2")
         need(_is_int(self.d) and self.d >= 2, "d", "use an integer dimension >= 2")

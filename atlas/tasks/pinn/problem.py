@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from atlas.fields import check_known_fields, number, require
+
 SCHEDULES = ("geometric", "cosine", "constant")
 SCORES = ("composite", "paper", "rel_l2")
 VAL_RESAMPLE = ("per_eval", "per_round")
@@ -58,32 +60,30 @@ class PinnConfig:
     compilation_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
-        def need(ok: bool, field: str, fix: str) -> None:
-            if not ok:
-                raise ValueError(f"task.{field}={getattr(self, field)!r} is invalid: {fix}")
-
-        need(self.name == "pinn", "name", "must be 'pinn' for PinnTask")
-        need(self.schedule in SCHEDULES, "schedule", f"use one of {SCHEDULES}")
-        need(self.score in SCORES, "score", f"use one of {SCORES}")
-        need(self.val_resample in VAL_RESAMPLE, "val_resample", f"use one of {VAL_RESAMPLE}")
-        for f in ("nu_start", "nu_end", "lr", "timeout_s"):
-            need(float(getattr(self, f)) > 0, f, "must be a positive number")
+        g = "task"
+        require(self.name == "pinn", g, "name", self.name, "must be 'pinn' for PinnTask")
+        require(self.schedule in SCHEDULES, g, "schedule", self.schedule, f"use one of {SCHEDULES}")
+        require(self.score in SCORES, g, "score", self.score, f"use one of {SCORES}")
+        require(self.val_resample in VAL_RESAMPLE, g, "val_resample", self.val_resample,
+                f"use one of {VAL_RESAMPLE}")
+        for f in ("nu_start", "nu_end", "lr", "timeout_s", "stats_decay"):
+            low_open = f != "stats_decay"
+            object.__setattr__(self, f, number(g, f, getattr(self, f), low=0.0,
+                                               low_open=low_open))
         for f in ("depth", "width", "n_steps", "n_collocation", "n_initial", "n_boundary",
                   "n_val_collocation", "n_val_initial", "n_val_boundary", "drift_rounds",
-                  "exact_nx", "exact_nt"):
-            need(int(getattr(self, f)) >= 1, f, "must be an integer >= 1")
-        need(self.n_boundary >= 2 and self.n_val_boundary >= 2, "n_boundary",
-             "n_boundary and n_val_boundary must be >= 2 (points on both walls)")
-        need(0.0 <= self.stats_decay < 1.0, "stats_decay", "must lie in [0, 1)")
+                  "exact_nx", "exact_nt", "seed"):
+            object.__setattr__(self, f, number(g, f, getattr(self, f), integer=True,
+                                               low=0 if f == "seed" else 1))
+        require(self.n_boundary >= 2 and self.n_val_boundary >= 2, g, "n_boundary",
+                self.n_boundary, "n_boundary and n_val_boundary must be >= 2 (points on both walls)")
+        require(self.stats_decay < 1.0, g, "stats_decay", self.stats_decay, "must lie in [0, 1)")
 
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> PinnConfig:
         """Build from a config mapping; unknown keys are an error naming the key."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(config) - known)
-        if unknown:
-            raise ValueError(f"unknown task field(s) {unknown} for task=pinn; known fields: "
-                             f"{sorted(known)} (see conf/task/pinn.yaml)")
+        check_known_fields((f.name for f in fields(cls)), config, "task",
+                           hint=" (see conf/task/pinn.yaml)")
         return cls(**config)
 
     def to_dict(self) -> dict[str, Any]:
