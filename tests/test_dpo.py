@@ -224,6 +224,24 @@ def test_train_phase_learns_and_keeps_reference_and_base(reference):
     assert all(0 < h["grad_norm"] < 1e3 and h["lr"] == 1e-3 for h in res.history)
 
 
+def test_gradient_checkpointing_trains_the_same_adapter_and_is_switched_off_after():
+    pairs = make_pairs(4)
+    states, losses = [], []
+    for flag in (False, True):
+        model, tok = tiny_peft()
+        cfg = DPOConfig(lr=1e-3, epochs=2, batch_size=2, max_length=64, checkpoints=0,
+                        gradient_checkpointing=flag)
+        res = train_phase(model, tok, pairs, cfg, "adaptive", seed=1)
+        assert not model.base_model.model.is_gradient_checkpointing
+        states.append(get_adapter_state(model, POLICY))
+        losses.append([h["loss"] for h in res.history])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5) and losses[0][-1] < losses[0][0]
+    for k in states[0]:
+        torch.testing.assert_close(states[0][k], states[1][k], rtol=1e-4, atol=1e-6)
+    with pytest.raises(TypeError, match="dpo.gradient_checkpointing must be true or false"):
+        DPOConfig(gradient_checkpointing="yes")
+
+
 def test_train_phase_resumes_optimizer_and_resets_lr(tmp_path):
     model, tok = tiny_peft()
     pairs = make_pairs(4)
@@ -315,3 +333,20 @@ def test_train_phase_applies_pending_reference_first():
     assert res.metrics["reference_swapped"] == 1.0
     # trained against the new reference: the first step's policy equals it, so loss is log 2
     assert res.history[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+
+
+def test_dpo_benchmark_compares_checkpointing_in_separate_processes(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "dpo.json"
+    proc = subprocess.run([sys.executable, "-m", "atlas.bench", "dpo", "--model", "tiny",
+                           "--pairs", "4", "--max-length", "128", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    off, on = json.loads(out.read_text())
+    assert (off["checkpointing"], on["checkpointing"]) == ("off", "on")
+    assert len(off["losses"]) == 2 and off["losses"] == pytest.approx(on["losses"], rel=1e-5)
+    assert off["peak_rss_gb"] > 0.1 and on["peak_rss_gb"] > 0.1
+    assert "| on |" in proc.stdout and "on / off" in proc.stdout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHES = {"agent": "atlas.bench.agent", "pinn": "atlas.bench.pinn"}
+BENCHES = {"agent": "atlas.bench.agent", "dpo": "atlas.bench.dpo", "pinn": "atlas.bench.pinn"}
 
 
 def main(argv: list[str] | None = None) -> None:

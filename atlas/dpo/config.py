@@ -44,6 +44,10 @@ class DPOConfig:
     """Max global L2 norm of the adapter gradient; 0 disables clipping."""
     checkpoints: int = 2
     """Intermediate policy snapshots per phase that join C_k (the phase-final is always added)."""
+    gradient_checkpointing: bool = True
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them:
+    same losses, half the peak memory of a CPU phase and no slower there
+    (``python -m atlas.bench dpo``; numbers in the README)."""
     bounds: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(_DEFAULT_BOUNDS))
     """Hard [low, high] limits that ``clamped`` applies to the named knobs."""
 
@@ -60,6 +64,9 @@ class DPOConfig:
         self.top_k = number(g, "top_k", self.top_k, low=1, integer=True)
         self.grad_clip = number(g, "grad_clip", self.grad_clip, low=0.0)
         self.checkpoints = number(g, "checkpoints", self.checkpoints, low=0, integer=True)
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise TypeError(f"dpo.gradient_checkpointing must be true or false, got "
+                            f"{self.gradient_checkpointing!r}")
         self.bounds = self._check_bounds(self.bounds)
 
     @staticmethod

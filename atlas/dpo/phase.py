@@ -157,9 +157,13 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, r
             log_every_n_steps=1, callbacks=callbacks, default_root_dir=None,
         )
         model.train()  # LoRA dropout on; the reference forward switches to eval itself
+        if cfg.gradient_checkpointing:  # non-reentrant: the frozen base needs no input grads
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         try:
             trainer.fit(module, train_dataloaders=loader)
         finally:
+            if cfg.gradient_checkpointing:
+                model.gradient_checkpointing_disable()
             model.train(was_training)
     seconds = time.perf_counter() - t0
     history = module.history
