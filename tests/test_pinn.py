@@ -330,3 +330,10 @@ def test_benchmark_runs_all_loops_side_by_side(tmp_path):
     assert data["d_run_s"] > 0 and data["c_over_floor"] > 0
     for label in ("(a) ours", "(b) naive", "(c) PyTorch", "(d) fused", "floor:"):
         assert label in proc.stdout
+
+
+def test_candidate_compile_options_are_checked_once_and_dropped_if_unknown():
+    from atlas.tasks.pinn.evaluator import FAST_COMPILE, _supported_options
+
+    assert _supported_options(FAST_COMPILE) == FAST_COMPILE  # this jaxlib knows them
+    assert _supported_options({"xla_no_such_option_for_atlas": 1}) is None

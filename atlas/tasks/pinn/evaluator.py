@@ -59,6 +59,18 @@ def _setup_jax(cfg: PinnConfig) -> None:
             pass
 
 
+def _supported_options(options: dict[str, Any]) -> dict[str, Any] | None:
+    """``options`` if this jaxlib compiles with them (checked once per worker), else None."""
+    import jax
+    import jax.numpy as jnp
+
+    try:
+        jax.block_until_ready(jax.jit(lambda x: x + 1, compiler_options=options)(jnp.zeros(2)))
+        return options
+    except Exception:  # noqa: BLE001 - an option unknown to this jaxlib
+        return None
+
+
 def _is_tracer_error(exc: BaseException) -> bool:
     import jax
 
@@ -115,6 +127,7 @@ class PinnEvaluator:
         self.trainer.warm_up(self._params(0), model.to_device(training_points(self.cfg, 0)),
                              model.to_device(validation_points(self.cfg, 0, 0)), self.grid)
         self.compile_seconds = time.perf_counter() - t0
+        self.candidate_options = _supported_options(FAST_COMPILE)
         if self.cfg.compilation_cache_dir:
             # only the worker's own functions are worth persisting; a candidate's compile
             # must not write files while the sandbox guard watches its writes
@@ -156,15 +169,9 @@ class PinnEvaluator:
                 _check_return(jax.eval_shape(fn, *vecs, extras))
                 # jax.jit (not lower().compile()) keeps JAX's C++ fast dispatch path, ~100 us
                 # cheaper per call; the candidate is tiny, so XLA's slow backend passes are
-                # skipped (~30% faster compile)
-                compiled = jax.jit(vg, compiler_options=FAST_COMPILE)
-                try:
-                    jax.block_until_ready(compiled(*vecs, extras))
-                except Exception as exc:  # noqa: BLE001 - option unknown to this jaxlib?
-                    if "xla_" not in str(exc):
-                        raise
-                    compiled = jax.jit(vg)
-                    jax.block_until_ready(compiled(*vecs, extras))
+                # skipped (~30% faster compile) where this jaxlib knows the options
+                compiled = jax.jit(vg, compiler_options=self.candidate_options)
+                jax.block_until_ready(compiled(*vecs, extras))
                 return compiled, True
             except CandidateError:
                 raise
