@@ -225,6 +225,12 @@ def test_train_phase_learns_and_keeps_reference_and_base(reference):
 
 
 def test_gradient_checkpointing_trains_the_same_adapter_and_is_switched_off_after():
+    from atlas.dpo.phase import is_checkpointing, set_checkpointing
+
+    model, _ = tiny_peft()
+    set_checkpointing(model, True)
+    assert is_checkpointing(model)
+    set_checkpointing(model, False)
     pairs = make_pairs(4)
     states, losses = [], []
     for flag in (False, True):
@@ -232,7 +238,7 @@ def test_gradient_checkpointing_trains_the_same_adapter_and_is_switched_off_afte
         cfg = DPOConfig(lr=1e-3, epochs=2, batch_size=2, max_length=64, checkpoints=0,
                         gradient_checkpointing=flag)
         res = train_phase(model, tok, pairs, cfg, "adaptive", seed=1)
-        assert not model.base_model.model.is_gradient_checkpointing
+        assert not is_checkpointing(model)
         states.append(get_adapter_state(model, POLICY))
         losses.append([h["loss"] for h in res.history])
     assert losses[0] == pytest.approx(losses[1], rel=1e-5) and losses[0][-1] < losses[0][0]

@@ -157,13 +157,13 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, r
             log_every_n_steps=1, callbacks=callbacks, default_root_dir=None,
         )
         model.train()  # LoRA dropout on; the reference forward switches to eval itself
-        if cfg.gradient_checkpointing:  # non-reentrant: the frozen base needs no input grads
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.gradient_checkpointing:
+            set_checkpointing(model, True)
         try:
             trainer.fit(module, train_dataloaders=loader)
         finally:
             if cfg.gradient_checkpointing:
-                model.gradient_checkpointing_disable()
+                set_checkpointing(model, False)
             model.train(was_training)
     seconds = time.perf_counter() - t0
     history = module.history
@@ -178,6 +178,31 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, r
         if len(chosen) < len(pairs) else []
     return PhaseResult(candidates=candidates, metrics=metrics, history=history,
                        optimizer_state=opt_state, pairs_used=len(chosen), skipped=skipped)
+
+
+def set_checkpointing(model: Any, on: bool) -> None:
+    """Recompute decoder layers in backward (non-reentrant: the frozen base needs no input
+    grads). transformers 5 calls it activation checkpointing; older releases gradient
+    checkpointing."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        if on:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.activation_checkpointing_disable()
+    elif on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_disable()
+
+
+def is_checkpointing(model: Any) -> bool:
+    """Whether ``set_checkpointing(model, True)`` is in force."""
+    inner = model.base_model.model if hasattr(model, "base_model") else model
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(inner), name):  # the class: reading a deprecated property warns
+            return bool(getattr(inner, name))
+    return False
 
 
 def _emit(logger: Any, history: list[dict]) -> None:
