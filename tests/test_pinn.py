@@ -306,10 +306,11 @@ print("score", ev(SEED_PROGRAM, {"round": 1}).score)
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 def test_evaluator_runs_under_bubblewrap_and_memory_limit(tmp_path):
-    # read-only file system except /tmp, no network, 2 GiB address space: the sandbox's setting
-    cmd = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-           "--unshare-net", "--die-with-parent", "--chdir", "/tmp", sys.executable, "-c",
-           SANDBOXED]
+    # the sandbox's own bwrap prefix (read-only root, private /tmp with code under /tmp bound
+    # back in, no network) plus a 2 GiB address space
+    from atlas.sandbox.isolation import bwrap_args, find_bwrap
+
+    cmd = bwrap_args(str(find_bwrap()), 64) + [sys.executable, "-c", SANDBOXED]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     if out.returncode != 0 and "bwrap:" in out.stderr and "score" not in out.stdout:
         pytest.skip(f"bubblewrap cannot run here: {out.stderr.strip()[:200]}")
