@@ -198,7 +198,8 @@ def test_garbage_slow_and_failing_answers_during_a_run(tmp_path):
     strat = stats["strategist"]
     assert strat["llm_ok"] == 0 and strat["calls"] >= 1
     assert strat["fallbacks"]["timeout"] == 1  # the slow answer
-    assert strat["fallbacks"]["unreachable"] == strat["calls"] - 1  # HTTP 500 afterwards
+    assert strat["fallbacks"]["http_error"] == strat["calls"] - 1  # HTTP 500 afterwards
+    assert strat["fallbacks"]["unreachable"] == 0
     phases = [e for e in events if e["event"] == "phase" and "strategist" in e]
     assert phases[0]["strategist"]["fallback_cause"] == "timeout"
     # every request the loop sent was a well-formed chat completion request for the role model

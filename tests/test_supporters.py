@@ -31,7 +31,7 @@ from atlas.supporters.answers import extract_json, parse_strategist
 from atlas.supporters.config import RoleConfig, role_configs
 from atlas.supporters.openai_backend import SupporterError
 from atlas.supporters.patching import HELPER, add_robust_loss, find_numeric_sites
-from atlas.supporters.schemas import ExplorationAdvice
+from atlas.supporters.schemas import FALLBACK_CAUSES, ExplorationAdvice
 from atlas.tasks.base import PromptSpec
 from atlas.types import Evaluation, GateItem, Program
 
@@ -440,7 +440,7 @@ def test_each_failure_falls_back_to_the_rule_and_is_counted(server):
         ("body", "<html>502 bad gateway</html>"),                             # not a completion
         ("status", 503),                                                      # server error
     ])
-    expected = ["prose", "malformed", "out_of_range", "timeout", "malformed", "unreachable"]
+    expected = ["prose", "malformed", "out_of_range", "timeout", "malformed", "http_error"]
     rule = build_supporters(None, task_name="bandit", seed=0).strategist.advise(_strat_req())
     for cause in expected:
         adv = sup.strategist.advise(_strat_req())
@@ -453,7 +453,7 @@ def test_each_failure_falls_back_to_the_rule_and_is_counted(server):
     s = sup.stats()["strategist"]
     assert s["calls"] == 7 and s["llm_ok"] == 0
     assert s["fallbacks"] == {"prose": 1, "malformed": 2, "out_of_range": 1, "timeout": 1,
-                              "unreachable": 2}
+                              "http_error": 1, "unreachable": 1}
     _assert_counters_add_up(sup.stats())
 
 
@@ -473,13 +473,12 @@ def test_retries_are_bounded_and_rejections_never_reach_the_model(server):
     sup = _llm_supporters(server.url, max_retries=1)
     server.script.extend([("status", 500), ("status", 500), ("status", 500)])
     adv = sup.strategist.advise(_strat_req())
-    assert adv.fallback_cause == "unreachable" and len(server.requests) == 2
+    assert adv.fallback_cause == "http_error" and len(server.requests) == 2
     v = sup.inspector.review(InspectorRequest(phase=1, gate=_gate(False)))
     assert v.accepted is False and len(server.requests) == 2  # not asked
     assert sup.stats()["inspector"] == {"backend": "openai", "calls": 1, "llm_ok": 0,
                                         "embedded": 1, "fallbacks": dict.fromkeys(
-                                            ("unreachable", "timeout", "malformed",
-                                             "out_of_range", "prose"), 0)}
+                                            FALLBACK_CAUSES, 0)}
 
 
 def test_stats_survive_a_resume():

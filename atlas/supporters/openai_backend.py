@@ -1,7 +1,8 @@
 """One chat call to an OpenAI-compatible endpoint (Ollama, vLLM, llama.cpp server, OpenAI).
 
-Transport failures are translated into the two fallback causes the loop counts
-(``unreachable``, ``timeout``); the answer text is returned untouched for the role to
+Transport failures are translated into the fallback causes the loop counts
+(``unreachable``: no connection; ``timeout``; ``http_error``: the server answered with an
+error status, e.g. an unknown model name or an internal error); the answer text is returned untouched for the role to
 parse. Retries are the client's own (bounded by ``max_retries``), so one call costs at
 most ``(1 + max_retries) * timeout_s`` seconds.
 """
@@ -55,7 +56,7 @@ class ChatBackend:
         except openai.APIConnectionError as exc:
             raise SupporterError("unreachable", f"{self.cfg.base_url}: {exc}") from exc
         except openai.APIStatusError as exc:  # 4xx/5xx: unknown model, server error
-            raise SupporterError("unreachable", f"{self.cfg.base_url} answered HTTP "
+            raise SupporterError("http_error", f"{self.cfg.base_url} answered HTTP "
                                  f"{exc.status_code}: {str(exc)[:300]}") from exc
         except (openai.APIError, ValueError) as exc:  # a body that is not a chat completion
             raise SupporterError("malformed", f"unreadable response: {exc!r:.300}") from exc

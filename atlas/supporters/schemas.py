@@ -17,8 +17,12 @@ from atlas.tasks.base import PromptSpec
 from atlas.types import Program
 
 Backend = Literal["embedded", "openai"]
-FallbackCause = Literal["unreachable", "timeout", "malformed", "out_of_range", "prose"]
-FALLBACK_CAUSES: tuple[str, ...] = ("unreachable", "timeout", "malformed", "out_of_range", "prose")
+#: why a supporter answer was not used: no connection, no answer in time, an HTTP error
+#: status (unknown model, server error), an unreadable body, numbers out of range, prose
+FallbackCause = Literal["unreachable", "timeout", "http_error", "malformed", "out_of_range",
+                        "prose"]
+FALLBACK_CAUSES: tuple[str, ...] = ("unreachable", "timeout", "http_error", "malformed",
+                                    "out_of_range", "prose")
 
 #: island sampling temperature the exploration supporter may suggest
 TEMPERATURE_BOUNDS: tuple[float, float] = (0.3, 1.5)
