@@ -19,7 +19,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from atlas import checkpoint
 from atlas.agent.adapters import set_adapter_state
+from atlas.agent.precision import run_precision
 from atlas.agent.research_agent import ResearchAgent
 from atlas.dpo import DPOConfig, GateConfig
 from atlas.evolution.database import ProgramDatabase
@@ -63,13 +64,24 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def exploration_threads(cfg: DictConfig) -> int:
-    """Torch threads for the agent while sandbox workers evaluate: cores left over by the
-    workers, at least one. Oversubscribed OpenMP threads spin-wait on each other and slow
-    generation many times over; DPO phases (no evaluation running) use every core."""
-    if cfg.explore.get("agent_threads"):
-        return int(cfg.explore.agent_threads)
-    return max(1, (os.cpu_count() or 1) - int(cfg.explore.workers))
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask; a SLURM job's allocation)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def agent_thread_budget(cfg: DictConfig, sandbox: Sandbox) -> Callable[[], int]:
+    """Torch threads for the agent at any moment: the cores that sandbox workers are not
+    scoring on right now (each busy worker holds one core; oversubscribed OpenMP threads
+    spin-wait on each other and slow everything many times over), at least one.
+    ``explore.agent_threads`` fixes the number instead."""
+    fixed = cfg.explore.get("agent_threads")
+    if fixed:
+        return lambda: int(fixed)
+    cores = usable_cores()
+    return lambda: max(1, cores - sandbox.busy_workers)
 
 
 def island_summary(db: ProgramDatabase, islands: int, k: int) -> dict[str, Any]:
@@ -93,12 +105,19 @@ class EvolutionLoop:
         seed_everything(int(cfg.seed))
         task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
         self.task = make_task(task_cfg.pop("name"), **task_cfg)
-        self.agent = ResearchAgent(cfg.model, device=resolve_device(cfg.device), seed=int(cfg.seed))
+        device = resolve_device(cfg.device)
+        self.precision = run_precision(self.run_dir, cfg.model.get("dtype") or "float32", device,
+                                       cfg.model.get("cache_dir"), resume=bool(cfg.resume))
+        log.info("precision: %s (%s)", self.precision.dtype, self.precision.reason)
+        self.agent = ResearchAgent(cfg.model, device=device, seed=int(cfg.seed),
+                                   precision=self.precision)
         ex = cfg.explore
         self.db = ProgramDatabase.from_config(ex, seed=int(cfg.seed))
         self.sandbox = Sandbox(self.task.evaluator_factory, self.task.evaluator_config(),
                                workers=int(ex.workers), timeout_s=float(self.task.timeout_s))
         log.info("sandbox isolation: %s", self.sandbox.isolation)
+        self.threads = agent_thread_budget(cfg, self.sandbox)
+        self.agent.thread_budget = self.threads
         self.explorer = Explorer(self.task, self.agent, self.sandbox, self.db, ex, int(cfg.seed))
         use_supporters = bool(cfg.method.supporters)
         self.supporters = (build_supporters(cfg.supporters, task_name=self.task.name,
@@ -158,7 +177,8 @@ class EvolutionLoop:
         else:
             self.telemetry.truncate_to({})
             self.telemetry.event("config", config=OmegaConf.to_container(self.cfg, resolve=True),
-                                 isolation=self.sandbox.isolation)
+                                 isolation=self.sandbox.isolation,
+                                 precision=self.precision.to_dict())
             seeds = self.explorer.seed_islands(0)
             self.telemetry.programs(seeds)
             self.telemetry.event("seed", round=0, score=max(p.score for p in seeds),
@@ -185,7 +205,7 @@ class EvolutionLoop:
     def _round(self, r: int, every: int) -> None:
         t0 = time.time()
         phase = (r - 1) // every + 1
-        with torch_threads(exploration_threads(self.cfg)):
+        with torch_threads(self.threads()):
             programs = self.explorer.run_round(r, phase, critiques=self.critiques or None,
                                                temperature_overrides=self.temperatures or None)
         t_explore = time.time() - t0
@@ -233,8 +253,9 @@ class EvolutionLoop:
     def _phase(self, phase: int, r: int, every: int) -> None:
         programs = [p for p in self.db.all_programs() if (r - every) < p.round <= r]
         before = [p.score for p in self.db.all_programs() if p.round <= r - every and p.passed]
-        record = self.finetuner.run_phase(phase, programs, max(before, default=-math.inf),
-                                          db=self.db, logger=self.logger)
+        with torch_threads(self.threads()):  # DPO and the gate: every core workers leave free
+            record = self.finetuner.run_phase(phase, programs, max(before, default=-math.inf),
+                                              db=self.db, logger=self.logger)
         self.telemetry.event("phase", round=r, **record)
 
     def finish(self) -> dict[str, Any]:
@@ -242,6 +263,7 @@ class EvolutionLoop:
         wall = self.wall_before + time.time() - self.started
         meta = {"task": self.task.name, "method": self.cfg.method.name, "seed": int(self.cfg.seed),
                 "model": self.cfg.model.source, "isolation": self.sandbox.isolation,
+                "dtype": self.precision.dtype, "dtype_reason": self.precision.reason,
                 "wall_seconds": wall,
                 "supporters": self.supporters.stats() if self.supporters else None}
         results = summarise(self.run_dir, meta)

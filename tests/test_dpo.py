@@ -244,8 +244,86 @@ def test_gradient_checkpointing_trains_the_same_adapter_and_is_switched_off_afte
     assert losses[0] == pytest.approx(losses[1], rel=1e-5) and losses[0][-1] < losses[0][0]
     for k in states[0]:
         torch.testing.assert_close(states[0][k], states[1][k], rtol=1e-4, atol=1e-6)
-    with pytest.raises(TypeError, match="dpo.gradient_checkpointing must be true or false"):
+    with pytest.raises(TypeError, match="dpo.gradient_checkpointing must be true, false or auto"):
         DPOConfig(gradient_checkpointing="yes")
+
+
+def shared_prompt_pairs() -> list[PreferencePair]:
+    """Pairs as a phase builds them: several per prompt, a chosen reused across pairs."""
+    pairs = make_pairs(6)
+    return pairs + [PreferencePair(prompt=pairs[0].prompt, chosen=pairs[0].chosen,
+                                   rejected=f"    return {i} - x\n", chosen_score=0.0,
+                                   rejected_score=-1.0) for i in range(3)]
+
+
+@pytest.mark.parametrize("reference", ["adaptive", "fixed"])
+def test_shared_prompt_path_trains_like_the_per_row_path_with_less_work(reference):
+    """One prompt pass per distinct prompt, the reference once per phase: the same losses and
+    the same trained adapter as running every (prompt, completion) row in full each step."""
+    pairs = shared_prompt_pairs()
+    runs = {}
+    for shared, recompute in ((False, False), (True, False), (True, True)):
+        model, tok = tiny_peft()
+        randomise(model, REF, 5)
+        ref_before = get_adapter_state(model, REF)
+        cfg = DPOConfig(lr=1e-3, epochs=2, batch_size=2, max_length=64, checkpoints=1,
+                        shared_prompt=shared, gradient_checkpointing=recompute)
+        res = train_phase(model, tok, pairs, cfg, reference, seed=1)
+        assert same(get_adapter_state(model, REF), ref_before)  # the reference stayed frozen
+        runs[(shared, recompute)] = (res, get_adapter_state(model, POLICY))
+    base_res, base_state = runs[(False, False)]
+    losses = [h["loss"] for h in base_res.history]
+    assert len(losses) == 10 and losses[-1] < losses[0]
+    for key in ((True, False), (True, True)):
+        res, state = runs[key]
+        assert [h["loss"] for h in res.history] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+        assert [h["accuracy"] for h in res.history] == [h["accuracy"] for h in base_res.history]
+        for k in state:
+            torch.testing.assert_close(state[k], base_state[k], rtol=1e-4, atol=1e-6)
+        assert res.metrics["tokens"] < 0.8 * base_res.metrics["tokens"]  # less work
+        assert res.metrics["recompute"] == float(key[1])
+    assert base_res.metrics["shared_prompt"] == 0.0 and runs[(True, False)][0].metrics["shared_prompt"] == 1.0
+
+
+def test_shared_prompt_groups_cut_prompt_once_and_match_row_logps():
+    from atlas.dpo.batching import SharedPromptCollator
+    from atlas.dpo.prefix import encode_group, group_logps, pair_logps_table
+
+    model, tok = tiny_peft()
+    randomise(model, POLICY, 2)
+    prompt, comps = "# a prompt\ndef f(x):\n" * 4, ["    return 1\n", "    return x * x + 1\n"]
+    g = encode_group(tok, prompt, comps, 40)
+    longest = max(len(tok(c, add_special_tokens=False)["input_ids"]) + 1 for c in comps)
+    assert len(g.prompt) == 40 - longest  # one cut for both completions, from the left
+    assert all(c[-1] == tok.eos_token_id for c in g.completions)
+    with torch.no_grad():
+        got = group_logps(model, g, "sum")
+        want = [sequence_logps(model, _row(tok, g, i), "sum")[0] for i in range(2)]
+    assert got.tolist() == pytest.approx([float(w) for w in want], rel=1e-5, abs=1e-5)
+    # pairs sharing a prompt and a chosen completion: that prompt and completion run once
+    pairs = [encode_group(tok, prompt, [comps[0], r], 256) for r in ("    pass\n", comps[1])]
+    batch = SharedPromptCollator(pairs)([0, 1])
+    assert len(batch["groups"]) == 1 and len(batch["groups"][0].completions) == 3
+    assert batch["slots"].tolist() == [[0, 1], [0, 2]]
+    table = pair_logps_table(model, pairs, rows_per_pass=1)
+    assert table.shape == (2, 2) and table[0, 0] == pytest.approx(float(table[1, 0]), abs=1e-5)
+
+
+def _row(tok, group, i):
+    from atlas.dpo.batching import Encoded, collate
+
+    ids = list(group.prompt) + list(group.completions[i])
+    return collate([Encoded(ids=ids, n_prompt=len(group.prompt))], tok.eos_token_id)
+
+
+def test_recompute_auto_follows_the_memory_budget():
+    pairs = make_pairs(2)
+    model, tok = tiny_peft()
+    small = train_phase(model, tok, pairs, DPOConfig(max_length=64, checkpoints=0), "fixed")
+    assert small.metrics["recompute"] == 0.0 and 0 < small.metrics["step_gb_estimate"] < 0.01
+    tight = train_phase(model, tok, pairs, DPOConfig(max_length=64, checkpoints=0,
+                                                     memory_budget_gb=1e-9), "fixed")
+    assert tight.metrics["recompute"] == 1.0
 
 
 def test_train_phase_resumes_optimizer_and_resets_lr(tmp_path):

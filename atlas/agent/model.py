@@ -43,6 +43,9 @@ def _get(cfg: Mapping, key: str, default: Any = None) -> Any:
 def resolve_dtype(cfg: Mapping) -> torch.dtype:
     """The weights' dtype from ``model.dtype``, with an error listing the accepted names."""
     name = str(_get(cfg, "dtype", "float32"))
+    if name == "auto":
+        raise ValueError("model.dtype=auto must be resolved first (atlas.agent.precision."
+                         "choose_precision; ResearchAgent does it)")
     if name not in DTYPES:
         raise ValueError(f"model.dtype={name!r} is not supported; use one of {sorted(DTYPES)}")
     return DTYPES[name]

@@ -7,7 +7,7 @@ One object owns the model so that the explorer (sampling), the DPO step (trainin
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -24,6 +24,7 @@ from atlas.agent.adapters import (
     set_adapter_state,
 )
 from atlas.agent.model import _get, load_base_model
+from atlas.agent.precision import Precision, choose_precision
 from atlas.agent.sampling import SampleStats, sample
 
 ADAPTER_FILE = "adapters.safetensors"
@@ -48,11 +49,16 @@ class ResearchAgent:
     ``adapter="policy"`` (default) from the trained adapter; ``promote()`` copies policy -> ref.
     """
 
-    def __init__(self, model_cfg: Mapping, device: str = "cpu", seed: int = 0) -> None:
-        self.cfg = model_cfg
+    def __init__(self, model_cfg: Mapping, device: str = "cpu", seed: int = 0,
+                 precision: Precision | None = None) -> None:
         self.device = resolve_device(device)
         self.seed = int(seed)
-        base, self.tokenizer = load_base_model(model_cfg)
+        # model.dtype=auto resolves per machine (atlas.agent.precision); a run passes the
+        # precision recorded in its folder so that a resume keeps it
+        self.precision = precision or choose_precision(
+            _get(model_cfg, "dtype", "float32"), self.device, _get(model_cfg, "cache_dir"))
+        self.cfg = {**_plain(model_cfg), "dtype": self.precision.dtype}
+        base, self.tokenizer = load_base_model(self.cfg)
         targets = _get(model_cfg, "lora_targets", ["q_proj", "v_proj"])
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)  # LoRA A init: same seed, same adapters
@@ -63,6 +69,9 @@ class ResearchAgent:
         self.model.to(self.device)
         self.model.eval()
         self.last_stats: SampleStats | None = None
+        # torch threads to generate with, polled while sampling (the run sets it to the cores
+        # sandbox workers leave free); None: the caller's torch setting
+        self.thread_budget: Callable[[], int] | None = None
 
     # ------------------------------------------------------------------ prompts
     def chat_prompt(self, system: str, user: str, prefill: str = "") -> str:
@@ -97,7 +106,8 @@ class ResearchAgent:
             with _adapter_ctx(self.model, adapter):
                 texts, self.last_stats = sample(
                     self.model, self.tokenizer, prompts, num_samples, temperature=temperature,
-                    top_p=top_p, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
+                    top_p=top_p, max_new_tokens=max_new_tokens, stop=stop, seed=seed,
+                    threads=self.thread_budget)
         finally:
             self.model.train(was_training)
         return texts
@@ -135,6 +145,18 @@ class ResearchAgent:
             if not state:
                 raise KeyError(f"{file} holds no tensors for adapter {name!r}")
             set_adapter_state(self.model, name, state)
+
+
+def _plain(cfg: Mapping) -> dict:
+    """A plain dict of a config node (OmegaConf or dict)."""
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            return dict(OmegaConf.to_container(cfg, resolve=True))
+    except ImportError:  # pragma: no cover - omegaconf ships with hydra
+        pass
+    return dict(cfg)
 
 
 def _adapter_ctx(model: PeftModel, name: str | None):

@@ -11,7 +11,8 @@ Tokens/s counts only real generated tokens.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -21,6 +22,23 @@ from transformers.cache_utils import DynamicLayer
 from atlas.agent.fastlinear import packed_linears
 
 TOPK_TRIES = (64, 1024)  # nucleus searched among these top-k first; full sort as a last resort
+THREAD_POLL = 8  # decode steps between looks at the thread budget
+
+
+def _set_threads(threads: Callable[[], int] | None) -> None:
+    if threads is not None:
+        n = max(1, int(threads()))
+        if n != torch.get_num_threads():
+            torch.set_num_threads(n)
+
+
+@contextmanager
+def _restore_threads(n: int) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
 
 
 @dataclass
@@ -160,11 +178,14 @@ def validate_sampling(num_samples: int, temperature: float, top_p: float,
 def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], num_samples: int,
            *, temperature: float, top_p: float, max_new_tokens: int,
            stop: Sequence[str] | None = None, seed: int | None = None,
-           pack: bool = True) -> tuple[list[list[str]], SampleStats]:
+           pack: bool = True, threads: Callable[[], int] | None = None
+           ) -> tuple[list[list[str]], SampleStats]:
     """Sample ``num_samples`` completions for each prompt; returns texts and ``SampleStats``.
 
     Completions are the generated text only, cut before the first stop string (EOS removed).
     Rows of the batch are (prompt, sample) pairs, prompt-major. Same seed, same output.
+    ``threads``: polled every ``THREAD_POLL`` decode steps for the torch threads to use now
+    (the cores sandbox workers leave free); the caller's setting is restored at the end.
     """
     validate_sampling(num_samples, temperature, top_p, max_new_tokens)
     stop = [s for s in (stop or []) if s]
@@ -182,7 +203,9 @@ def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], nu
     stats.prompt_tokens = int(mask.sum())
     padded = bool((mask == 0).any())
 
-    with packed_linears(model, enabled=pack) as stats.packed:
+    threads_before = torch.get_num_threads()
+    with packed_linears(model, enabled=pack) as stats.packed, _restore_threads(threads_before):
+        _set_threads(threads)
         t0 = time.perf_counter()
         cache = DynamicCache(config=model.config)
         pos = (mask.cumsum(-1) - 1).clamp_(min=0)
@@ -201,6 +224,8 @@ def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], nu
         generated: list[list[int]] = [[] for _ in range(stats.rows)]
         finish = ["length"] * stats.rows
         for step in range(max_new_tokens):
+            if threads is not None and step % THREAD_POLL == 0:
+                _set_threads(threads)
             tok = next_tokens(logits, temperature, top_p, gen)
             done = torch.isin(tok, eos)
             stats.steps += 1

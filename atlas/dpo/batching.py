@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from atlas.types import PreferencePair
+
+if TYPE_CHECKING:
+    from atlas.dpo.prefix import PromptGroup
 
 
 @dataclass
@@ -96,3 +100,52 @@ class PairCollator:
         prompts = [p.prompt for p in pairs] * 2
         completions = [p.chosen for p in pairs] + [p.rejected for p in pairs]
         return encode_texts(self.tokenizer, prompts, completions, self.max_length)
+
+
+class SharedPromptCollator:
+    """DataLoader ``collate_fn`` over pair indices for the shared-prompt DPO step.
+
+    ``encoded[i]`` is pair i as a ``PromptGroup`` (prompt, (chosen, rejected)), cut once per
+    phase. Pairs of a batch whose cut prompts are identical are merged into one group, so
+    their prompt runs once (and a completion repeated across pairs, once). The batch holds ``groups``, ``slots`` (B, 2): each pair's chosen
+    and rejected row in the concatenation of the groups' completions, ``index`` (B,): the
+    pairs' positions in the phase (for the reference table) and ``tokens``: tokens run.
+    """
+
+    def __init__(self, encoded: Sequence["PromptGroup"]) -> None:
+        self.encoded = list(encoded)
+
+    def __call__(self, indices: Sequence[int]) -> dict:
+        from atlas.dpo.prefix import PromptGroup
+
+        # prompt -> {completion -> row}: a shared prompt runs once, a repeated completion too
+        order: dict[tuple[int, ...], dict[tuple[int, ...], int]] = {}
+        slots = []
+        for i in indices:
+            g = self.encoded[int(i)]
+            rows = order.setdefault(g.prompt, {})
+            chosen, rejected = (rows.setdefault(c, len(rows)) for c in g.completions[:2])
+            slots.append((g.prompt, chosen, rejected))
+        starts, groups, offset = {}, [], 0
+        for prompt, rows in order.items():
+            starts[prompt] = offset
+            groups.append(PromptGroup(prompt, tuple(rows)))
+            offset += len(rows)
+        flat = [(starts[p] + c, starts[p] + r) for p, c, r in slots]
+        tokens = sum(len(g.prompt) + sum(len(c) for c in g.completions) for g in groups)
+        return {"groups": groups, "slots": torch.tensor(flat, dtype=torch.long),
+                "index": torch.tensor([int(i) for i in indices], dtype=torch.long),
+                "tokens": tokens}
+
+
+class IndexedPairCollator(PairCollator):
+    """``PairCollator`` over pair indices (the per-row path, ``dpo.shared_prompt=false``)."""
+
+    def __init__(self, tokenizer, max_length: int, pairs: Sequence[PreferencePair]) -> None:
+        super().__init__(tokenizer, max_length)
+        self.pairs = list(pairs)
+
+    def __call__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        batch = super().__call__([self.pairs[int(i)] for i in indices])
+        batch["index"] = torch.tensor([int(i) for i in indices], dtype=torch.long)
+        return batch

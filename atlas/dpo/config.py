@@ -44,10 +44,17 @@ class DPOConfig:
     """Max global L2 norm of the adapter gradient; 0 disables clipping."""
     checkpoints: int = 2
     """Intermediate policy snapshots per phase that join C_k (the phase-final is always added)."""
-    gradient_checkpointing: bool = True
-    """Recompute each decoder layer's activations in the backward pass instead of keeping them:
-    same losses, half the peak memory of a CPU phase and no slower there
-    (``python -m atlas.bench dpo``; numbers in the README)."""
+    gradient_checkpointing: bool | str = "auto"
+    """Recompute activations in the backward pass instead of keeping them: same losses, less
+    peak memory, one more forward pass. ``auto``: only when a step's estimated activations
+    exceed ``memory_budget_gb`` (``python -m atlas.bench dpo`` measures both)."""
+    memory_budget_gb: float = 6.0
+    """``gradient_checkpointing=auto``: the activation memory a step may hold before it
+    recomputes instead."""
+    shared_prompt: bool = True
+    """Run each prompt once per step for all its completions (chosen and rejected share it)
+    and the reference once per phase (a table), instead of every (prompt, completion) row in
+    full at every step; same losses (``atlas/dpo/prefix.py``). false: the per-row path."""
     bounds: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(_DEFAULT_BOUNDS))
     """Hard [low, high] limits that ``clamped`` applies to the named knobs."""
 
@@ -64,9 +71,13 @@ class DPOConfig:
         self.top_k = number(g, "top_k", self.top_k, low=1, integer=True)
         self.grad_clip = number(g, "grad_clip", self.grad_clip, low=0.0)
         self.checkpoints = number(g, "checkpoints", self.checkpoints, low=0, integer=True)
-        if not isinstance(self.gradient_checkpointing, bool):
-            raise TypeError(f"dpo.gradient_checkpointing must be true or false, got "
+        if self.gradient_checkpointing != "auto" and not isinstance(self.gradient_checkpointing,
+                                                                     bool):
+            raise TypeError(f"dpo.gradient_checkpointing must be true, false or auto, got "
                             f"{self.gradient_checkpointing!r}")
+        self.memory_budget_gb = number(g, "memory_budget_gb", self.memory_budget_gb, low=0.0)
+        if not isinstance(self.shared_prompt, bool):
+            raise TypeError(f"dpo.shared_prompt must be true or false, got {self.shared_prompt!r}")
         self.bounds = self._check_bounds(self.bounds)
 
     @staticmethod

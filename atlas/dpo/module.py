@@ -15,9 +15,10 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from atlas.agent.adapters import POLICY, adapter_params, set_adapter_state
+from atlas.agent.adapters import POLICY, adapter, adapter_params, set_adapter_state
 from atlas.dpo.config import DPOConfig
-from atlas.dpo.loss import check_reference, dpo_terms
+from atlas.dpo.loss import check_reference, dpo_loss, dpo_terms, reference_forward
+from atlas.dpo.prefix import PromptGroup, grouped_logps, pair_logps_table
 
 _LORA = "lora_"
 _CKPT_KEY = "atlas_reference"
@@ -27,12 +28,19 @@ class DPOModule(pl.LightningModule):
     """Trains ``model``'s policy adapter with the sigmoid DPO loss against ``reference``."""
 
     def __init__(self, model: torch.nn.Module, cfg: DPOConfig, reference: str,
-                 optimizer_state: dict | None = None) -> None:
+                 optimizer_state: dict | None = None,
+                 encoded: list[PromptGroup] | None = None, recompute: bool = False) -> None:
         super().__init__()
         self.model = model
         self.cfg = cfg
         self.reference = check_reference(reference)
         self.optimizer_state = optimizer_state
+        # shared-prompt path: the phase's pairs, cut once, and their reference log-probs,
+        # computed once at train start (after a queued promotion moved the reference)
+        self.encoded = encoded
+        self.recompute = recompute
+        self.ref_table: torch.Tensor | None = None
+        self.ref_seconds = 0.0
         self.reference_swaps = 0
         self.history: list[dict[str, float]] = []
         self._last_grad_norm = float("nan")
@@ -56,13 +64,28 @@ class DPOModule(pl.LightningModule):
         return opt
 
     def on_train_start(self) -> None:
+        # callbacks' on_train_start (the reference swap) ran before this hook
+        if self.encoded is not None:
+            t0 = time.perf_counter()
+            with reference_forward(self.model, self.reference):
+                self.ref_table = pair_logps_table(self.model, self.encoded)
+            self.ref_seconds = time.perf_counter() - t0
         self._t0 = time.perf_counter()
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        terms = dpo_terms(self.model, batch, self.cfg.beta, self.reference)
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        if "groups" in batch:  # shared-prompt path
+            with adapter(self.model, POLICY):
+                flat = torch.cat(grouped_logps(self.model, batch["groups"], "sum",
+                                               recompute=self.recompute))
+            policy = flat[batch["slots"].to(flat.device)]
+            ref = self.ref_table[batch["index"].to(self.ref_table.device)]
+            terms = dpo_loss(policy[:, 0], policy[:, 1], ref[:, 0], ref[:, 1], self.cfg.beta)
+            tokens = int(batch["tokens"])
+        else:
+            terms = dpo_terms(self.model, batch, self.cfg.beta, self.reference)
+            tokens = int(batch["attention_mask"].sum())
         record: dict[str, Any] = {"step": self.global_step + 1, "epoch": self.current_epoch,
-                                  **terms.stats(),
-                                  "tokens": int(batch["attention_mask"].sum())}
+                                  **terms.stats(), "tokens": tokens}
         self.history.append(record)
         self.log("dpo/loss", record["loss"], on_step=True, batch_size=len(terms.losses))
         return terms.loss

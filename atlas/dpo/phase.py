@@ -22,11 +22,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from atlas.agent.adapters import POLICY, get_adapter_state
-from atlas.dpo.batching import PairCollator
+from atlas.dpo.batching import IndexedPairCollator, SharedPromptCollator
 from atlas.dpo.callbacks import PolicySnapshotCallback, ReferenceSwapCallback, snapshot_steps
 from atlas.dpo.config import DPOConfig
 from atlas.dpo.loss import check_reference
 from atlas.dpo.module import DPOModule
+from atlas.dpo.prefix import PromptGroup, encode_group
 from atlas.types import PreferencePair
 
 
@@ -135,7 +136,22 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, r
     device = next(model.parameters()).device
     accelerator = "gpu" if device.type == "cuda" else "cpu"
     fork_devices = [device.index or 0] if device.type == "cuda" else []
-    module = DPOModule(model, cfg, reference, optimizer_state=optimizer_state)
+    if cfg.shared_prompt:
+        encoded = [encode_group(tokenizer, p.prompt, [p.chosen, p.rejected], cfg.max_length)
+                   for p in chosen]
+        collate: Any = SharedPromptCollator(encoded)
+        step_gb = max(estimate_step_gb(model, collate(chunk))
+                      for chunk in _chunks(range(len(chosen)), cfg.batch_size))
+    else:
+        encoded, collate = None, IndexedPairCollator(tokenizer, cfg.max_length, chosen)
+        step_gb = math.nan
+    recompute = (cfg.gradient_checkpointing is True
+                 or (cfg.gradient_checkpointing == "auto" and step_gb > cfg.memory_budget_gb))
+    # the per-row path recomputes through transformers; the shared-prompt path per prompt
+    # group (transformers' checkpointing drops the prompt's KV cache in training)
+    hf_checkpointing = recompute and not cfg.shared_prompt
+    module = DPOModule(model, cfg, reference, optimizer_state=optimizer_state, encoded=encoded,
+                       recompute=recompute and cfg.shared_prompt)
     snaps = PolicySnapshotCallback(snapshot_steps(total_steps, cfg.checkpoints))
     callbacks: list[pl.Callback] = [snaps]
     swap = pending_reference
@@ -147,9 +163,9 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, r
     t0 = time.perf_counter()
     with torch.random.fork_rng(devices=fork_devices), _quiet_lightning():
         torch.manual_seed(seed)
-        loader = DataLoader(chosen, batch_size=cfg.batch_size, shuffle=True,
-                            collate_fn=PairCollator(tokenizer, cfg.max_length),
-                            generator=torch.Generator().manual_seed(seed))
+        # a dataset of pair indices: the same shuffle, so the same batches, on either path
+        loader = DataLoader(list(range(len(chosen))), batch_size=cfg.batch_size, shuffle=True,
+                            collate_fn=collate, generator=torch.Generator().manual_seed(seed))
         trainer = pl.Trainer(
             accelerator=accelerator, devices=[device.index or 0] if accelerator == "gpu" else 1,
             max_epochs=cfg.epochs, logger=False, enable_checkpointing=False,
@@ -157,12 +173,12 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, r
             log_every_n_steps=1, callbacks=callbacks, default_root_dir=None,
         )
         model.train()  # LoRA dropout on; the reference forward switches to eval itself
-        if cfg.gradient_checkpointing:
+        if hf_checkpointing:
             set_checkpointing(model, True)
         try:
             trainer.fit(module, train_dataloaders=loader)
         finally:
-            if cfg.gradient_checkpointing:
+            if hf_checkpointing:
                 set_checkpointing(model, False)
             model.train(was_training)
     seconds = time.perf_counter() - t0
@@ -173,11 +189,32 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, r
                                       step=trainer.global_step))
     metrics = _summary(history, trainer.global_step, seconds, len(chosen))
     metrics["reference_swapped"] = float(module.reference_swaps)
+    metrics.update(shared_prompt=float(cfg.shared_prompt), recompute=float(recompute),
+                   step_gb_estimate=step_gb, reference_table_seconds=module.ref_seconds)
     opt_state = _cpu_state(trainer.optimizers[0].state_dict()) if trainer.optimizers else None
     skipped = [f"{len(pairs) - len(chosen)} pairs over dpo.max_pairs={cfg.max_pairs}"] \
         if len(chosen) < len(pairs) else []
     return PhaseResult(candidates=candidates, metrics=metrics, history=history,
                        optimizer_state=opt_state, pairs_used=len(chosen), skipped=skipped)
+
+
+def _chunks(seq: Sequence[int], size: int) -> Iterator[list[int]]:
+    items = list(seq)
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def estimate_step_gb(model: Any, batch: dict[str, Any]) -> float:
+    """Activation memory a shared-prompt step keeps for its backward pass, in GB: per token
+    and decoder layer ~14 hidden-sized and 4 MLP-sized tensors, plus float32 logits over the
+    vocabulary for the completion tokens (checked against measured RSS, README)."""
+    cfg = model.config
+    groups: list[PromptGroup] = batch["groups"]
+    tokens = sum(len(g.prompt) + sum(len(c) for c in g.completions) for g in groups)
+    scored = sum(len(c) for g in groups for c in g.completions)
+    size = next(model.parameters()).element_size()
+    per_token = cfg.num_hidden_layers * (14 * cfg.hidden_size + 4 * cfg.intermediate_size) * size
+    return (tokens * per_token + scored * cfg.vocab_size * 4 * 3) / 1e9
 
 
 def set_checkpointing(model: Any, on: bool) -> None:

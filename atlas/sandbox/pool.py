@@ -326,14 +326,24 @@ class Sandbox:
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, "atlas-sandbox")
         self._closed = False
         self._lock = threading.Lock()
+        self._busy = 0  # workers scoring a candidate right now (for the agent's thread budget)
         self._finalizer = weakref.finalize(self, Sandbox._shutdown, self._pool, self._all)
 
     def _run(self, code: str, context: dict) -> Evaluation:
         slot = self._slots.get()
+        with self._lock:
+            self._busy += 1
         try:
             return slot.run(code, context)
         finally:
+            with self._lock:
+                self._busy -= 1
             self._slots.put(slot)
+
+    @property
+    def busy_workers(self) -> int:
+        """Workers scoring a candidate at this moment (each uses one core)."""
+        return self._busy
 
     def submit(self, code: str, context: dict) -> concurrent.futures.Future[Evaluation]:
         """Queue one candidate; the future holds its ``Evaluation``."""
