@@ -224,7 +224,10 @@ class EvolutionLoop:
             best=_best(self.db), round_best=max((p.score for p in programs if p.passed), default=None),
             failures=failures, islands=island_summary(self.db, int(self.cfg.explore.islands),
                                                       int(self.cfg.dpo.top_k)),
-            seconds={"explore": t_explore, "total": time.time() - t0})
+            seconds={"explore": t_explore, "total": time.time() - t0,
+                     "generate": self.explorer.last_stats.get("generation_s"),
+                     "evaluate_wait": self.explorer.last_stats.get("evaluate_wait_s")},
+            agent_threads=self.explorer.last_stats.get("agent_threads"))
         if r % every == 0:
             self._phase(phase, r, every)
 

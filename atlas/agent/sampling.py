@@ -25,11 +25,13 @@ TOPK_TRIES = (64, 1024)  # nucleus searched among these top-k first; full sort a
 THREAD_POLL = 8  # decode steps between looks at the thread budget
 
 
-def _set_threads(threads: Callable[[], int] | None) -> None:
+def _set_threads(threads: Callable[[], int] | None, stats: SampleStats) -> None:
     if threads is not None:
         n = max(1, int(threads()))
         if n != torch.get_num_threads():
             torch.set_num_threads(n)
+    if not stats.threads or stats.threads[-1] != torch.get_num_threads():
+        stats.threads.append(torch.get_num_threads())
 
 
 @contextmanager
@@ -54,6 +56,7 @@ class SampleStats:
     decode_seconds: float = 0.0
     packed: bool = False
     finish: list[str] = field(default_factory=list)  # per row: "eos" | "stop" | "length"
+    threads: list[int] = field(default_factory=list)  # torch threads used, each time they changed
 
     @property
     def seconds(self) -> float:
@@ -205,7 +208,7 @@ def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], nu
 
     threads_before = torch.get_num_threads()
     with packed_linears(model, enabled=pack) as stats.packed, _restore_threads(threads_before):
-        _set_threads(threads)
+        _set_threads(threads, stats)
         t0 = time.perf_counter()
         cache = DynamicCache(config=model.config)
         pos = (mask.cumsum(-1) - 1).clamp_(min=0)
@@ -225,7 +228,7 @@ def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], nu
         finish = ["length"] * stats.rows
         for step in range(max_new_tokens):
             if threads is not None and step % THREAD_POLL == 0:
-                _set_threads(threads)
+                _set_threads(threads, stats)
             tok = next_tokens(logits, temperature, top_p, gen)
             done = torch.isin(tok, eos)
             stats.steps += 1

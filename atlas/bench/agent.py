@@ -1,8 +1,10 @@
 """`python -m atlas.bench agent`: research-agent generation throughput, side by side.
 
-Rows (same run, same prompt, same machine): a naive fp32 batch-1 baseline (plain HF
-``generate``), HF ``generate`` in bf16, and the agent's sampler (``atlas.agent.sampling``) at
-batch 1, 8 and 16 (batch = samples of one prompt). Only real generated tokens count
+Rows (same run, same prompt, same machine, whose CPU and bf16 support are printed first): a
+naive fp32 batch-1 baseline (plain HF ``generate``), HF ``generate`` in fp32 and bf16, the
+agent's sampler (``atlas.agent.sampling``) in fp32 and bf16 at batch 1, 8 and 16 (batch =
+samples of one prompt), and a reference row: llama.cpp on the same GGUF at batch 1 with the
+same threads, so the ratio to a tuned CPU inference engine is printed. Only real generated tokens count
 (a row's tokens up to and including its EOS; padding never). ``--valid`` adds the
 valid-program study: which temperature / top_p / prefill make SmolLM2 write Python that parses.
 """
@@ -35,7 +37,10 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m atlas.bench agent", description=__doc__)
     p.add_argument("--model", default="smollm2", help="model source: smollm2 | tiny")
     p.add_argument("--batches", default="1,8,16", help="sampler batch sizes (samples per prompt)")
-    p.add_argument("--hf-batches", default="8", help="HF bf16 generate batch sizes ('' = none)")
+    p.add_argument("--hf-batches", default="8", help="HF generate batch sizes ('' = none)")
+    p.add_argument("--dtypes", default="float32,bfloat16",
+                   help="precisions measured side by side (the run's choice is model.dtype=auto)")
+    p.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp reference row")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--baseline-tokens", type=int, default=32,
                    help="tokens for the (slow) naive fp32 batch-1 baseline")
@@ -58,12 +63,12 @@ def _ints(text: str) -> list[int]:
 
 
 def model_cfg(source: str) -> dict[str, Any]:
-    """The bench's model config: the shipped SmolLM2 (bf16) or the tiny test model."""
+    """The bench's model config: the shipped SmolLM2 or the tiny test model (dtype per row)."""
     if source == "tiny":
-        return {"source": "tiny", "dtype": "bfloat16", "hidden_size": 64, "num_layers": 2,
+        return {"source": "tiny", "dtype": "auto", "hidden_size": 64, "num_layers": 2,
                 "num_heads": 4, "lora_r": 4, "lora_alpha": 8, "lora_targets": ["q_proj", "v_proj"]}
     if source == "smollm2":
-        return {"source": "smollm2", "cache_dir": "~/.cache/atlas", "dtype": "bfloat16",
+        return {"source": "smollm2", "cache_dir": "~/.cache/atlas", "dtype": "auto",
                 "lora_r": 16, "lora_alpha": 32,
                 "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}
     raise ValueError(f"--model={source!r} is unknown; use smollm2 or tiny")
@@ -180,41 +185,83 @@ def valid_study(agent, args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def speed_rows(agent, cfg: dict[str, Any], prompt: str, args: argparse.Namespace,
-               results: dict[str, Any]) -> None:
-    """Naive fp32 b1, HF bf16 and sampler rows, measured back to back; prints the table."""
+def llama_cpp_row(prompt: str, tokens: int, threads: int, args: argparse.Namespace
+                  ) -> dict[str, float] | str:
+    """A tuned CPU inference engine on the same GGUF: llama.cpp (llama-cpp-python), batch 1,
+    the same prompt and number of new tokens, the same cores. Or why it was skipped."""
+    try:
+        from llama_cpp import Llama
+
+        from atlas.agent.model import smollm2_gguf_path
+    except ImportError as err:
+        return f"skipped: {err} (pip install 'llama-cpp-python[server]')"
+    llm = Llama(model_path=str(smollm2_gguf_path()), n_threads=threads, n_threads_batch=threads,
+                n_ctx=1024, seed=args.seed, verbose=False)
+    llm.create_completion(prompt, max_tokens=4, temperature=args.temperature)  # warm-up
+    t0 = time.perf_counter()
+    out = llm.create_completion(prompt, max_tokens=tokens, temperature=args.temperature,
+                                top_p=args.top_p, top_k=0)
+    seconds = time.perf_counter() - t0
+    n = int(out["usage"]["completion_tokens"])
+    return {"tokens": n, "seconds": seconds, "tokens_per_s": n / seconds}
+
+
+def speed_rows(agents: dict[str, Any], cfg: dict[str, Any], prompt: str,
+               args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Naive fp32 b1, HF generate, the sampler in each precision and llama.cpp, measured back
+    to back in this process; prints the table and the ratios the README quotes."""
     from atlas.agent.model import load_base_model
 
     def add(name: str, batch: int, row: dict[str, float]) -> None:
         row = {"path": name, "batch": batch, **row}
         results["rows"].append(row)
-        print(f"  {name:30s} batch {batch:3d}: {row['tokens']:5d} tok in {row['seconds']:7.2f}s "
+        print(f"  {name:34s} batch {batch:3d}: {row['tokens']:5d} tok in {row['seconds']:7.2f}s "
               f"= {row['tokens_per_s']:7.1f} tok/s", flush=True)
 
     gen = (args.temperature, args.top_p, args.seed)
-    base32, tok = load_base_model(cfg)
-    base32 = base32.float()
+    base32, tok = load_base_model({**cfg, "dtype": "float32"})
     hf_generate(base32, tok, prompt, 1, 4, *gen)  # warm-up
     add("naive fp32 HF generate", 1, hf_generate(base32, tok, prompt, 1, args.baseline_tokens,
                                                  *gen))
     del base32
-    base, tok = load_base_model(cfg)
-    for b in _ints(args.hf_batches):
-        hf_generate(base, tok, prompt, b, 4, *gen)
-        add("bf16 HF generate", b, hf_generate(base, tok, prompt, b, args.max_new_tokens, *gen))
-    del base
-    t0 = time.perf_counter()
-    sampler_row(agent, prompt, 1, argparse.Namespace(**{**vars(args), "max_new_tokens": 4}))
-    results["sampler_warmup_s"] = time.perf_counter() - t0  # includes weight packing
-    for b in _ints(args.batches):
-        add("atlas sampler (bf16, packed)", b, sampler_row(agent, prompt, b, args))
-        if args.ablate:
-            add("atlas sampler (bf16, unpacked)", b, sampler_row(agent, prompt, b, args, False))
+    for dtype in agents:
+        base, tok = load_base_model({**cfg, "dtype": dtype})
+        for b in _ints(args.hf_batches):
+            hf_generate(base, tok, prompt, b, 4, *gen)
+            add(f"{dtype} HF generate", b, hf_generate(base, tok, prompt, b,
+                                                       args.max_new_tokens, *gen))
+        del base
+    for dtype, agent in agents.items():
+        warm = argparse.Namespace(**{**vars(args), "max_new_tokens": 4})
+        sampler_row(agent, prompt, 1, warm)  # includes weight packing
+        for b in _ints(args.batches):
+            add(f"atlas sampler ({dtype})", b, sampler_row(agent, prompt, b, args))
+            if args.ablate:
+                add(f"atlas sampler ({dtype}, unpacked)", b,
+                    sampler_row(agent, prompt, b, args, False))
+    llama = None
+    if args.model == "smollm2" and not args.no_llama_cpp:
+        llama = llama_cpp_row(prompt, args.max_new_tokens, torch.get_num_threads(), args)
+        if isinstance(llama, str):
+            print(f"  llama.cpp: {llama}")
+        else:
+            add("llama.cpp (same GGUF)", 1, llama)
     naive = results["rows"][0]["tokens_per_s"]
     print("\n| path | batch | tokens/s | x naive fp32 b1 |\n|---|---:|---:|---:|")
     for row in results["rows"]:
         print(f"| {row['path']} | {row['batch']} | {row['tokens_per_s']:.1f} | "
               f"{row['tokens_per_s'] / naive:.1f}x |")
+    by = {(r["path"], r["batch"]): r["tokens_per_s"] for r in results["rows"]}
+    for dtype in agents:
+        fast = by.get((f"atlas sampler ({dtype})", 8))
+        if fast and isinstance(llama, dict):
+            ratio = fast / llama["tokens_per_s"]
+            results[f"sampler_b8_{dtype}_over_llama_cpp_b1"] = ratio
+            print(f"atlas sampler ({dtype}) batch 8 / llama.cpp batch 1: {ratio:.2f}x "
+                  f"(target >= 2x)")
+    if len(agents) == 2 and all(by.get((f"atlas sampler ({d})", 8)) for d in agents):
+        f32, b16 = (by[(f"atlas sampler ({d})", 8)] for d in ("float32", "bfloat16"))
+        print(f"atlas sampler batch 8: float32 / bfloat16 = {f32 / b16:.2f}x")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -222,19 +269,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parse(argv or [])
     if args.threads:
         torch.set_num_threads(args.threads)
+    from atlas.agent.precision import choose_precision, cpu_features, cpu_model
     from atlas.agent.research_agent import ResearchAgent
 
     cfg = model_cfg(args.model)
+    auto = choose_precision("auto", "cpu", cfg.get("cache_dir"))
+    feats = cpu_features()
+    print(f"CPU: {cpu_model()}; torch dispatch {feats['capability']}; native bf16 "
+          f"(AVX512-BF16/AMX): {'yes' if feats['avx512_bf16'] or feats['amx_tile'] else 'no'}; "
+          f"model.dtype=auto picks {auto.dtype} ({auto.reason})", flush=True)
     t0 = time.perf_counter()
-    agent = ResearchAgent(cfg, seed=args.seed)
+    agents = {d: ResearchAgent({**cfg, "dtype": d}, seed=args.seed)
+              for d in args.dtypes.split(",") if d}
+    agent = agents.get(auto.dtype) or next(iter(agents.values()))
     load_s = time.perf_counter() - t0
     prompt = agent.chat_prompt(SYSTEM, USER, PREFILLS["fence+def+indent"])
     print(f"model={args.model} load {load_s:.2f}s threads={torch.get_num_threads()} "
           f"prompt_tokens={len(agent.tokenizer(prompt, add_special_tokens=False)['input_ids'])}",
           flush=True)
-    results: dict[str, Any] = {"load_s": load_s, "threads": torch.get_num_threads(), "rows": []}
+    results: dict[str, Any] = {"load_s": load_s, "threads": torch.get_num_threads(), "rows": [],
+                               "cpu": cpu_model(), "cpu_features": feats,
+                               "auto_precision": auto.to_dict()}
     if not args.skip_speed:
-        speed_rows(agent, cfg, prompt, args, results)
+        speed_rows(agents, cfg, prompt, args, results)
     if not args.no_sandbox:
         sb = sandbox_row()
         results["sandbox"] = sb

@@ -1,12 +1,18 @@
-"""``python -m atlas.bench dpo``: wall time and peak memory of one DPO phase, with and
-without gradient checkpointing, side by side in one run.
+"""``python -m atlas.bench dpo``: one DPO phase on preference pairs recorded in a real run,
+the per-row path against the shared-prompt path, side by side in one run.
 
-Each setting runs in a fresh child process (peak resident memory is per process), on the
-same pairs: a bandit prompt with three earlier versions (~850 tokens, truncated to
-``dpo.max_length``) and seed-program completions, trained against the adaptive reference.
-Printed per setting: phase seconds, peak RSS (the model's own ~0.55 GB included), the
-per-step DPO losses (equal across settings: checkpointing recomputes, it does not change
-the maths).
+Pairs: D_k rebuilt exactly as the loop builds it (``build_pairs``, the run's settings) from a
+real run's ``programs.jsonl`` (default: phase 1 of the CPU experiment, shipped in
+``atlas/bench/data``; ``--programs`` takes any run's file), so prompts are shared only as
+often as a real phase shares them.
+
+Settings (each in a fresh child process, since peak resident memory is per process):
+- ``per-row``: what a phase did before: every (prompt, completion) row in full, the
+  reference forward repeated every step, transformers' activation checkpointing on;
+- ``shared``: each prompt once per step, the reference once per phase, recomputation only
+  when a step's estimate exceeds ``dpo.memory_budget_gb`` (``gradient_checkpointing=auto``).
+Printed per setting and precision: phase seconds, seconds per pair, tokens run, peak RSS and
+the per-step losses (equal across paths within float32 rounding).
 """
 
 from __future__ import annotations
@@ -18,7 +24,35 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+DATA = Path(__file__).with_name("data") / "bandit_cpu_phase1_programs.jsonl"
+SETTINGS = {"per-row": {"shared_prompt": False, "gradient_checkpointing": True},
+            "shared": {"shared_prompt": True, "gradient_checkpointing": "auto"}}
+
+
+def recorded_pairs(path: Path, phase: int, max_pairs: int, top_k: int, seed: int) -> list:
+    """D_k of ``phase`` rebuilt from a run's ``programs.jsonl`` with the loop's own builder."""
+    from omegaconf import OmegaConf
+
+    from atlas.evolution.database import ProgramDatabase
+    from atlas.evolution.preferences import build_pairs
+    from atlas.types import Program
+
+    conf = Path(__file__).resolve().parents[2] / "conf" / "explore" / "default.yaml"
+    explore = OmegaConf.load(conf) if conf.exists() else OmegaConf.create(
+        {"islands": 6, "buffer_size": 64, "clusters": 8})
+    programs = [Program.from_dict(json.loads(line)) for line in path.read_text().splitlines()
+                if line.strip()]
+    db = ProgramDatabase.from_config(explore, seed=seed)
+    for p in programs:
+        db.add(p)
+    mine = [p for p in programs if p.phase == phase and p.source == "agent"]
+    if not mine:
+        raise SystemExit(f"{path} holds no agent programs of phase {phase}")
+    return build_pairs(db, mine, top_k=top_k, max_pairs=max_pairs, score_threshold=None,
+                       seed=seed * 1000 + phase)
 
 
 def _child(args: argparse.Namespace) -> dict[str, Any]:
@@ -26,72 +60,89 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
 
     from atlas.agent.research_agent import ResearchAgent
     from atlas.dpo import DPOConfig, train_phase
-    from atlas.evolution.prompts import build_prompt
-    from atlas.tasks import make_task
-    from atlas.types import Evaluation, PreferencePair, Program
 
     torch.set_num_threads(args.threads)
-    model_cfg = {"source": args.model, "dtype": "bfloat16", "cache_dir": "~/.cache/atlas",
+    model_cfg = {"source": args.model, "dtype": args.dtype, "cache_dir": "~/.cache/atlas",
                  "lora_r": 16, "lora_alpha": 32,
                  "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}
     agent = ResearchAgent(model_cfg, seed=0)
-    task = make_task("bandit")
-    seed = task.seed_program()
-    parents = [Program(id=i, island=0, round=0, code=seed,
-                       evaluation=Evaluation(score=-0.3 - i / 10, passed=True)) for i in range(3)]
-    system, user, prefill = build_prompt(task.prompt_spec(), parents)
-    prompt = agent.chat_prompt(system, user, prefill)
-    body = seed.split(":", 1)[1]
-    pairs = [PreferencePair(prompt=prompt, chosen=f"{body}\n# v{i}",
-                            rejected=body.replace("np.", "numpy.") + f"\n# r{i}",
-                            chosen_score=0.0, rejected_score=-1.0) for i in range(args.pairs)]
-    cfg = DPOConfig(batch_size=args.batch_size, max_length=args.max_length,
-                    gradient_checkpointing=args.checkpointing == "on")
+    pairs = recorded_pairs(Path(args.programs), args.phase, args.pairs, 4, 0)
+    cfg = DPOConfig(batch_size=args.batch_size, max_length=args.max_length, checkpoints=0,
+                    **SETTINGS[args.setting])
     t0 = time.perf_counter()
     res = train_phase(agent.model, agent.tokenizer, pairs, cfg, "adaptive", seed=0)
-    return {"checkpointing": args.checkpointing, "seconds": time.perf_counter() - t0,
+    seconds = time.perf_counter() - t0
+    return {"setting": args.setting, "dtype": args.dtype, "seconds": seconds,
+            "pairs": len(pairs), "per_pair_s": seconds / len(pairs),
+            "prompts": len({p.prompt for p in pairs}),
+            "tokens": res.metrics["tokens"], "recompute": res.metrics["recompute"],
+            "reference_table_s": res.metrics["reference_table_seconds"],
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
-            "losses": [h["loss"] for h in res.history],
-            "prompt_tokens": len(agent.tokenizer(prompt).input_ids)}
+            "losses": [h["loss"] for h in res.history]}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m atlas.bench dpo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2", help="model source: smollm2 or tiny")
-    ap.add_argument("--pairs", type=int, default=8, help="preference pairs in the phase")
+    ap.add_argument("--programs", default=str(DATA), help="a run's programs.jsonl")
+    ap.add_argument("--phase", type=int, default=1, help="which phase's D_k to rebuild")
+    ap.add_argument("--pairs", type=int, default=8, help="cap on |D_k| (dpo.max_pairs)")
     ap.add_argument("--batch-size", type=int, default=2, help="pairs per optimiser step")
     ap.add_argument("--max-length", type=int, default=768, help="tokens per sequence")
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="precisions to measure")
+    ap.add_argument("--settings", default="per-row,shared", help="paths to measure")
     ap.add_argument("--json", default="", help="also write the results to this file")
-    ap.add_argument("--checkpointing", choices=("on", "off"), help=argparse.SUPPRESS)
+    ap.add_argument("--setting", choices=tuple(SETTINGS), help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.checkpointing:  # the child: one setting, one JSON line on stdout
+    if args.setting:  # the child: one setting, one JSON line on stdout
         print("RESULT " + json.dumps(_child(args)), flush=True)
         return
+    from atlas.agent.precision import cpu_features, cpu_model
+
+    feats = cpu_features()
+    print(f"CPU: {cpu_model()} ({feats['capability']}, native bf16: "
+          f"{'yes' if feats['avx512_bf16'] or feats['amx_tile'] else 'no'}), "
+          f"{args.threads} threads", flush=True)
     rows = []
-    for setting in ("off", "on"):
-        cmd = [sys.executable, "-m", "atlas.bench", "dpo", "--checkpointing", setting,
-               "--model", args.model, "--pairs", str(args.pairs), "--batch-size",
-               str(args.batch_size), "--max-length", str(args.max_length),
-               "--threads", str(args.threads)]
-        proc = subprocess.run(cmd, capture_output=True, text=True,
-                              env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
-        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-        if proc.returncode != 0 or not line:
-            sys.exit(f"the '{setting}' run failed:\n{proc.stderr[-3000:]}")
-        rows.append(json.loads(line[0][len("RESULT "):]))
-    print(f"DPO phase: {args.model}, {args.pairs} pairs, batch {args.batch_size} pairs, "
-          f"max_length {args.max_length} (prompt {rows[0]['prompt_tokens']} tokens), "
-          f"{args.threads} threads")
-    print("| dpo.gradient_checkpointing | phase s | peak RSS GB | losses per step |")
-    print("|---|---:|---:|---|")
+    for dtype in [d for d in args.dtypes.split(",") if d]:
+        for setting in [s for s in args.settings.split(",") if s]:
+            cmd = [sys.executable, "-m", "atlas.bench", "dpo", "--setting", setting, "--dtype",
+                   dtype, "--model", args.model, "--programs", args.programs, "--phase",
+                   str(args.phase), "--pairs", str(args.pairs), "--batch-size",
+                   str(args.batch_size), "--max-length", str(args.max_length),
+                   "--threads", str(args.threads)]
+            proc = subprocess.run(cmd, capture_output=True, text=True,
+                                  env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+            line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+            if proc.returncode != 0 or not line:
+                sys.exit(f"the {setting} {dtype} run failed:\n{proc.stderr[-3000:]}")
+            rows.append(json.loads(line[0][len("RESULT "):]))
+            r = rows[-1]
+            print(f"  {dtype} {setting}: {r['seconds']:.1f} s ({r['per_pair_s']:.2f} s/pair)",
+                  flush=True)
+    r0 = rows[0]
+    print(f"\nDPO phase: {args.model}, {r0['pairs']} recorded pairs over {r0['prompts']} prompts "
+          f"(phase {args.phase} of {args.programs}), batch {args.batch_size} pairs, "
+          f"max_length {args.max_length}")
+    print("| precision | path | phase s | s / pair | tokens run | recompute | peak RSS GB | "
+          "losses per step |")
+    print("|---|---|---:|---:|---:|---|---:|---|")
     for r in rows:
         losses = ", ".join(f"{v:.4f}" for v in r["losses"])
-        print(f"| {r['checkpointing']} | {r['seconds']:.1f} | {r['peak_rss_gb']:.2f} | {losses} |")
-    off, on = rows
-    print(f"on / off: time {on['seconds'] / off['seconds']:.2f}x, "
-          f"peak RSS {on['peak_rss_gb'] / off['peak_rss_gb']:.2f}x")
+        print(f"| {r['dtype']} | {r['setting']} | {r['seconds']:.1f} | {r['per_pair_s']:.2f} | "
+              f"{r['tokens']:.0f} | {'yes' if r['recompute'] else 'no'} | "
+              f"{r['peak_rss_gb']:.2f} | {losses} |")
+    by = {(r["dtype"], r["setting"]): r for r in rows}
+    for dtype in {r["dtype"] for r in rows}:
+        old, new = by.get((dtype, "per-row")), by.get((dtype, "shared"))
+        if old and new:
+            worst = max(abs(a - b) for a, b in zip(old["losses"], new["losses"]))
+            print(f"{dtype}: shared / per-row time per pair {new['per_pair_s'] / old['per_pair_s']:.2f}x"
+                  f" (target <= 0.33x), tokens {new['tokens'] / old['tokens']:.2f}x, peak RSS "
+                  f"{new['peak_rss_gb'] / old['peak_rss_gb']:.2f}x, max |loss difference| {worst:.2e}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

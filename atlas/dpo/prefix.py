@@ -64,10 +64,10 @@ def encode_group(tokenizer, prompt: str, completions: Sequence[str], max_length:
                      max_length)
 
 
-def _group_token_logps(model: torch.nn.Module, prompt: torch.Tensor, comps: torch.Tensor,
-                       lengths: torch.Tensor) -> torch.Tensor:
-    """Per-token log p of ``comps`` (k, m; right-padded, ``lengths`` real tokens) after the
-    1-D ``prompt``; returns (k, m) with zeros on padding."""
+def _group_logits(model: torch.nn.Module, prompt: torch.Tensor, comps: torch.Tensor,
+                  lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 logits predicting each token of ``comps`` (k, m; right-padded, ``lengths`` real
+    tokens) after the 1-D ``prompt``: (k, m, V), and the (k, m) mask of real tokens."""
     k, m = comps.shape
     n = prompt.shape[0]
     out = model(input_ids=prompt[None], use_cache=True, past_key_values=DynamicCache(),
@@ -88,8 +88,40 @@ def _group_token_logps(model: torch.nn.Module, prompt: torch.Tensor, comps: torc
         logits = torch.cat([first.expand(k, 1, -1), rest], dim=1)
     else:
         logits = first.expand(k, 1, -1)
+    return logits, valid
+
+
+def _group_token_logps(model: torch.nn.Module, prompt: torch.Tensor, comps: torch.Tensor,
+                       lengths: torch.Tensor) -> torch.Tensor:
+    """Per-token log p of ``comps`` after ``prompt``: (k, m), zeros on padding."""
+    logits, valid = _group_logits(model, prompt, comps, lengths)
     picked = logits.gather(-1, comps[..., None]).squeeze(-1)
     return (picked - torch.logsumexp(logits, dim=-1)) * valid
+
+
+def group_tensors(model: torch.nn.Module, group: PromptGroup
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A group as tensors on the model's device: prompt (n,), completions (k, m) right-padded,
+    lengths (k,)."""
+    device = next(p for p in model.parameters()).device
+    if not group.prompt:
+        raise ValueError("a prompt group needs at least one prompt token (the first completion "
+                         "token is predicted from it)")
+    lengths = torch.tensor([len(c) for c in group.completions], device=device)
+    comps = torch.zeros((len(group.completions), int(lengths.max())), dtype=torch.long,
+                        device=device)
+    for i, c in enumerate(group.completions):
+        comps[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+    return torch.tensor(group.prompt, dtype=torch.long, device=device), comps, lengths
+
+
+def group_logits(model: torch.nn.Module, group: PromptGroup
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits (k, m, V) float32, completion ids (k, m), real-token mask (k, m)) of a group:
+    what the gate's KL needs beyond log-probs."""
+    prompt, comps, lengths = group_tensors(model, group)
+    logits, valid = _group_logits(model, prompt, comps, lengths)
+    return logits, comps, valid
 
 
 def group_logps(model: torch.nn.Module, group: PromptGroup, reduction: str = "sum",
@@ -101,16 +133,7 @@ def group_logps(model: torch.nn.Module, group: PromptGroup, reduction: str = "su
     """
     if reduction not in ("sum", "mean"):
         raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
-    device = next(p for p in model.parameters()).device
-    if not group.prompt:
-        raise ValueError("a prompt group needs at least one prompt token (the first completion "
-                         "token is predicted from it)")
-    lengths = torch.tensor([len(c) for c in group.completions], device=device)
-    m = int(lengths.max())
-    comps = torch.zeros((len(group.completions), m), dtype=torch.long, device=device)
-    for i, c in enumerate(group.completions):
-        comps[i, : len(c)] = torch.tensor(c, dtype=torch.long)
-    prompt = torch.tensor(group.prompt, dtype=torch.long, device=device)
+    prompt, comps, lengths = group_tensors(model, group)
     if recompute and torch.is_grad_enabled():
         tok = checkpoint(_group_token_logps, model, prompt, comps, lengths, use_reentrant=False)
     else:

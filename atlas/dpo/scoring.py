@@ -1,9 +1,11 @@
 """Forward passes of the Policy Inspector: length-normalised log-probs and token-level KL.
 
-One pass serves every number the gate needs. Sequences (each gate item's evaluated
-completions and its preferred completion) are batched by length; per batch the reference
-runs once and each candidate policy runs once, so |C_k| candidates cost 1 + |C_k| forwards
-per sequence and the reference's full-vocabulary log-probs never outlive their batch.
+One pass serves every number the gate needs. Per gate item (a prompt with its evaluated
+completions and its preferred completion) the reference runs once and each candidate policy
+runs once, and each run computes the prompt once for all the item's completions
+(``atlas.dpo.prefix``), so |C_k| candidates cost 1 + |C_k| prompt passes per item and the
+reference's full-vocabulary log-probs never outlive their item. A prompt and its
+completions share one cut to ``max_length`` (the prompt loses tokens from the left).
 
 A *policy spec* names the policy a forward uses: ``"fixed"`` (adapters disabled, the base
 model), ``"ref"``/``"adaptive"`` (the ``ref`` adapter), ``"policy"`` (the policy adapter as
@@ -21,8 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from atlas.agent.adapters import POLICY, REF, adapter, get_adapter_state, set_adapter_state
-from atlas.dpo.batching import _pad_id, collate, encode
-from atlas.dpo.logprobs import completion_logits
+from atlas.dpo.prefix import PromptGroup, encode_group, group_logits
 from atlas.types import GateItem
 
 PolicySpec = str | dict  # "fixed" | "ref" | "adaptive" | "policy" | adapter state dict
@@ -103,69 +104,42 @@ def running_policy(model, spec: PolicySpec) -> Iterator[None]:
 def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[PolicySpec], *,
               kl_reference: PolicySpec | None, need_scores: bool = True, batch_size: int = 8,
               max_length: int = 768) -> GatePass:
-    """Run every policy (and the KL reference) over the gate sequences, batch by batch."""
+    """Run every policy (and the KL reference) over the gate items, item by item: each item's
+    prompt runs once per policy and its completions after it (``atlas.dpo.prefix``), in
+    chunks of ``batch_size`` rows; the reference's full-vocabulary log-probs live for one
+    item only."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     check_items(items, need_scores)
     policies = [check_spec(s, f"policies[{i}]") for i, s in enumerate(policies)]
     if kl_reference is not None:
         check_spec(kl_reference, "reference")
-    # the sequences: every completion (scores) and each item's preferred completion (KL)
-    seqs: list[tuple[int, int]] = []  # (item, completion index; -1 = preferred only)
-    pref_seq: dict[int, int] = {}
-    for i, item in enumerate(items):
-        if need_scores:
-            for j in range(len(item.completions)):
-                seqs.append((i, j))
-        if kl_reference is not None:
-            hit = item.completions.index(item.preferred) \
-                if need_scores and item.preferred in item.completions else -1
-            if hit >= 0:
-                pref_seq[i] = seqs.index((i, hit))
-            else:
-                pref_seq[i] = len(seqs)
-                seqs.append((i, -1))
-    texts = [items[i].completions[j] if j >= 0 else items[i].preferred for i, j in seqs]
-    enc = [encode(tokenizer, items[i].prompt, t, max_length) for (i, _), t in zip(seqs, texts)]
-    order = sorted(range(len(seqs)), key=lambda s: len(enc[s].ids))
-    kl_rows = set(pref_seq.values())
-
     n_pol = len(policies)
     mean = [[[math.nan] * len(it.completions) for it in items] for _ in range(n_pol)]
     ref_mean = [[math.nan] * len(it.completions) for it in items]
     kl = [[math.nan] * len(items) for _ in range(n_pol)]
-    seq_to_item = {s: i for i, s in pref_seq.items()}
 
     original = get_adapter_state(model, POLICY)
     was_training = model.training
     model.eval()
     try:
-        for start in range(0, len(order), batch_size):
-            ids = order[start:start + batch_size]
-            batch = collate([enc[s] for s in ids], _pad_id(tokenizer))
+        for i, item in enumerate(items):
+            texts = list(item.completions) if need_scores else []
+            pref = None
+            if kl_reference is not None:
+                pref = texts.index(item.preferred) if item.preferred in texts else len(texts)
+                if pref == len(texts):
+                    texts.append(item.preferred)
+            group = encode_group(tokenizer, item.prompt, texts, max_length)
             ref_logsm = None
-            sel = None
             if kl_reference is not None:
                 with _running(model, kl_reference, original):
-                    cl = completion_logits(model, batch)
-                _store(mean_out=ref_mean, cl=cl, ids=ids, seqs=seqs)
-                is_kl = torch.tensor([s in kl_rows for s in ids], device=cl.rows.device)
-                sel = is_kl[cl.rows]
-                ref_logsm = torch.log_softmax(cl.logits[sel].float(), dim=-1)
+                    ref_logsm = _item_pass(model, group, batch_size, ref_mean[i], pref)
             for p, spec in enumerate(policies):
                 with _running(model, spec, original):
-                    cl = completion_logits(model, batch)
-                _store(mean_out=mean[p], cl=cl, ids=ids, seqs=seqs)
-                if ref_logsm is None or not bool(sel.any()):
-                    continue
-                logsm = torch.log_softmax(cl.logits[sel].float(), dim=-1)
-                per_token = (logsm.exp() * (logsm - ref_logsm)).sum(-1)
-                per_row = torch.zeros(cl.n_rows, dtype=per_token.dtype, device=per_token.device)
-                per_row = per_row.index_add(0, cl.rows[sel], per_token)
-                counts = torch.bincount(cl.rows[sel], minlength=cl.n_rows)
-                for r, s in enumerate(ids):
-                    if s in seq_to_item and int(counts[r]) > 0:
-                        kl[p][seq_to_item[s]] = float(per_row[r] / counts[r])
+                    logsm = _item_pass(model, group, batch_size, mean[p][i], pref)
+                if ref_logsm is not None and logsm is not None and logsm.shape[0] > 0:
+                    kl[p][i] = float((logsm.exp() * (logsm - ref_logsm)).sum(-1).mean())
     finally:
         set_adapter_state(model, POLICY, original)
         model.train(was_training)
@@ -173,13 +147,25 @@ def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[Po
                     kl=kl if kl_reference is not None else None)
 
 
-def _store(mean_out: list[list[float]], cl, ids: list[int], seqs: list[tuple[int, int]]) -> None:
-    """Write each row's mean completion log-prob into ``mean_out[item][completion]``."""
-    per_row = cl.per_row(cl.token_logps(), "mean")
-    for r, s in enumerate(ids):
-        i, j = seqs[s]
-        if j >= 0:
-            mean_out[i][j] = float(per_row[r])
+def _item_pass(model, group: PromptGroup, rows: int, mean_out: list[float], pref: int | None
+               ) -> torch.Tensor | None:
+    """One policy over one item: each completion's mean log-prob into ``mean_out`` (those
+    that are the item's completions) and, when ``pref`` is given, the log-softmax over the
+    vocabulary at the preferred completion's tokens (T, V)."""
+    pref_logsm = None
+    for start in range(0, len(group.completions), rows):
+        part = PromptGroup(group.prompt, group.completions[start:start + rows])
+        logits, comps, valid = group_logits(model, part)
+        logsm = torch.log_softmax(logits, dim=-1)
+        tok = logsm.gather(-1, comps[..., None]).squeeze(-1) * valid
+        per_row = tok.sum(-1) / valid.sum(-1)
+        for r in range(len(part.completions)):
+            j = start + r
+            if j < len(mean_out):
+                mean_out[j] = float(per_row[r])
+            if pref is not None and j == pref:
+                pref_logsm = logsm[r][valid[r]]
+    return pref_logsm
 
 
 def weighted_score(mean_logps: list[list[float]], items: Sequence[GateItem],

@@ -223,7 +223,10 @@ class Explorer:
             stats["islands"][island] = {"temperature": temp, "samples": len(completions),
                                         "critique": bool(critiques.get(island))}
             self._file(pending, out, block=False)  # file what finished while we generated
+        t_wait = time.perf_counter()
         self._file(pending, out, block=True)
+        stats["evaluate_wait_s"] = time.perf_counter() - t_wait  # sandbox time not hidden
+        stats["agent_threads"] = getattr(getattr(self.agent, "last_stats", None), "threads", None)
         for island, row in stats["islands"].items():
             mine = [p for p in out if p.island == island]
             row["valid"] = sum(p.passed for p in mine)
