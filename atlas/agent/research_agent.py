@@ -69,6 +69,8 @@ class ResearchAgent:
         self.model.to(self.device)
         self.model.eval()
         self.last_stats: SampleStats | None = None
+        # generate(on_done=...) reports each finished row while the others decode
+        self.streams_results = True
         # torch threads to generate with, polled while sampling (the run sets it to the cores
         # sandbox workers leave free); None: the caller's torch setting
         self.thread_budget: Callable[[], int] | None = None
@@ -90,7 +92,8 @@ class ResearchAgent:
     # ------------------------------------------------------------------ sampling
     def generate(self, prompts: list[str], num_samples: int, *, temperature: float, top_p: float,
                  max_new_tokens: int, stop: list[str] | None = None,
-                 adapter: str | None = POLICY, seed: int | None = None) -> list[list[str]]:
+                 adapter: str | None = POLICY, seed: int | None = None,
+                 on_done: Callable[[int, str], None] | None = None) -> list[list[str]]:
         """``num_samples`` completions per prompt (text after the prompt, cut at a stop string).
 
         ``adapter=None`` samples from the base model with adapters disabled. Deterministic
@@ -107,7 +110,7 @@ class ResearchAgent:
                 texts, self.last_stats = sample(
                     self.model, self.tokenizer, prompts, num_samples, temperature=temperature,
                     top_p=top_p, max_new_tokens=max_new_tokens, stop=stop, seed=seed,
-                    threads=self.thread_budget)
+                    threads=self.thread_budget, on_done=on_done)
         finally:
             self.model.train(was_training)
         return texts

@@ -157,6 +157,13 @@ def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text, False) if cut < 0 else (text[:cut], True)
 
 
+def _final_text(tokenizer: PreTrainedTokenizerBase, toks: list[int], finish: str,
+                stop: Sequence[str]) -> str:
+    """A row's completion: its tokens decoded without the EOS, cut before a stop string."""
+    text = tokenizer.decode(toks[:-1] if finish == "eos" else toks, skip_special_tokens=True)
+    return _cut_at_stop(text, stop)[0] if stop else text
+
+
 def _eos_ids(model, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     ids = {tokenizer.eos_token_id}
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -181,7 +188,8 @@ def validate_sampling(num_samples: int, temperature: float, top_p: float,
 def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], num_samples: int,
            *, temperature: float, top_p: float, max_new_tokens: int,
            stop: Sequence[str] | None = None, seed: int | None = None,
-           pack: bool = True, threads: Callable[[], int] | None = None
+           pack: bool = True, threads: Callable[[], int] | None = None,
+           on_done: Callable[[int, str], None] | None = None
            ) -> tuple[list[list[str]], SampleStats]:
     """Sample ``num_samples`` completions for each prompt; returns texts and ``SampleStats``.
 
@@ -189,6 +197,9 @@ def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], nu
     Rows of the batch are (prompt, sample) pairs, prompt-major. Same seed, same output.
     ``threads``: polled every ``THREAD_POLL`` decode steps for the torch threads to use now
     (the cores sandbox workers leave free); the caller's setting is restored at the end.
+    ``on_done(row, text)``: called as soon as a row ends (EOS or stop string) with its final
+    text (row = prompt index * num_samples + sample index), so a caller can start scoring it
+    while the other rows still decode; rows cut by ``max_new_tokens`` are only returned.
     """
     validate_sampling(num_samples, temperature, top_p, max_new_tokens)
     stop = [s for s in (stop or []) if s]
@@ -240,6 +251,8 @@ def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], nu
                     finish[r] = "eos"
                 elif stop and _cut_at_stop(tokenizer.decode(generated[r][-window:]), stop)[1]:
                     finish[r], dones[j] = "stop", True
+                if dones[j] and on_done is not None:
+                    on_done(r, _final_text(tokenizer, generated[r], finish[r], stop))
             if step == max_new_tokens - 1:
                 break
             if any(dones):
@@ -259,10 +272,5 @@ def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], nu
         stats.decode_seconds = time.perf_counter() - t0
 
     stats.finish = finish
-    texts = []
-    for r, toks in enumerate(generated):
-        if finish[r] == "eos":
-            toks = toks[:-1]
-        text = tokenizer.decode(toks, skip_special_tokens=True)
-        texts.append(_cut_at_stop(text, stop)[0] if stop else text)
+    texts = [_final_text(tokenizer, toks, finish[r], stop) for r, toks in enumerate(generated)]
     return [texts[i * num_samples:(i + 1) * num_samples] for i in range(len(prompts))], stats

@@ -38,6 +38,7 @@ class Agent(Protocol):
     def generate(self, prompts: list[str], num_samples: int, *, temperature: float, top_p: float,
                  max_new_tokens: int, stop: Sequence[str] | None, adapter: str | None,
                  seed: int) -> list[list[str]]: ...
+    # optional: ``streams_results = True`` and ``generate(..., on_done=callback(row, text))``
 
 
 class Sandbox(Protocol):
@@ -207,19 +208,34 @@ class Explorer:
             system, user, prefill = build_prompt(self.spec, parents, critiques.get(island))
             text = self.agent.chat_prompt(system, user, prefill)
             temp = self.temperature(island, temperature_overrides)
+            # a sample that ends early goes to the sandbox while the others still decode
+            early: dict[int, tuple[str, str | None, Future]] = {}
+
+            def score_now(row: int, completion: str, prefill: str = prefill,
+                          early: dict = early) -> None:
+                code = extract_program(prefill, completion, self.spec.entry_point)
+                early[row] = (completion, code, self._submit(code, context))
+
+            streams = {"on_done": score_now} if getattr(self.agent, "streams_results", False) \
+                else {}
             t0 = time.perf_counter()
             completions = self.agent.generate(
                 [text], s.samples_per_prompt, temperature=temp, top_p=s.top_p,
                 max_new_tokens=s.max_new_tokens, stop=STOP, adapter=POLICY,
-                seed=self._generation_seed(round_index, island))[0]
+                seed=self._generation_seed(round_index, island), **streams)[0]
             stats["generation_s"] += time.perf_counter() - t0
-            for completion in completions:
-                code = extract_program(prefill, completion, self.spec.entry_point)
+            stats["scored_while_generating"] = stats.get("scored_while_generating", 0) + len(early)
+            for row, completion in enumerate(completions):
+                if row in early and early[row][0] == completion:
+                    _, code, fut = early[row]
+                else:
+                    code = extract_program(prefill, completion, self.spec.entry_point)
+                    fut = self._submit(code, context)
                 prog = Program(id=self.db.next_id(), island=island, round=round_index,
                                code=code or "", evaluation=Evaluation.failure(FailureKind.KILLED, "pending"),
                                prompt=text, completion=completion,
                                parents=[p.id for p in parents], source="agent", phase=phase)
-                pending.append((prog, self._submit(code, context)))
+                pending.append((prog, fut))
             stats["islands"][island] = {"temperature": temp, "samples": len(completions),
                                         "critique": bool(critiques.get(island))}
             self._file(pending, out, block=False)  # file what finished while we generated
