@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from atlas.config import validate
 from atlas.interrupt import Terminated, stop_on_sigterm
+from atlas.runfolder import prepare
 
 log = logging.getLogger("atlas.train")
 
@@ -85,11 +86,13 @@ def summary(results: dict[str, Any]) -> str:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Run (or resume) one job whose outputs go to ``cfg.run_dir``."""
+    """Run (or resume) one job whose outputs go to ``cfg.run_dir``; a folder holding a run of
+    another configuration is refused (``atlas.runfolder``)."""
     from atlas.loop import EvolutionLoop
 
     validate(cfg)
     run_dir = Path(cfg.run_dir)
+    prepare(cfg, run_dir)  # writable, and not another configuration's run
     logger = make_logger(cfg, run_dir)
     status = "failed"
     with stop_on_sigterm():

@@ -92,3 +92,90 @@ def test_cli_wrong_override_fails_at_start_with_a_message() -> None:
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "nosuchtask" in out.stderr and "task" in out.stderr
+
+
+# ---- runs never lie about their configuration (issue 12, item 5) -----------------------------
+@pytest.mark.parametrize("override,field,fix", [
+    ("+explore.roundz=3", "explore.roundz", "explore.rounds"),
+    ("+model.lora_rr=4", "model.lora_rr", "model.lora_r"),
+    ("+supporters.exploration.max_tokenz=9", "supporters.exploration.max_tokenz",
+     "supporters.exploration.max_tokens"),
+    ("+sed=1", "sed", "seed"),
+])
+def test_keys_added_with_plus_must_exist(override: str, field: str, fix: str) -> None:
+    """Hydra accepts any ``+key``; a key no option of conf/ defines is read by nothing."""
+    cfg = compose_cfg(["experiment=test", override])
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert f"{field} is not a known field" in str(err.value)
+    assert f"did you mean {fix}?" in str(err.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["method=atlas", "supporters=openai", "supporters.model=m", "+supporters.exploration.max_tokens=192"],
+    ["+dpo.bounds.top_k=[1,8]"],
+    ["+hydra.job.env_set.ATLAS_X=1", "hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
+])
+def test_legitimate_additions_still_validate(overrides: list[str]) -> None:
+    """A role block may repeat any shared supporters key; dpo.bounds takes any DPO knob
+    (DPOConfig checks the name); Hydra's own ``hydra.*`` is not part of the job's config."""
+    validate(compose_cfg(["experiment=test", *overrides]))
+
+
+def test_name_or_path_is_rejected_when_the_source_ignores_it() -> None:
+    cfg = compose_cfg(["experiment=test", "model.name_or_path=/models/llama"])
+    with pytest.raises(ConfigError, match=r"model\.name_or_path='/models/llama' is ignored with "
+                                          r"model\.source=tiny; set model\.source=hf"):
+        validate(cfg)
+    validate(compose_cfg(["experiment=test", "model.source=hf", "model.name_or_path=/models/llama"]))
+
+
+def test_dpo_knob_outside_its_bounds_fails_at_start() -> None:
+    """DPO clamps knobs into dpo.bounds: dpo.beta=5 would train at 2 while the config event,
+    W&B and .hydra/config.yaml said 5. A value given in the config is refused instead."""
+    with pytest.raises(ConfigError, match=r"dpo\.beta=5\.0 is outside dpo\.bounds\.beta = "
+                                          r"\[0\.01, 2\] \(DPO would train at 2\.0\)"):
+        validate(compose_cfg(["experiment=test", "dpo.beta=5"]))
+    with pytest.raises(ConfigError, match=r"dpo\.epochs=9 is outside dpo\.bounds\.epochs"):
+        validate(compose_cfg(["experiment=test", "dpo.epochs=9"]))
+    validate(compose_cfg(["experiment=test", "dpo.beta=5", "dpo.bounds.beta=[0.01,10]"]))
+    with pytest.raises(ConfigError, match=r"dpo\.bounds\.beta=\[0\.01, 10\] exceeds the "
+                                          r"strategist's limits \[0\.01, 2\]"):
+        validate(compose_cfg(["experiment=test", "method=atlas", "dpo.bounds.beta=[0.01,10]"]))
+
+
+@pytest.mark.parametrize("override,message", [
+    ("seed=abc", "seed='abc' must be an integer; set e.g. seed=0"),
+    ("resume=maybe", "resume='maybe' must be true or false"),
+    ("dpo.max_length=long", "dpo.max_length must be an integer, got 'long'"),
+    ("gate.lam=x", "gate.lam must be a number, got 'x'"),
+])
+def test_bad_values_name_their_field(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg(["experiment=test", override]))
+    assert message in str(err.value)
+
+
+def test_cli_config_errors_are_one_line_without_a_traceback(tmp_path) -> None:
+    """An unwritable run folder (a path under a regular file fails for root too) and an
+    unknown ``+`` key: a message naming the path or key and the fix, no traceback."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    out = subprocess.run([sys.executable, "-m", "atlas.train", "experiment=test",
+                          f"hydra.run.dir={afile}/sub"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert lines == [f"Error: cannot write the run folder {afile}/sub: Not a directory "
+                     f"({afile} is a file); choose a writable folder with hydra.run.dir=<dir> (or "
+                     f"run_dir=<dir>, hydra.sweep.dir=<dir> for -m), or run from a writable "
+                     f"working directory"], out.stderr
+    out = subprocess.run([sys.executable, "-m", "atlas.train", "experiment=test",
+                          "+explore.roundz=3", f"hydra.run.dir={tmp_path}/run"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert any(line.startswith("unknown explore field(s) ['roundz']: explore.roundz is not a "
+                               "known field") and line.endswith("did you mean explore.rounds? (a "
+                               "key added with `+explore.roundz=...` is read by nothing)")
+               for line in out.stderr.splitlines()), out.stderr
+    assert not (tmp_path / "run" / "events.jsonl").exists()
