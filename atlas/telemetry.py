@@ -27,6 +27,7 @@ log = logging.getLogger("atlas.telemetry")
 
 EVENTS = "events.jsonl"
 PROGRAMS = "programs.jsonl"
+TAIL_BYTES = 1 << 20  # the end of each JSONL file a checkpoint keeps, to repair a torn line
 
 
 def _clean(value: Any) -> Any:
@@ -122,16 +123,27 @@ class Telemetry:
             define_axes(logger)
 
     # -- resume -----------------------------------------------------------------------
-    def offsets(self) -> dict[str, int]:
-        """Byte sizes of the JSONL files (checkpointed with the round)."""
+    def offsets(self) -> dict[str, Any]:
+        """Byte sizes of the JSONL files (checkpointed with the round), plus each file's last
+        ``TAIL_BYTES`` ("tail"): if a file later turns out shorter than its checkpointed size
+        (a torn last line of the checkpointed region), ``truncate_to`` restores it from them."""
         self.flush()
-        return {EVENTS: self._events.tell(), PROGRAMS: self._programs.tell(), "step": self._step}
+        sizes = {EVENTS: self._events.tell(), PROGRAMS: self._programs.tell()}
+        tail = {}
+        for name, size in sizes.items():
+            with open(self.run_dir / name, "rb") as fh:
+                fh.seek(max(0, size - TAIL_BYTES))
+                tail[name] = fh.read(size - fh.tell())
+        return {**sizes, "step": self._step, "tail": tail}
 
-    def truncate_to(self, offsets: dict[str, int]) -> None:
-        """Drop whatever a crashed round appended after the last checkpoint."""
+    def truncate_to(self, offsets: dict[str, Any]) -> None:
+        """Bring each file back to its checkpointed size: drop what a crashed round appended,
+        and restore a checkpointed tail the file lost. Never pads (``truncate`` past the end
+        of a file fills it with NUL bytes, which glued the next record onto a torn line)."""
+        tails = offsets.get("tail") or {}
         for name, fh in ((EVENTS, self._events), (PROGRAMS, self._programs)):
             fh.flush()
-            fh.truncate(int(offsets.get(name, 0)))
+            _restore(self.run_dir / name, int(offsets.get(name, 0)), tails.get(name) or b"")
             fh.seek(0, os.SEEK_END)
         self._step = int(offsets.get("step", 0))
 
@@ -178,6 +190,41 @@ class Telemetry:
         self.flush()
         self._events.close()
         self._programs.close()
+
+
+def _restore(path: Path, size: int, tail: bytes) -> None:
+    """Make ``path`` exactly its checkpointed ``size`` bytes (see ``Telemetry.truncate_to``)."""
+    with open(path, "r+b") as fh:
+        now = fh.seek(0, os.SEEK_END)
+        if now >= size:
+            fh.truncate(size)
+            return
+        start = size - len(tail)
+        if tail and now >= start:
+            fh.truncate(start)
+            fh.seek(start)
+            fh.write(tail)
+            log.warning("%s was %d bytes shorter than its checkpoint recorded (a torn last line);"
+                        " restored it from the checkpoint", path, size - now)
+            return
+        keep = _last_line_end(fh, now)  # the lost bytes are not in the checkpoint
+        fh.truncate(keep)
+        log.warning("%s is %d bytes shorter than its checkpoint recorded and the checkpoint does "
+                    "not hold them: the records in them are lost; continuing after the last "
+                    "complete line", path, size - keep)
+
+
+def _last_line_end(fh: Any, size: int, chunk: int = 1 << 16) -> int:
+    """Offset just after the last newline in the first ``size`` bytes of ``fh`` (0 if none)."""
+    end = size
+    while end > 0:
+        start = max(0, end - chunk)
+        fh.seek(start)
+        found = fh.read(end - start).rfind(b"\n")
+        if found >= 0:
+            return start + found + 1
+        end = start
+    return 0
 
 
 def define_axes(logger: Any) -> None:

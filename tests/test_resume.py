@@ -260,6 +260,81 @@ def test_unreadable_checkpoint_names_the_file_and_the_fix(tmp_path: Path) -> Non
     assert checkpoint.load(tmp_path / "fresh") is None
 
 
+# ---- torn JSONL lines and the recorded configuration --------------------------------------------
+def _torn_run(tmp_path: Path, keep_tail: bool) -> Path:
+    """Two checkpointed events, the last one then torn (the file lost its last 10 bytes, e.g. a
+    copy cut short), a resume from the checkpoint, and two more events."""
+    from atlas.telemetry import EVENTS, Telemetry
+
+    tel = Telemetry(tmp_path)
+    tel.event("config", config={"seed": 0})
+    tel.event("round", round=1, best=-0.5)
+    offsets = tel.offsets()
+    if not keep_tail:  # a checkpoint written before checkpoints kept the files' tails
+        offsets.pop("tail")
+    checkpoint.save(tmp_path, {"next_round": 2, "telemetry": offsets})
+    tel.close()
+    path = tmp_path / EVENTS
+    path.write_bytes(path.read_bytes()[:-10])
+    tel = Telemetry(tmp_path)
+    tel.truncate_to(checkpoint.load(tmp_path)["telemetry"])
+    tel.event("round", round=2, best=-0.4)
+    tel.event("round", round=3, best=-0.3)
+    tel.close()
+    return path
+
+
+def test_resume_after_a_torn_checkpointed_line_loses_nothing_and_pads_nothing(
+        tmp_path: Path) -> None:
+    """Before: ``truncate`` past the torn end padded the file with NUL bytes, and the first
+    record written after the resume was glued onto the torn line (both lost)."""
+    path = _torn_run(tmp_path, keep_tail=True)
+    data = path.read_bytes()
+    assert b"\x00" not in data
+    assert [e.get("round") for e in _jsonl(path)] == [None, 1, 2, 3]
+
+
+def test_a_torn_line_the_checkpoint_cannot_restore_is_dropped_not_padded(tmp_path: Path) -> None:
+    path = _torn_run(tmp_path, keep_tail=False)
+    assert b"\x00" not in path.read_bytes()
+    assert [e.get("round") for e in _jsonl(path)] == [None, 2, 3]  # only the torn record is lost
+
+
+SMALL = ["experiment=test", "explore.rounds=2", "explore.phase_every=2", "progress=false",
+         "task.T=200", "task.env_seeds=[0]", "explore.samples_per_prompt=2"]
+
+
+def test_a_run_folder_keeps_the_configuration_that_produced_it(tmp_path: Path) -> None:
+    """Re-running a run folder with other settings is refused, listing the keys (old -> new)
+    and the fix; invocation keys may differ; ``.hydra/config.yaml`` is written once, when the
+    run starts at round 0, so it always describes the results next to it."""
+    from atlas.runfolder import RunFolderError
+    from atlas.train import run
+    from tests.conftest import compose_cfg
+
+    run(compose_cfg(SMALL, run_dir=tmp_path))
+    files = ["results.json", "events.jsonl", "programs.jsonl", "checkpoint/state.pt",
+             ".hydra/config.yaml"]
+    before = {f: (tmp_path / f).read_bytes() for f in files}
+    assert "beta: 0.1" in before[".hydra/config.yaml"].decode()
+    with pytest.raises(RunFolderError) as err:
+        run(compose_cfg([*SMALL, "dpo.beta=0.2", "explore.rounds=3"], run_dir=tmp_path))
+    assert str(err.value) == (
+        f"{tmp_path} holds a run made with another configuration (dpo.beta: 0.1 -> 0.2, "
+        f"explore.rounds: 2 -> 3); re-run with its settings to continue it, add name=<new> for a "
+        f"new run folder, or resume=false to overwrite it")
+    assert {f: (tmp_path / f).read_bytes() for f in files} == before
+    # how a run is driven, where it runs and logs may differ: the finished run is returned
+    again = run(compose_cfg([*SMALL, "progress=true", "device=cpu", "name=other"],
+                            run_dir=tmp_path))
+    assert again["final_score"] == json.loads(before["results.json"])["final_score"]
+    assert {f: (tmp_path / f).read_bytes() for f in files} == before
+    # resume=false overwrites the run, and the recorded config with it
+    run(compose_cfg([*SMALL, "dpo.beta=0.2", "resume=false"], run_dir=tmp_path))
+    assert "beta: 0.2" in (tmp_path / ".hydra" / "config.yaml").read_text()
+    assert _jsonl(tmp_path / "events.jsonl")[0]["config"]["dpo"]["beta"] == 0.2
+
+
 def test_rng_state_round_trip() -> None:
     import random
 
