@@ -2,8 +2,10 @@
 
 What is compared: ``results.json``, ``programs.jsonl`` and ``events.jsonl`` of the resumed run
 against those of an uninterrupted run with the same seed, after removing wall-clock fields
-(``VOLATILE``: ``seconds``, ``wall_seconds``, ``seconds_dpo``, ``seconds_gate``; they measure
-time, which no two runs share) and the ``config`` event's ``run_dir`` (the two runs live in
+(``VOLATILE``: ``seconds``, ``wall_seconds``, ``seconds_dpo``, ``seconds_gate``,
+``reference_table_seconds``, and ``agent_threads``, the thread counts generation ran with,
+which follow when sandbox workers happened to be busy; they measure time and scheduling,
+which no two runs share) and the ``config`` event's ``run_dir`` (the two runs live in
 different folders). Everything else, scores, metrics, DPO losses, KL, gate decisions, every
 program's code, must be equal bit for bit.
 
@@ -38,7 +40,8 @@ import torch
 from atlas import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-VOLATILE = frozenset({"seconds", "wall_seconds", "seconds_dpo", "seconds_gate"})
+VOLATILE = frozenset({"seconds", "wall_seconds", "seconds_dpo", "seconds_gate",
+                      "reference_table_seconds", "agent_threads"})
 KILL_PHASE = 3  # fast test: phases 1-2 train before the kill, 3-4 after it
 MARKER_ENV = "ATLAS_RESUME_TEST_KILL_MARKER"  # driver: kill once, then leave a marker file
 KILL_PHASE_ENV = "ATLAS_RESUME_TEST_KILL_PHASE"
