@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -135,9 +136,11 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---:|---:|---:|---|---:|---|")
     for r in rows:
         losses = ", ".join(f"{v:.4f}" for v in r["losses"])
+        gb = r["step_gb_estimate"]
+        recompute = ("yes" if r["recompute"] else "no") + ("" if math.isnan(gb) else
+                                                           f" (step estimate {gb:.1f} GB)")
         print(f"| {r['dtype']} | {r['setting']} | {r['seconds']:.1f} | {r['per_pair_s']:.2f} | "
-              f"{r['tokens']:.0f} | {'yes' if r['recompute'] else 'no'} | "
-              f"{r['peak_rss_gb']:.2f} | {losses} |")
+              f"{r['tokens']:.0f} | {recompute} | {r['peak_rss_gb']:.2f} | {losses} |")
     by = {(r["dtype"], r["setting"]): r for r in rows}
     for dtype in {r["dtype"] for r in rows}:
         old, new = by.get((dtype, "per-row")), by.get((dtype, "shared"))

@@ -140,8 +140,10 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, r
         encoded = [encode_group(tokenizer, p.prompt, [p.chosen, p.rejected], cfg.max_length)
                    for p in chosen]
         collate: Any = SharedPromptCollator(encoded)
-        step_gb = max(estimate_step_gb(model, collate(chunk))
-                      for chunk in _chunks(range(len(chosen)), cfg.batch_size))
+        # the largest step any shuffle can make: the batch_size largest pairs, unshared
+        per_pair = sorted((estimate_step_gb(model, collate([i])) for i in range(len(chosen))),
+                          reverse=True)
+        step_gb = sum(per_pair[:cfg.batch_size])
     else:
         encoded, collate = None, IndexedPairCollator(tokenizer, cfg.max_length, chosen)
         step_gb = math.nan
@@ -198,16 +200,11 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, r
                        optimizer_state=opt_state, pairs_used=len(chosen), skipped=skipped)
 
 
-def _chunks(seq: Sequence[int], size: int) -> Iterator[list[int]]:
-    items = list(seq)
-    for i in range(0, len(items), size):
-        yield items[i:i + size]
-
-
 def estimate_step_gb(model: Any, batch: dict[str, Any]) -> float:
     """Activation memory a shared-prompt step keeps for its backward pass, in GB: per token
     and decoder layer ~14 hidden-sized and 4 MLP-sized tensors, plus float32 logits over the
-    vocabulary for the completion tokens (checked against measured RSS, README)."""
+    vocabulary for the completion tokens (``python -m atlas.bench dpo`` prints it beside the
+    measured peak RSS)."""
     cfg = model.config
     groups: list[PromptGroup] = batch["groups"]
     tokens = sum(len(g.prompt) + sum(len(c) for c in g.completions) for g in groups)
