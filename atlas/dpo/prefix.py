@@ -4,8 +4,9 @@ A preference pair's chosen and rejected completions continue the same prompt, an
 pairs come from a handful of prompts (one per island served), while prompts are 3-5x longer
 than completions. Running every (prompt, completion) row in full repeats the prompt's work
 in every row; here a prompt is run once (with gradient, when training), its keys and values
-are handed to the completions of that prompt as a KV cache, and the completions run as one
-right-padded batch after it. The maths is the same teacher-forced log-probability as
+are handed to the completions of that prompt as a KV cache, and each completion runs after
+it as one unpadded row (no work on padding; completions differ in length by 2x and more).
+The maths is the same teacher-forced log-probability as
 ``atlas.dpo.logprobs`` (a test checks equality within float32 rounding); only the work
 differs. Used by the DPO step (policy, with gradient), by the once-per-phase reference table
 and by the gate's no-grad passes.
