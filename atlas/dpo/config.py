@@ -153,7 +153,8 @@ class GateConfig:
     temperature: float = 1.0
     """Softmax temperature over length-normalised log-probs in the inspector score."""
     batch_size: int = 8
-    """Sequences per forward pass in the gate's scoring and KL passes."""
+    """Validated but no longer used: the gate's passes run each item's prompt once and each
+    completion after it as its own unpadded row (``atlas.dpo.prefix``)."""
     max_length: int = 768
     """Prompt+completion tokens kept per gate sequence (prompt truncated from the left)."""
 
