@@ -10,10 +10,11 @@ A task has two halves that live in different processes:
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from atlas.types import Evaluation
 
@@ -31,8 +32,41 @@ class PromptSpec:
     hints: tuple[str, ...] = ()  # short strategy hints
 
 
+@dataclass(frozen=True)
+class QualityMetric:
+    """A metric the evaluator reports that measures how good the program is.
+
+    Only declared metrics are compared when the Policy Inspector looks for regressions:
+    timings, flags and candidate-relative numbers (e.g. the candidate's own loss) are not
+    quality, and guessing a direction from a name is how a better policy gets vetoed.
+    """
+
+    name: str  # key in ``Evaluation.metrics``
+    direction: Literal["max", "min"]  # "max": higher is better; "min": lower is better
+    description: str = ""  # one line for the LLM inspector's prompt
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("max", "min"):
+            raise ValueError(f"QualityMetric {self.name!r}: direction={self.direction!r}; "
+                             "use 'max' (higher is better) or 'min' (lower is better)")
+
+    def better(self, a: float, b: float) -> bool:
+        """Whether value ``a`` is strictly better than ``b`` on this metric."""
+        return a > b if self.direction == "max" else a < b
+
+
 class Task(ABC):
-    """Host-side description of a task."""
+    """Host-side description of a task.
+
+    The contract, in one place (class attributes a subclass overrides):
+    - ``name``, ``evaluator_factory``, ``timeout_s``: what runs and for how long;
+    - ``quality_metrics``: the metrics that measure quality, each with its direction;
+    - ``score_range``: the closed interval a genuine score lies in; a result outside it is a
+      ``tampered`` failure, never a score (bandit: NMR <= 0, the oracle's regret is 0);
+    - ``fork_safe``: whether the worker may ``fork()`` after building the evaluator (False for
+      evaluators that hold threads, e.g. JAX/XLA);
+    - ``score_label``: how reports and figures name the score (e.g. "NMR").
+    """
 
     name: str
     #: import path "module:function" of a zero-argument-plus-config factory returning an
@@ -41,6 +75,14 @@ class Task(ABC):
     evaluator_factory: str
     #: seconds one candidate may run before it is killed
     timeout_s: float = 30.0
+    #: the quality metrics the Policy Inspector compares, with their directions
+    quality_metrics: tuple[QualityMetric, ...] = ()
+    #: closed interval of possible genuine scores (higher is better)
+    score_range: tuple[float, float] = (-math.inf, math.inf)
+    #: whether the sandbox worker may fork after building the evaluator
+    fork_safe: bool = True
+    #: the score's name in reports and figures
+    score_label: str = "score"
 
     def __init__(self, **config: Any) -> None:
         self.config = dict(config)
@@ -54,6 +96,15 @@ class Task(ABC):
     def context(self, round_index: int) -> dict[str, Any]:
         """Per-round evaluation context (plain JSON types). Default: the round index only."""
         return {"round": round_index}
+
+    def metric_directions(self) -> dict[str, str]:
+        """Declared quality metrics as ``{name: "max" | "min"}``."""
+        return {m.name: m.direction for m in self.quality_metrics}
+
+    def score_in_range(self, score: float) -> bool:
+        """Whether a reported score could be genuine (finite and inside ``score_range``)."""
+        lo, hi = self.score_range
+        return math.isfinite(score) and lo <= score <= hi
 
     def evaluator_config(self) -> dict[str, Any]:
         """JSON config handed to the evaluator factory inside the worker."""

@@ -16,7 +16,7 @@ from typing import Any
 from atlas.fields import check_known_fields
 from atlas.tasks.bandit.env import BanditConfig
 from atlas.tasks.bandit.evaluator import check_env_seeds
-from atlas.tasks.base import PromptSpec, Task
+from atlas.tasks.base import PromptSpec, QualityMetric, Task
 
 #: every config field with its default (conf/task/bandit.yaml documents each one)
 DEFAULTS: dict[str, Any] = {**BanditConfig().to_dict(), "env_seeds": [0, 1, 2, 3],
@@ -38,6 +38,17 @@ class BanditTask(Task):
 
     name = "bandit"
     evaluator_factory = "atlas.tasks.bandit.evaluator:make_evaluator"
+    # nmr_std (spread over environments) and seconds are not quality: never compared
+    quality_metrics = (
+        QualityMetric("nmr", "max", "negative mean regret over the environments (the score)"),
+        QualityMetric("regret_first_half", "min", "mean regret over the first half"),
+        QualityMetric("regret_second_half", "min", "mean regret over the second half"),
+        QualityMetric("mean_reward", "max", "mean reward collected"),
+        QualityMetric("optimal_rate", "max", "fraction of steps the best arm was played"),
+    )
+    score_range = (-float("inf"), 0.0)  # regret >= 0 at every step: the oracle scores 0
+    fork_safe = True
+    score_label = "NMR"
 
     def __init__(self, **config: Any) -> None:
         name = config.pop("name", self.name)

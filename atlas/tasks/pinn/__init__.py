@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atlas.tasks.base import PromptSpec, Task
+from atlas.tasks.base import PromptSpec, QualityMetric, Task
 from atlas.tasks.pinn.problem import PinnConfig, viscosity
 
 SEED_PROGRAM = '''import jax.numpy as jnp
@@ -54,11 +54,26 @@ class PinnTask(Task):
 
     name = "pinn"
     evaluator_factory = "atlas.tasks.pinn.evaluator:make_evaluator"
+    # train_* (the candidate's own training terms), own_val_loss (the candidate's own loss),
+    # candidate_jit and timings are not quality: never compared
+    quality_metrics = (
+        QualityMetric("val_pde", "min", "mean squared PDE residual on held-out points"),
+        QualityMetric("val_ic", "min", "initial-condition error on held-out points"),
+        QualityMetric("val_bc", "min", "boundary error on held-out points"),
+        QualityMetric("val_loss", "min", "val_pde + val_ic + val_bc"),
+        QualityMetric("rel_l2", "min", "relative L2 error against the Cole-Hopf solution"),
+    )
+    score_range = (-float("inf"), 0.0)  # every score mode is minus a non-negative loss
+    fork_safe = False  # XLA holds threads: a forked child can deadlock
+    score_label = "-validation loss"
 
     def __init__(self, **config: Any) -> None:
         self.settings = PinnConfig.from_dict(config)  # validates every field by name
         super().__init__(**self.settings.to_dict())
         self.timeout_s = float(self.settings.timeout_s)
+        self.score_label = {"composite": "-validation loss", "rel_l2": "-relative L2",
+                            "paper": "-own validation loss"}.get(self.settings.score,
+                                                                 "score")
 
     def prompt_spec(self) -> PromptSpec:
         return PromptSpec(
