@@ -25,7 +25,12 @@ from atlas.dpo import (
     train_phase,
 )
 from atlas.evolution.online_inspection import OnlineInspector
-from atlas.evolution.preferences import build_pairs, failure_floor, sample_gate_subset
+from atlas.evolution.preferences import (
+    PAIR_KINDS,
+    build_pairs,
+    failure_floor,
+    sample_gate_subset,
+)
 from atlas.supporters import Supporters
 from atlas.supporters import requests as supporter_requests
 from atlas.types import Program
@@ -49,11 +54,14 @@ class FineTuner:
 
     def __init__(self, agent: Any, method: Any, dpo_cfg: DPOConfig, gate_cfg: GateConfig,
                  supporters: Supporters | None, task_name: str, seed: int,
-                 explorer: Any = None) -> None:
+                 explorer: Any = None, quality_metrics: Any = None) -> None:
         if gate_cfg.score_mode == "online" and explorer is None:
             raise ValueError("gate.score_mode=online samples and scores programs: pass the "
                              "run's Explorer (EvolutionLoop does)")
         self.explorer = explorer  # only for gate.score_mode=online
+        # the task's declared quality metrics: the only ones the Policy Inspector compares
+        self.quality_metrics = tuple(quality_metrics if quality_metrics is not None else
+                                     getattr(getattr(explorer, "task", None), "quality_metrics", ()))
         self.agent = agent
         self.method = method
         self.dpo_cfg = dpo_cfg
@@ -106,8 +114,7 @@ class FineTuner:
         pairs = build_pairs(db, phase_programs, top_k=cfg.top_k, max_pairs=cfg.max_pairs,
                             score_threshold=cfg.score_threshold, seed=self.seed * 1000 + phase)
         record["pairs"] = len(pairs)
-        record["pair_kinds"] = {k: sum(1 for p in pairs if p.kind == k)
-                                for k in ("passed_vs_passed", "passed_vs_failed")}
+        record["pair_kinds"] = {k: sum(1 for p in pairs if p.kind == k) for k in PAIR_KINDS}
         record["knobs"] = {"beta": cfg.beta, "lr": cfg.lr, "epochs": cfg.epochs,
                            "score_threshold": cfg.score_threshold}
         if not pairs:
@@ -140,7 +147,8 @@ class FineTuner:
             promoted, vetoed, verdict = decision.accepted, False, None
             if decision.accepted and self.method.gate and self.supporters is not None:
                 verdict = self.supporters.inspector.review(supporter_requests.inspector_request(
-                    phase, decision, items, phase_programs, gate_cfg=self.gate_cfg))
+                    phase, decision, items, phase_programs, gate_cfg=self.gate_cfg,
+                    quality_metrics=self.quality_metrics))
                 vetoed = bool(verdict.veto)
                 promoted = not vetoed
             if promoted:

@@ -22,9 +22,11 @@ from atlas.supporters import (
     KnobBounds,
     Knobs,
     ProgramView,
+    QualityMetricView,
     ScoreStats,
     StrategistRequest,
     build_supporters,
+    prompts,
 )
 from atlas.supporters import requests as sreq
 from atlas.supporters.answers import extract_json, parse_strategist
@@ -189,13 +191,73 @@ def test_bounds_outside_hard_limits_are_rejected_with_the_field():
     ({}, {}, False),
 ])
 def test_inspector_vetoes_component_regressions(cand, ref, veto):
+    declared = [QualityMetricView(name=n, direction="max" if n == "nmr" else "min")
+                for n in ("val_ic", "val_pde", "val_bc", "nmr")]
     v = build_supporters(None, task_name="pinn", seed=0).inspector.review(
         InspectorRequest(phase=2, gate=_gate(True), candidate_metrics=cand,
-                         reference_metrics=ref))
+                         reference_metrics=ref, quality_metrics=declared))
     assert v.veto is veto and v.accepted is (not veto)
     if veto:
         assert v.reason.startswith("Regression:") and set(v.regressions) <= set(cand)
         json.dumps(v.to_record(), allow_nan=False)  # log-safe even for non-finite metrics
+
+
+def _preferred(metrics_cand: dict, metrics_ref: dict):
+    """One gate item whose candidate-preferred and reference-preferred programs carry these
+    evaluator metrics (as the loop's programs do)."""
+    progs = [Program(id=i, island=0, round=1, code="x", completion=f"c{i}",
+                     evaluation=Evaluation(score=-0.3, passed=True, metrics=m))
+             for i, m in enumerate((metrics_cand, metrics_ref))]
+    items = [GateItem(prompt="q", completions=["c0", "c1"], scores=[-0.3, -0.3], preferred="c0")]
+    decision = {"gain": 0.01, "kl": 0.001, "accepted": True, "candidate_preferred": [0],
+                "reference_preferred": [1]}
+    return decision, items, progs
+
+
+def test_inspector_keeps_a_bandit_candidate_better_on_every_declared_metric():
+    # measured in a CPU run: vetoed for "nmr_std 0.01 vs 0.07, optimal_rate 0.5 vs 0.22" when
+    # directions were guessed from names; nmr_std and timings are not declared quality
+    from atlas.tasks.bandit import BanditTask
+    cand = {"nmr": -0.22, "nmr_std": 0.01, "regret_first_half": 0.2, "regret_second_half": 0.24,
+            "mean_reward": 0.31, "optimal_rate": 0.5, "nmr_seed0": -0.21, "seconds": 4.0}
+    ref = {"nmr": -0.375, "nmr_std": 0.07, "regret_first_half": 0.35, "regret_second_half": 0.4,
+           "mean_reward": 0.15, "optimal_rate": 0.22, "nmr_seed0": -0.39, "seconds": 1.0}
+    req = sreq.inspector_request(2, *_preferred(cand, ref),
+                                 quality_metrics=BanditTask.quality_metrics)
+    assert set(req.candidate_metrics) == {"nmr", "regret_first_half", "regret_second_half",
+                                          "mean_reward", "optimal_rate"}
+    assert req.directions["optimal_rate"] == "max" and req.directions["regret_first_half"] == "min"
+    v = build_supporters(None, task_name="bandit", seed=0).inspector.review(req)
+    assert v.accepted and not v.veto and v.reason.startswith("no regression on")
+    # the same candidate with a collapsed optimal-arm rate is vetoed, in the declared direction
+    worse = sreq.inspector_request(2, *_preferred({**cand, "optimal_rate": 0.1}, ref),
+                                   quality_metrics=BanditTask.quality_metrics)
+    v = build_supporters(None, task_name="bandit", seed=0).inspector.review(worse)
+    assert v.veto and set(v.regressions) == {"optimal_rate"}
+    assert v.regressions["optimal_rate"] == [0.1, 0.22] and "higher is better" in v.reason
+
+
+def test_inspector_on_pinn_ignores_flags_and_own_loss_but_vetoes_an_ic_spike():
+    from atlas.tasks.pinn import PinnTask
+    ref = {"val_pde": 1e-2, "val_ic": 0.01, "val_bc": 1e-3, "val_loss": 0.021, "rel_l2": 0.1,
+           "candidate_jit": 0.0, "own_val_loss": 0.02, "viscosity": 0.03, "seconds_train": 3.0}
+    same = {**ref, "candidate_jit": 1.0, "own_val_loss": 5.0, "seconds_train": 9.0}
+    sup = build_supporters(None, task_name="pinn", seed=0)
+    req = sreq.inspector_request(2, *_preferred(same, ref), quality_metrics=PinnTask.quality_metrics)
+    assert "candidate_jit" not in req.candidate_metrics and "own_val_loss" not in req.reference_metrics
+    assert sup.inspector.review(req).accepted
+    spike = {**ref, "val_pde": 1e-4, "val_ic": 0.5, "val_loss": 0.5011}  # trivial solution u=0
+    v = sup.inspector.review(sreq.inspector_request(2, *_preferred(spike, ref),
+                                                    quality_metrics=PinnTask.quality_metrics))
+    assert v.veto and not v.accepted and "val_ic" in v.regressions
+    assert v.regressions["val_ic"] == [0.5, 0.01] and "val_pde" not in v.regressions
+    # the LLM inspector's prompt carries the declaration, with directions and descriptions
+    _, user = prompts.inspector(req)
+    assert "val_ic: lower is better (initial-condition error" in user
+    assert "candidate_jit" not in user and "own_val_loss" not in user
+    # no declaration: nothing is compared, the gate's decision stands
+    bare = sreq.inspector_request(2, *_preferred(spike, ref))
+    assert bare.candidate_metrics == {} and sup.inspector.review(bare).accepted
 
 
 def test_inspector_never_forces_a_rejected_promotion():
@@ -318,7 +380,8 @@ def test_request_builders_read_loop_objects():
     items = [GateItem(prompt="q", completions=["c2", "c3"], scores=[-0.4, -0.6], preferred="c2")]
     ir = sreq.inspector_request(3, {"gain": 0.01, "kl": 0.01, "accepted": True,
                                     "candidate_preferred": [1], "reference_preferred": ["c2"]},
-                                items, progs, gate_cfg={"epsilon": 0.0, "delta": 0.05})
+                                items, progs, gate_cfg={"epsilon": 0.0, "delta": 0.05},
+                                quality_metrics={"val_ic": "min"})
     assert ir.candidate_metrics == {"val_ic": 0.4} and ir.reference_metrics == {"val_ic": 0.1}
     assert build_supporters(None, task_name="pinn", seed=0).inspector.review(ir).veto
 
@@ -465,7 +528,8 @@ def test_out_of_range_temperature_and_bad_veto_fall_back(server):
     assert adv.fallback_cause == "out_of_range" and adv.temperature == 0.9
     v = sup.inspector.review(InspectorRequest(
         phase=1, gate=_gate(True), candidate_metrics={"val_ic": 1.0},
-        reference_metrics={"val_ic": 0.01}))
+        reference_metrics={"val_ic": 0.01},
+        quality_metrics=[QualityMetricView(name="val_ic", direction="min")]))
     assert (v.fallback_cause, v.veto, v.accepted) == ("malformed", True, False)  # the rule's
 
 

@@ -31,6 +31,7 @@ from atlas.supporters.schemas import (
     KnobBounds,
     Knobs,
     ProgramView,
+    QualityMetricView,
     ScoreStats,
     StrategistAdvice,
     StrategistRequest,
@@ -78,6 +79,6 @@ __all__ = [
     "HARD_BOUNDS", "TEMPERATURE_BOUNDS", "DpoMetrics", "ExplorationAdvice", "ExplorationRequest",
     "ExplorationSupporter", "FineTuningStrategist", "GateDecision", "GateNumbers",
     "InspectorRequest", "InspectorVerdict", "KnobBounds", "Knobs", "PolicyInspector",
-    "ProgramView", "ScoreStats", "StrategistAdvice", "StrategistRequest", "Supporters",
+    "ProgramView", "QualityMetricView", "ScoreStats", "StrategistAdvice", "StrategistRequest", "Supporters",
     "build_supporters",
 ]

@@ -18,9 +18,11 @@ Strategist (first matching rules; each changes at most one knob):
   DPO accuracy >= high_accuracy and epochs > 1 -> epochs - 1 (over-fitting a small D_k)
   DPO accuracy < low_accuracy                  -> epochs + 1
 
-Inspector: veto an accepted promotion if a lower-is-better component of the candidate's
-preferred programs grew by more than ``max_regression_ratio`` (and ``min_regression_abs``),
-a higher-is-better one dropped by more than ``max_drop``, or became non-finite.
+Inspector: only the task's declared quality metrics are compared (``Task.quality_metrics``,
+carried in the request with their directions; timings, flags and candidate-relative numbers
+never). Veto an accepted promotion if a declared "min" metric of the candidate's preferred
+programs grew by more than ``max_regression_ratio`` (and ``min_regression_abs``), a declared
+"max" metric dropped by more than ``max_drop``, or one became non-finite.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from typing import Literal
 
 from atlas.supporters.answers import changed_knobs
 from atlas.supporters.config import ExplorationConfig, InspectorConfig, StrategistConfig
@@ -43,16 +44,6 @@ from atlas.supporters.schemas import (
     StrategistAdvice,
     StrategistRequest,
 )
-
-_MAX_NAMES = ("nmr", "score", "reward", "acc", "accuracy")
-
-
-def metric_direction(name: str) -> Literal["min", "max"]:
-    """Which way a metric improves when the request does not say: scores/rewards/NMR are
-    maximised, everything else (losses, errors, ``val_*``) is minimised."""
-    low = name.lower()
-    return "max" if any(low == m or low.endswith("_" + m) or low.startswith(m + "_")
-                        for m in _MAX_NAMES) else "min"
 
 
 def _is_loss_strategy(req: ExplorationRequest) -> bool:
@@ -160,30 +151,36 @@ def strategize(req: StrategistRequest, cfg: StrategistConfig) -> StrategistAdvic
 
 
 def inspect(req: InspectorRequest, cfg: InspectorConfig) -> InspectorVerdict:
-    """Veto an accepted promotion on a per-component regression; pass a rejection through."""
+    """Veto an accepted promotion on a regression of a declared quality metric; pass a
+    rejection through. Metrics the task does not declare are never compared."""
     g = req.gate
     if not g.accepted:
         return InspectorVerdict(backend="embedded", accepted=False,
                                 reason=f"gate rejected ({g.reason or 'Eq. 5'}); nothing to review")
+    directions = req.directions
+    compared = sorted(set(directions) & set(req.candidate_metrics) & set(req.reference_metrics))
     regressions: dict[str, list[float | None]] = {}
-    for name in sorted(set(req.candidate_metrics) & set(req.reference_metrics)):
+    for name in compared:
         c, r = req.candidate_metrics[name], req.reference_metrics[name]
         if not math.isfinite(r):
             continue
-        direction = req.directions.get(name) or metric_direction(name)
         if not math.isfinite(c):
             bad = True
-        elif direction == "min":
+        elif directions[name] == "min":
             bad = c > abs(r) * cfg.max_regression_ratio and c - r > cfg.min_regression_abs
         else:
             bad = r - c > cfg.max_drop
         if bad:
             regressions[name] = [c if math.isfinite(c) else None, r]
     if regressions:
-        what = ", ".join(f"{n} {'non-finite' if c is None else format(c, '.3g')} vs {r:.3g}"
+        what = ", ".join(f"{n} {'non-finite' if c is None else format(c, '.3g')} vs {r:.3g} "
+                         f"({'lower' if directions[n] == 'min' else 'higher'} is better)"
                          for n, (c, r) in regressions.items())
         return InspectorVerdict(backend="embedded", accepted=False, veto=True,
                                 reason=f"Regression: {what} (candidate vs reference)",
                                 regressions=regressions)
+    if not compared:
+        return InspectorVerdict(backend="embedded", accepted=True,
+                                reason="no declared quality metric to compare: gate decision kept")
     return InspectorVerdict(backend="embedded", accepted=True,
-                            reason="no per-component regression")
+                            reason="no regression on " + ", ".join(compared))

@@ -12,7 +12,6 @@ from importlib import resources
 from string import Template
 
 from atlas.supporters.config import ExplorationConfig
-from atlas.supporters.embedded import metric_direction
 from atlas.supporters.schemas import (
     TEMPERATURE_BOUNDS,
     ExplorationRequest,
@@ -77,10 +76,11 @@ def strategist(req: StrategistRequest) -> tuple[str, str]:
 
 def inspector(req: InspectorRequest) -> tuple[str, str]:
     system, user = template("inspector")
-    names = sorted(set(req.candidate_metrics) | set(req.reference_metrics))
-    directions = ", ".join(
-        f"{n}: {'higher' if (req.directions.get(n) or metric_direction(n)) == 'max' else 'lower'}"
-        " is better" for n in names) or "no components"
+    names = [m.name for m in req.quality_metrics]
+    directions = "; ".join(
+        f"{m.name}: {'higher' if m.direction == 'max' else 'lower'} is better"
+        + (f" ({m.description})" if m.description else "")
+        for m in req.quality_metrics) or "the task declares none: nothing to compare"
     g = req.gate
     values = dict(phase=req.phase, gain=_fmt(g.gain), epsilon=_fmt(g.epsilon), kl=_fmt(g.kl),
                   delta=_fmt(g.delta), directions=directions,

@@ -22,6 +22,7 @@ from atlas.supporters.schemas import (
     InspectorRequest,
     KnobBounds,
     Knobs,
+    QualityMetricView,
     ScoreStats,
     StrategistRequest,
 )
@@ -130,16 +131,32 @@ def _resolve(preferred: Sequence[Any], items: Sequence[GateItem]) -> list[str]:
     return out
 
 
+def quality_views(declared: Any) -> list[QualityMetricView]:
+    """The task's declared quality metrics as views: a sequence of ``QualityMetric`` (or of
+    mappings with name/direction/description), or a ``{name: direction}`` mapping."""
+    if not declared:
+        return []
+    if isinstance(declared, Mapping):
+        return [QualityMetricView(name=str(n), direction=d) for n, d in declared.items()]
+    return [QualityMetricView(name=str(_get(m, "name")), direction=_get(m, "direction"),
+                              description=str(_get(m, "description", "") or ""))
+            for m in declared]
+
+
 def inspector_request(phase: int, decision: Any, items: Sequence[GateItem],
                       programs: Sequence[Program], gate_cfg: Any = None,
                       candidate_preferred: Sequence[str] | None = None,
-                      reference_preferred: Sequence[str] | None = None) -> InspectorRequest:
-    """The gate's numbers and per-component metrics of the programs each policy prefers.
+                      reference_preferred: Sequence[str] | None = None,
+                      quality_metrics: Any = None) -> InspectorRequest:
+    """The gate's numbers and the declared quality metrics of the programs each policy prefers.
 
-    The preferred completions (one per gate item: the completion text, or its index in
-    ``items[i].completions``) come from the arguments or from the decision's
-    ``candidate_preferred`` / ``reference_preferred``; without them the request has no
-    component metrics and the embedded inspector cannot find a regression.
+    ``quality_metrics`` is the task's declaration (``Task.quality_metrics`` or
+    ``Task.metric_directions()``); only those metrics enter the request, so timings, flags and
+    candidate-relative numbers are never compared. The preferred completions (one per gate
+    item: the completion text, or its index in ``items[i].completions``) come from the
+    arguments or from the decision's ``candidate_preferred`` / ``reference_preferred``;
+    without them (or without a declaration) there is nothing to compare and the embedded
+    inspector keeps the gate's decision.
     """
     cand = _resolve(candidate_preferred or _get(decision, "candidate_preferred") or [], items)
     ref = _resolve(reference_preferred or _get(decision, "reference_preferred") or [], items)
@@ -149,6 +166,13 @@ def inspector_request(phase: int, decision: Any, items: Sequence[GateItem],
                        kl=float(_get(decision, "kl", 0.0) or 0.0), epsilon=float(eps),
                        delta=float(delta), accepted=bool(_get(decision, "accepted")),
                        reason=str(_get(decision, "reason", "") or ""))
+    views = quality_views(quality_metrics)
+    names = {m.name for m in views}
+
+    def declared(means: dict[str, float]) -> dict[str, float]:
+        return {n: v for n, v in means.items() if n in names}
+
     return InspectorRequest(phase=phase, gate=gate,
-                            candidate_metrics=component_means(cand, programs),
-                            reference_metrics=component_means(ref, programs))
+                            candidate_metrics=declared(component_means(cand, programs)),
+                            reference_metrics=declared(component_means(ref, programs)),
+                            quality_metrics=views)

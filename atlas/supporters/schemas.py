@@ -214,20 +214,34 @@ class GateNumbers(_Model):
     reason: str = ""
 
 
-class InspectorRequest(_Model):
-    """An (accepted) promotion to review, with per-component metrics of both policies.
+class QualityMetricView(_Model):
+    """A quality metric the task declares (``atlas.tasks.base.QualityMetric``): only these
+    are compared, in this direction."""
 
-    ``candidate_metrics``/``reference_metrics`` are per-component means of the programs each
-    policy prefers on the gate subset (PINN: ``val_ic``, ``val_pde``, ...; bandit: ``nmr``).
-    ``directions`` says which way is better per component; missing ones are inferred
-    (see ``atlas.supporters.embedded.metric_direction``).
+    name: str
+    direction: Literal["min", "max"] = Field(description="max: higher is better; min: lower")
+    description: str = ""
+
+
+class InspectorRequest(_Model):
+    """An (accepted) promotion to review, with per-metric means of both policies' programs.
+
+    ``quality_metrics`` is the task's declaration (name, direction); ``candidate_metrics`` /
+    ``reference_metrics`` are means over the programs each policy prefers on the gate subset,
+    restricted to declared metrics by ``atlas.supporters.requests.inspector_request``.
+    Undeclared metrics (timings, flags, a candidate's own loss) are never compared.
     """
 
     phase: int = Field(ge=0)
     gate: GateNumbers
     candidate_metrics: dict[str, float] = Field(default_factory=dict)
     reference_metrics: dict[str, float] = Field(default_factory=dict)
-    directions: dict[str, Literal["min", "max"]] = Field(default_factory=dict)
+    quality_metrics: list[QualityMetricView] = Field(default_factory=list)
+
+    @property
+    def directions(self) -> dict[str, str]:
+        """Declared metrics as ``{name: "max" | "min"}``."""
+        return {m.name: m.direction for m in self.quality_metrics}
 
 
 class InspectorVerdict(_Response):
