@@ -154,20 +154,41 @@ def test_exploration_without_programs_gives_a_critique_and_no_patches():
      lambda k: k.beta == 2.0),
     ({"gate_decisions": [GateDecision(accepted=False, gain=0.1, kl=0.2)]}, ["lr"],
      lambda k: k.lr == pytest.approx(2.5e-5)),
-    ({"gate_decisions": [GateDecision(accepted=False, gain=-0.1, kl=0.01)]}, ["lr"],
+    # one no-gain rejection is noise; two in a row with a policy that hardly moved are not
+    ({"gate_decisions": [GateDecision(accepted=False, gain=-0.1, kl=0.01)]}, [],
+     lambda k: k.lr == 5e-5),
+    ({"gate_decisions": [GateDecision(accepted=False, gain=-0.1, kl=0.01)] * 2}, ["lr"],
      lambda k: k.lr == pytest.approx(1e-4)),
-    ({"dpo": DpoMetrics(accuracy=1.0)}, ["epochs"], lambda k: k.epochs == 1),
-    ({"dpo": DpoMetrics(accuracy=0.3), "knobs": Knobs(beta=0.1, lr=5e-5, epochs=5)}, [],
+    ({"gate_decisions": [GateDecision(accepted=False, gain=-0.1, kl=0.04)] * 2}, [],
+     lambda k: k.lr == 5e-5),  # KL > delta/2: the policy moved, a bigger step is no cure
+    ({"dpo": DpoMetrics(accuracy=1.0)}, ["epochs"], lambda k: k.epochs == 1 and k.beta == 0.1),
+    ({"dpo": DpoMetrics(accuracy=1.0), "knobs": Knobs(beta=0.1, lr=5e-5, epochs=1)}, ["beta"],
+     lambda k: k.epochs == 1 and k.beta == pytest.approx(0.15)),
+    ({"dpo": DpoMetrics(accuracy=0.55), "knobs": Knobs(beta=0.1, lr=5e-5, epochs=5)}, [],
      lambda k: k.epochs == 5),
-    ({"dpo": DpoMetrics(accuracy=0.3)}, ["epochs"], lambda k: k.epochs == 3),
+    ({"dpo": DpoMetrics(accuracy=0.55)}, ["epochs"], lambda k: k.epochs == 3),
+    ({"dpo": DpoMetrics(accuracy=0.3)}, ["lr"], lambda k: k.lr == 2.5e-5 and k.epochs == 2),
     ({"scores": ScoreStats(), "knobs": Knobs(beta=0.1, lr=5e-5, epochs=2, score_threshold=1.0)},
      ["score_threshold"], lambda k: k.score_threshold is None),
+    # a threshold is introduced only where passed scores spread around a median
+    ({"scores": ScoreStats(best=-0.22, median=-0.375, min=-0.45, n=40, n_passed=17)},
+     ["score_threshold"], lambda k: k.score_threshold == -0.375),
+    ({"scores": ScoreStats(best=-0.22, median=-0.375, min=-0.375, n=40, n_passed=17)}, [],
+     lambda k: k.score_threshold is None),  # median == min: it would filter nothing
+    ({"scores": ScoreStats(best=-0.22, median=-0.375, min=-0.45, n=40, n_passed=5)}, [],
+     lambda k: k.score_threshold is None),  # too few passed programs
+    ({"pairs_built": 12, "knobs": Knobs(beta=0.1, lr=5e-5, epochs=2, score_threshold=-0.6),
+      "scores": ScoreStats(best=-0.3, median=-0.4, min=-0.7, n=40, n_passed=20)},
+     ["score_threshold"], lambda k: k.score_threshold == -0.4),
+    ({"pairs_built": None, "knobs": Knobs(beta=0.1, lr=5e-5, epochs=2, score_threshold=-0.45)},
+     [], lambda k: k.score_threshold == -0.45),  # before any D_k: no pair count to react to
 ])
 def test_strategist_rules(kw, changed, check):
     adv = build_supporters(None, task_name="bandit", seed=0).strategist.advise(_strat_req(**kw))
     assert adv.backend == "embedded" and sorted(adv.changed) == sorted(changed)
     assert check(adv.knobs), adv
     assert adv.rationale and (changed or "no change" in adv.rationale)
+    assert sorted(adv.reasons) == sorted(changed) and all(adv.reasons.values())
     b = KnobBounds()
     assert b.beta[0] <= adv.beta <= b.beta[1] and b.lr[0] <= adv.lr <= b.lr[1]
 
@@ -374,6 +395,10 @@ def test_request_builders_read_loop_objects():
                                  gate_cfg={"epsilon": 0.0, "delta": 0.05})
     assert sr.bounds.beta == (0.05, 2.0) and sr.bounds.epochs == (1, 3)
     assert sr.pairs_built == 6 and sr.dpo.accuracy == 0.9 and sr.gate_decisions[0].kl == 0.2
+    assert sr.scores.n_passed == 3
+    assert sreq.strategist_request(1, Dpo(), progs, {}, []).pairs_built is None  # no D_k yet
+    assert sreq.strategist_request(3, Dpo(), progs, {}, [{"phase": 2, "skipped": True,
+                                                          "pairs": 0}]).pairs_built == 0
     adv = build_supporters(None, task_name="bandit", seed=0).strategist.advise(sr)
     assert adv.lr == pytest.approx(2.5e-5)  # last gate rejected for KL 0.2 > 0.05
 
@@ -562,3 +587,42 @@ def test_tuple_assigned_hyper_parameters_are_tunable_sites() -> None:
     assert [(s.name, s.value) for s in sites] == [("window", 50.0), ("alpha", 1.0), ("lam", 0.5)]
     patched, text = perturb(code, sites[2], 2.0)
     assert text == "1.0" and "window, alpha, lam = 50, 1.0, 1.0" in patched
+
+
+def test_strategist_acts_on_cpu_run_telemetry():
+    """Phase telemetry shaped like the CPU bandit runs (seed-copying agent, 32 candidates per
+    phase, supporter patches around the seed's -0.375): the rules act where it calls for it."""
+    seed = BANDIT
+    def prog(i, score, code, source="agent"):
+        ev = (Evaluation(score=score, passed=True) if score is not None
+              else Evaluation.failure("exception", "boom"))
+        return Program(id=i, island=0, round=1, code=code, evaluation=ev, source=source)
+
+    class Dpo:
+        beta, lr, epochs, score_threshold, bounds = 0.1, 5e-5, 1, None, {}
+
+    # phase 1: 9 seed copies pass, 23 distinct failures; 8 patches spread around the seed
+    p1 = ([prog(i, -0.375, seed) for i in range(9)]
+          + [prog(100 + i, None, f"def policy(): return {i}") for i in range(23)]
+          + [prog(200 + i, s, f"# patch {i}\n" + seed, "supporter") for i, s in
+             enumerate((-0.30, -0.22, -0.45, -0.41, -0.33, -0.39, -0.26, -0.5))])
+    stats1 = {"best": -0.22, "median": -0.375, "min": -0.5, "valid_rate": 17 / 40, "n": 40}
+    strat = build_supporters(None, task_name="bandit", seed=0).strategist
+    a1 = strat.advise(sreq.strategist_request(1, Dpo(), p1, stats1, []))
+    assert a1.changed == ["score_threshold"] and a1.score_threshold == -0.375
+    assert "median" in a1.reasons["score_threshold"]
+    # phase 2: 23 of 32 agent programs pass, 3 distinct (measured diversity 0.375); the last
+    # phase's DPO accuracy 0.92 (first step at chance) is not saturation, 24 pairs are plenty
+    p2 = ([prog(i, -0.375, seed if i % 3 else seed + f"# v{i % 2}\n") for i in range(23)]
+          + [prog(100 + i, None, f"def policy(): return {i % 9}") for i in range(9)])
+    hist = [{"phase": 1, "skipped": False, "pairs": 24, "dpo": {"accuracy": 0.917},
+             "gate": {"accepted": True, "gain": 1e-4, "kl": 8e-4}}]
+    Dpo.score_threshold = -0.375
+    req2 = sreq.strategist_request(2, Dpo(), p2, {"best": -0.375, "median": -0.375,
+                                                  "min": -0.375, "valid_rate": 0.72, "n": 32},
+                                   hist, gate_cfg={"epsilon": 0.0, "delta": 0.05})
+    assert req2.diversity < 0.5
+    a2 = strat.advise(req2)
+    assert a2.changed == ["beta"] and a2.beta == pytest.approx(0.2)
+    assert "diversity" in a2.reasons["beta"]
+

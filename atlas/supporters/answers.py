@@ -137,8 +137,11 @@ def parse_strategist(text: str, req: StrategistRequest, cfg: RoleConfig) -> Stra
         rationale = json.dumps(rationale)[:500]
     knobs = Knobs(**new)
     note = f" [clamped: {', '.join(clamped)}]" if clamped else ""
-    return StrategistAdvice(backend="openai", raw=text[:RAW_CHARS], knobs=knobs,
-                            changed=changed_knobs(cur, knobs), rationale=rationale[:500] + note)
+    changed = changed_knobs(cur, knobs)
+    return StrategistAdvice(backend="openai", raw=text[:RAW_CHARS], knobs=knobs, changed=changed,
+                            rationale=rationale[:500] + note,
+                            reasons={n: (rationale[:200] or "model's choice")
+                                     + (" [clamped]" if n in clamped else "") for n in changed})
 
 
 def changed_knobs(old: Knobs, new: Knobs) -> list[str]:

@@ -43,6 +43,10 @@ class RoleConfig(BaseModel):
 
 class ExplorationConfig(RoleConfig):
     max_patches: int = Field(2, ge=0, le=8)
+    #: file a patch as a completion of the prompt the island was last served with, so it
+    #: enters D_k as chosen (pair kind supporter_vs_agent); false: the ablation, patches are
+    #: scored candidates only and the agent never learns from them
+    as_preferences: bool = True
     critique_chars: int = Field(400, ge=40, le=4000)
     programs_in_prompt: int = Field(3, ge=1, le=10)
     code_chars: int = Field(1500, ge=200, le=20000)  # per program shown to the model
@@ -50,10 +54,15 @@ class ExplorationConfig(RoleConfig):
 
 
 class StrategistConfig(RoleConfig):
+    """Thresholds of the embedded rules (atlas/supporters/embedded.py)."""
+
     min_pairs: int = Field(4, ge=0)  # fewer pairs than this -> loosen the threshold
-    low_diversity: float = Field(0.3, ge=0.0, le=1.0)  # below -> raise beta
-    high_accuracy: float = Field(0.95, ge=0.0, le=1.0)  # above -> fewer epochs
+    threshold_min_passed: int = Field(8, ge=2)  # passed programs needed to set a threshold
+    low_diversity: float = Field(0.5, ge=0.0, le=1.0)  # below -> raise beta
+    high_accuracy: float = Field(0.95, ge=0.0, le=1.0)  # at/above -> fewer epochs (or beta up)
     low_accuracy: float = Field(0.6, ge=0.0, le=1.0)  # below -> more epochs
+    collapse_accuracy: float = Field(0.5, ge=0.0, le=1.0)  # below -> halve lr
+    reject_streak: int = Field(2, ge=0)  # this many no-gain rejections in a row -> double lr
 
 
 class InspectorConfig(RoleConfig):

@@ -10,13 +10,25 @@ for loss-strategy programs (entry point or task name contains "loss"/"pinn") wit
 clipping, swap squared terms for a smooth Huber (paper B.3.2). Temperature: down a step when
 most recent programs fail, up a step when they pass but are all alike.
 
-Strategist (first matching rules; each changes at most one knob):
-  few pairs (< min_pairs) and a threshold set  -> lower score_threshold to the passed minimum
-  low code diversity (< low_diversity)         -> beta x2 (stay nearer the reference)
-  last gate rejected for KL (kl > delta)       -> lr x0.5
-  last gate rejected for no gain, KL in bounds -> lr x2
-  DPO accuracy >= high_accuracy and epochs > 1 -> epochs - 1 (over-fitting a small D_k)
-  DPO accuracy < low_accuracy                  -> epochs + 1
+Strategist: each rule reads one piece of phase telemetry and may change one knob; a knob
+changes at most once per phase and every change is logged with its reason (``reasons``):
+  score_threshold (pair selection: chosen programs below it are dropped)
+    no passed programs                                   -> cleared
+    last phase built < min_pairs pairs, threshold set    -> lowered to the passed minimum
+    none set, >= threshold_min_passed passed programs
+      and min < median < best (a real spread)            -> set to the passed median
+    set, below the median, last phase built >= 2*min_pairs -> raised to the median
+  beta
+    agent's code diversity < low_diversity (repetitive)  -> x2 (stay nearer the reference)
+    DPO accuracy >= high_accuracy at the minimum epochs  -> x1.5 (saturated: damp the drift)
+  lr
+    last gate rejected for KL (kl > delta)               -> x0.5
+    DPO accuracy < collapse_accuracy (below chance)      -> x0.5 (collapsing)
+    last reject_streak gates rejected for no gain with
+      KL <= delta/2 (the policy hardly moves)            -> x2
+  epochs
+    DPO accuracy >= high_accuracy, above the minimum     -> -1 (saturated: over-fitting D_k)
+    collapse_accuracy <= DPO accuracy < low_accuracy     -> +1 (under-fitting)
 
 Inspector: only the task's declared quality metrics are compared (``Task.quality_metrics``,
 carried in the request with their directions; timings, flags and candidate-relative numbers
@@ -109,45 +121,106 @@ def _temperature(req: ExplorationRequest, cfg: ExplorationConfig, passed: list, 
 
 
 def strategize(req: StrategistRequest, cfg: StrategistConfig) -> StrategistAdvice:
-    """The rule table in the module docstring, applied top to bottom."""
+    """The rule table in the module docstring; one reason per changed knob."""
     k, b = req.knobs, req.bounds
     new = k.model_dump()
-    why: list[str] = []
+    why: dict[str, str] = {}
     # values the caller passed outside the bounds are brought inside first
     new["beta"] = min(max(new["beta"], b.beta[0]), b.beta[1])
     new["lr"] = min(max(new["lr"], b.lr[0]), b.lr[1])
     new["epochs"] = int(min(max(new["epochs"], b.epochs[0]), b.epochs[1]))
-    lo, hi = req.scores.min, req.scores.best
-    th = new["score_threshold"]
-    if th is not None and (lo is None or hi is None):
-        new["score_threshold"] = None
-        why.append("no passed programs: threshold cleared")
-    elif th is not None and lo is not None and hi is not None:
-        new["score_threshold"] = min(max(th, lo), hi)
-        if req.pairs_built < cfg.min_pairs and new["score_threshold"] > lo:
-            new["score_threshold"] = lo
-            why.append(f"only {req.pairs_built} pairs: threshold lowered to {lo:.4g}")
-    if req.diversity < cfg.low_diversity:
-        new["beta"] = min(new["beta"] * 2.0, b.beta[1])
-        why.append(f"code diversity {req.diversity:.2f} is low: beta raised")
-    last = req.gate_decisions[0] if req.gate_decisions else None
-    if last is not None and not last.accepted and last.kl is not None:
-        if req.gate_delta is not None and last.kl > req.gate_delta:
-            new["lr"] = max(new["lr"] * 0.5, b.lr[0])
-            why.append(f"gate rejected for KL {last.kl:.3g} > {req.gate_delta:.3g}: lr halved")
-        elif last.gain is not None and last.gain < req.gate_epsilon:
-            new["lr"] = min(new["lr"] * 2.0, b.lr[1])
-            why.append(f"gate rejected for gain {last.gain:.3g}: lr doubled")
-    acc = req.dpo.accuracy
-    if acc is not None and acc >= cfg.high_accuracy and new["epochs"] > b.epochs[0]:
-        new["epochs"] -= 1
-        why.append(f"DPO accuracy {acc:.2f} is saturated: one epoch fewer")
-    elif acc is not None and acc < cfg.low_accuracy and new["epochs"] < b.epochs[1]:
-        new["epochs"] += 1
-        why.append(f"DPO accuracy {acc:.2f} is low: one epoch more")
+    for name in ("beta", "lr", "epochs"):
+        if new[name] != getattr(k, name):
+            why[name] = f"{name} {getattr(k, name):g} outside its bounds: clamped"
+    _threshold(req, cfg, new, why)
+    _beta(req, cfg, new, why)
+    _lr(req, cfg, new, why)
+    _epochs(req, cfg, new, why)
     knobs = Knobs(**new)
-    return StrategistAdvice(backend="embedded", knobs=knobs, changed=changed_knobs(k, knobs),
-                            rationale="; ".join(why) or "telemetry in range: no change")
+    changed = changed_knobs(k, knobs)
+    reasons = {n: why[n] for n in changed if n in why}
+    return StrategistAdvice(backend="embedded", knobs=knobs, changed=changed, reasons=reasons,
+                            rationale="; ".join(reasons.values()) or
+                            "telemetry in range: no change")
+
+
+def _threshold(req: StrategistRequest, cfg: StrategistConfig, new: dict, why: dict) -> None:
+    s, th = req.scores, new["score_threshold"]
+    lo, med, hi = s.min, s.median, s.best
+    if lo is None or hi is None:
+        if th is not None:
+            new["score_threshold"] = None
+            why["score_threshold"] = "no passed programs this phase: threshold cleared"
+        return
+    if th is None:
+        if (med is not None and s.passed >= cfg.threshold_min_passed and lo < med < hi):
+            new["score_threshold"] = med
+            why["score_threshold"] = (f"{s.passed} passed programs spread {lo:.4g}..{hi:.4g}: "
+                                      f"threshold set at the median {med:.4g} so only the "
+                                      "better half is chosen")
+        return
+    pairs = req.pairs_built
+    if pairs is not None and pairs < cfg.min_pairs and th > lo:
+        new["score_threshold"] = lo
+        why["score_threshold"] = (f"only {pairs} pairs last phase (< {cfg.min_pairs}): "
+                                  f"threshold lowered to the passed minimum {lo:.4g}")
+    elif (pairs is not None and pairs >= 2 * cfg.min_pairs and med is not None and th < med
+          and s.passed >= cfg.threshold_min_passed):
+        new["score_threshold"] = med
+        why["score_threshold"] = (f"{pairs} pairs last phase and scores moved up: threshold "
+                                  f"raised from {th:.4g} to the median {med:.4g}")
+    elif not lo <= th <= hi:
+        new["score_threshold"] = min(max(th, lo), hi)
+        why["score_threshold"] = (f"threshold {th:.4g} outside this phase's passed scores "
+                                  f"{lo:.4g}..{hi:.4g}: clamped")
+
+
+def _beta(req: StrategistRequest, cfg: StrategistConfig, new: dict, why: dict) -> None:
+    hi = req.bounds.beta[1]
+    acc = req.dpo.accuracy
+    if req.diversity < cfg.low_diversity and new["beta"] < hi:
+        new["beta"] = min(new["beta"] * 2.0, hi)
+        why["beta"] = (f"agent code diversity {req.diversity:.2f} < {cfg.low_diversity:g} "
+                       "(repetitive programs): beta doubled to stay nearer the reference")
+    elif (acc is not None and acc >= cfg.high_accuracy and new["epochs"] <= req.bounds.epochs[0]
+          and new["beta"] < hi):
+        new["beta"] = min(new["beta"] * 1.5, hi)
+        why["beta"] = (f"DPO accuracy {acc:.2f} saturated at the minimum epochs: beta x1.5 "
+                       "to damp the drift from the reference")
+
+
+def _lr(req: StrategistRequest, cfg: StrategistConfig, new: dict, why: dict) -> None:
+    lo, hi = req.bounds.lr
+    gates, delta, acc = req.gate_decisions, req.gate_delta, req.dpo.accuracy
+    last = gates[0] if gates else None
+    streak = gates[: cfg.reject_streak]
+    if (last is not None and not last.accepted and last.kl is not None and delta is not None
+            and last.kl > delta and new["lr"] > lo):
+        new["lr"] = max(new["lr"] * 0.5, lo)
+        why["lr"] = f"last gate rejected for KL {last.kl:.3g} > delta {delta:.3g}: lr halved"
+    elif acc is not None and acc < cfg.collapse_accuracy and new["lr"] > lo:
+        new["lr"] = max(new["lr"] * 0.5, lo)
+        why["lr"] = (f"DPO accuracy {acc:.2f} < {cfg.collapse_accuracy:g} (the policy prefers "
+                     "the rejected programs): lr halved")
+    elif (cfg.reject_streak > 0 and len(streak) == cfg.reject_streak and delta is not None
+          and all(not g.accepted and g.kl is not None and g.kl <= delta / 2
+                  and (g.gain is None or g.gain < req.gate_epsilon) for g in streak)
+          and new["lr"] < hi):
+        new["lr"] = min(new["lr"] * 2.0, hi)
+        why["lr"] = (f"last {cfg.reject_streak} gates rejected for no gain with KL <= delta/2 "
+                     "(the policy hardly moves): lr doubled")
+
+
+def _epochs(req: StrategistRequest, cfg: StrategistConfig, new: dict, why: dict) -> None:
+    acc, (lo, hi) = req.dpo.accuracy, req.bounds.epochs
+    if acc is None:
+        return
+    if acc >= cfg.high_accuracy and new["epochs"] > lo:
+        new["epochs"] -= 1
+        why["epochs"] = f"DPO accuracy {acc:.2f} saturated: one epoch fewer (over-fitting D_k)"
+    elif cfg.collapse_accuracy <= acc < cfg.low_accuracy and new["epochs"] < hi:
+        new["epochs"] += 1
+        why["epochs"] = f"DPO accuracy {acc:.2f} < {cfg.low_accuracy:g}: one epoch more"
 
 
 def inspect(req: InspectorRequest, cfg: InspectorConfig) -> InspectorVerdict:

@@ -63,7 +63,8 @@ def strategist(req: StrategistRequest) -> tuple[str, str]:
     gates = [f"{'accepted' if g.accepted else 'rejected'} (gain {_fmt(g.gain)}, KL {_fmt(g.kl)})"
              for g in req.gate_decisions[:5]]
     k, b, s, d = req.knobs, req.bounds, req.scores, req.dpo
-    values = dict(phase=req.phase, pairs_built=req.pairs_built, best=_fmt(s.best),
+    pairs = "n/a (no fine-tuning yet)" if req.pairs_built is None else req.pairs_built
+    values = dict(phase=req.phase, pairs_built=pairs, best=_fmt(s.best),
                   median=_fmt(s.median), min=_fmt(s.min), valid_rate=f"{s.valid_rate:.2f}",
                   diversity=f"{req.diversity:.2f}", gates="; ".join(gates) or "none",
                   loss=_fmt(d.loss), accuracy=_fmt(d.accuracy), margin=_fmt(d.margin),

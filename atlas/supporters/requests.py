@@ -56,8 +56,9 @@ def exploration_request(task: Any, island: int, programs: Sequence[Program], tem
 
 
 def code_diversity(programs: Sequence[Program]) -> float:
-    """Distinct normalised programs / total (1.0 for no programs)."""
-    codes = [p.code for p in programs if p.source != "seed"]
+    """Distinct normalised programs / total over the agent's own programs (seed and supporter
+    patches excluded: they say nothing about how repetitive the agent is); 1.0 for none."""
+    codes = [p.code for p in programs if p.source not in ("seed", "supporter")]
     return len({normalise(c) for c in codes}) / len(codes) if codes else 1.0
 
 
@@ -83,16 +84,20 @@ def strategist_request(phase: int, dpo_cfg: Any, programs: Sequence[Program],
                   epochs=int(_get(dpo_cfg, "epochs")),
                   score_threshold=None if th is None else float(th))
     trained = [h for h in history if not h.get("skipped")]
+    built = [h for h in history if "pairs" in h]  # phases that built D_k (0 pairs included)
     last = trained[-1] if trained else {}
     dpo = last.get("dpo") or {}
     gates = [h["gate"] for h in reversed(history) if h.get("gate")][:5]
     scores = ScoreStats(best=_finite(stats.get("best")), median=_finite(stats.get("median")),
                         min=_finite(stats.get("min")),
                         valid_rate=_finite(stats.get("valid_rate")) or 0.0,
-                        n=int(stats.get("n") or 0))
+                        n=int(stats.get("n") or 0),
+                        n_passed=sum(1 for p in programs if p.passed and p.source != "seed"
+                                     and math.isfinite(p.score)) if programs else None)
     last_gate = gates[0] if gates else {}
     return StrategistRequest(
-        phase=phase, knobs=knobs, bounds=_bounds(dpo_cfg), pairs_built=int(last.get("pairs") or 0),
+        phase=phase, knobs=knobs, bounds=_bounds(dpo_cfg),
+        pairs_built=int(built[-1]["pairs"] or 0) if built else None,
         scores=scores, diversity=code_diversity(programs),
         gate_decisions=[GateDecision(accepted=bool(_get(g, "accepted")),
                                      reason=str(_get(g, "reason", "") or ""),

@@ -148,6 +148,12 @@ class ScoreStats(_Model):
     min: float | None = None
     valid_rate: float = Field(0.0, ge=0.0, le=1.0)
     n: int = Field(0, ge=0)
+    n_passed: int | None = Field(None, ge=0, description="passed programs (None: valid_rate*n)")
+
+    @property
+    def passed(self) -> int:
+        """Passed programs of the phase (given, or estimated from ``valid_rate * n``)."""
+        return self.n_passed if self.n_passed is not None else round(self.valid_rate * self.n)
 
 
 class GateDecision(_Model):
@@ -169,9 +175,11 @@ class StrategistRequest(_Model):
     phase: int = Field(ge=0)
     knobs: Knobs
     bounds: KnobBounds = Field(default_factory=KnobBounds)
-    pairs_built: int = Field(0, ge=0)
+    pairs_built: int | None = Field(None, ge=0, description="pairs of the last trained phase; "
+                                    "None before the first one")
     scores: ScoreStats = Field(default_factory=ScoreStats)
-    diversity: float = Field(1.0, ge=0.0, le=1.0, description="distinct normalised / total")
+    diversity: float = Field(1.0, ge=0.0, le=1.0,
+                             description="distinct normalised / total of the agent's programs")
     gate_decisions: list[GateDecision] = Field(default_factory=list, description="recent first")
     dpo: DpoMetrics = Field(default_factory=DpoMetrics)
     gate_epsilon: float = 0.0
@@ -184,6 +192,8 @@ class StrategistAdvice(_Response):
     knobs: Knobs
     changed: list[str] = Field(default_factory=list)
     rationale: str = ""
+    reasons: dict[str, str] = Field(default_factory=dict,
+                                    description="changed knob -> why it changed")
 
     # flat access for callers that copy the knobs into their own config
     @property
