@@ -21,7 +21,7 @@ import sys
 log = logging.getLogger("atlas.sandbox")
 
 BWRAP_PATHS = ("/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap")
-ISOLATION_CHOICES = ("auto", "bwrap", "none")
+ISOLATION_CHOICES = ("auto", "bwrap", "rlimits")
 BWRAP, FALLBACK = "bwrap", "rlimits+guard"
 #: a single file a candidate writes (and its captured output) may not exceed this
 MAX_FILE_BYTES = 256 << 20
@@ -64,40 +64,76 @@ def bwrap_args(bwrap: str, tmp_mb: int) -> list[str]:
     ]
 
 
+def python_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a sandboxed Python: ``PYTHONPATH`` made absolute, atlas importable.
+
+    Why: sandboxed processes start in another directory (bwrap's ``--chdir /tmp``), so a
+    relative ``PYTHONPATH=.`` would point nowhere and the worker could not import atlas.
+    """
+    import atlas
+
+    env = dict(os.environ if base is None else base)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(atlas.__file__)))
+    parts = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([root, *parts]))
+    return env
+
+
 @functools.lru_cache(maxsize=1)
 def probe_bwrap() -> tuple[bool, str]:
     """Run a trivial Python in bwrap once per process: (works, reason if not)."""
     bwrap = find_bwrap()
     if bwrap is None:
         return False, "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-    cmd = bwrap_args(bwrap, 16) + [sys.executable, "-c", "import atlas.sandbox.protocol"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(bwrap_args(bwrap, 16) + ["/bin/true"], capture_output=True,
+                              text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"bubblewrap failed to start: {exc}"
     if proc.returncode != 0:
-        return False, f"bubblewrap failed (exit {proc.returncode}): {proc.stderr.strip()[:300]}"
+        return False, (f"bubblewrap cannot create its sandbox here (exit {proc.returncode}: "
+                       f"{proc.stderr.strip()[:300]}); user namespaces may be disabled")
+    cmd = bwrap_args(bwrap, 16) + [sys.executable, "-c", "import atlas.sandbox.protocol"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=python_env())
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"Python inside bubblewrap failed to start: {exc}"
+    if proc.returncode != 0:
+        return False, (f"bubblewrap works but Python inside it cannot import atlas (exit "
+                       f"{proc.returncode}: {proc.stderr.strip()[-300:]})")
     return True, ""
 
 
-def resolve_isolation(requested: str) -> str:
-    """Map ``isolation=auto|bwrap|none`` to what is really active; log the decision."""
+def resolve_isolation(requested: str) -> tuple[str, str]:
+    """Map ``sandbox.isolation=auto|bwrap|rlimits`` to (mode really active, why if degraded)."""
     if requested not in ISOLATION_CHOICES:
-        raise ValueError(f"isolation={requested!r} is invalid: use one of {ISOLATION_CHOICES}")
-    if requested == "none":
-        log.info("sandbox isolation: %s (bubblewrap disabled by isolation='none')", FALLBACK)
-        return FALLBACK
+        raise ValueError(f"sandbox.isolation={requested!r} is invalid: use one of "
+                         f"{ISOLATION_CHOICES}")
+    if requested == "rlimits":
+        log.info("sandbox isolation: %s (requested by sandbox.isolation=rlimits)", FALLBACK)
+        return FALLBACK, "sandbox.isolation=rlimits was requested"
     ok, reason = probe_bwrap()
     if ok:
         log.info("sandbox isolation: %s (read-only root, private /tmp, no network, pid "
                  "namespace) + seccomp + guard", BWRAP)
-        return BWRAP
+        return BWRAP, ""
     if requested == BWRAP:
-        raise RuntimeError(f"isolation='bwrap' was requested but {reason}; install bubblewrap "
-                           f"or use isolation='auto' to fall back to {FALLBACK}")
-    log.warning("sandbox isolation: %s + seccomp (bubblewrap unavailable: %s); candidate "
-                "file writes are confined only by the in-process guard", FALLBACK, reason)
-    return FALLBACK
+        raise RuntimeError(f"sandbox.isolation=bwrap was requested but {reason}. Fix: install "
+                           f"bubblewrap (apt-get install bubblewrap) and allow user namespaces, "
+                           f"or set sandbox.isolation=auto to fall back to {FALLBACK}")
+    log.warning("sandbox isolation: %s + seccomp (bubblewrap unusable: %s); candidate file "
+                "writes are confined only by the in-process guard and uid nobody", FALLBACK,
+                reason)
+    return FALLBACK, f"bubblewrap unusable: {reason}"
+
+
+def set_process_name(name: str) -> None:
+    """Set the process's ``comm`` (what ps and psutil show), for diagnosis only."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except OSError:
+        pass
 
 
 def _prctl(option: int, arg: int) -> None:

@@ -1,10 +1,10 @@
-"""Parent side of the sandbox: worker processes, the watchdog, and the ``Sandbox`` API.
+"""Parent side of the sandbox: scorer workers, the watchdog, and the ``Sandbox`` API.
 
-Why the parent enforces the limits: a candidate in an in-process (JAX) worker controls that
-whole process, so only an outside observer can be trusted to stop it. Each slot owns one
-worker; while a candidate runs, the slot's thread waits on the worker's result pipe and
-every ``POLL_S`` checks the wall clock and the resident memory of the candidate's
-processes, killing them when a limit is crossed. A dead or compromised worker is replaced
+Each slot owns one trusted scorer worker (``worker.py``), which runs every candidate in a
+fresh single-use runner process (``runner.py``). While a candidate runs, the slot's thread
+waits on the worker's result pipe and every ``POLL_S`` checks the wall clock and the resident
+memory of the runner processes, killing them when a limit is crossed. A result outside the
+task's ``score_range`` is a ``tampered`` failure, never a score. A dead worker is replaced
 lazily, so one bad candidate costs at most its own limit.
 """
 
@@ -31,7 +31,13 @@ from typing import Any
 import psutil
 
 from atlas.sandbox import protocol
-from atlas.sandbox.isolation import BWRAP, bwrap_args, find_bwrap, resolve_isolation
+from atlas.sandbox.isolation import (
+    BWRAP,
+    bwrap_args,
+    find_bwrap,
+    python_env,
+    resolve_isolation,
+)
 from atlas.types import Evaluation, FailureKind
 
 log = logging.getLogger("atlas.sandbox")
@@ -87,7 +93,6 @@ class _Slot:
         self.root: psutil.Process | None = None
         self.worker: psutil.Process | None = None
         self.req_w = self.resp_r = -1
-        self.fork_safe = True
         self.served = 0
         self.tmp_root: str | None = None
         self._ids = itertools.count()
@@ -99,7 +104,10 @@ class _Slot:
         self.resp_r, resp_w = os.pipe()
         cmd = [sys.executable, "-m", _WORKER_MODULE, "--req-fd", str(req_r),
                "--resp-fd", str(resp_w)]
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **thread_limits(sb.threads_per_worker))
+        if sb.fork_safe:  # the zygote imports the runner's module once, before any fork
+            cmd += ["--preload", (sb.runner_factory or sb.evaluator_factory).split(":")[0]]
+        env = python_env(dict(os.environ, PYTHONDONTWRITEBYTECODE="1",
+                              **thread_limits(sb.threads_per_worker)))
         if sb.isolation == BWRAP:
             cmd = bwrap_args(str(find_bwrap()), sb.memory_mb) + cmd
         else:
@@ -116,7 +124,8 @@ class _Slot:
         protocol.write_frame(self.req_w, {
             "type": "init", "factory": sb.evaluator_factory, "config": sb.evaluator_config,
             "memory_mb": sb.memory_mb, "timeout_s": sb.timeout_s,
-            "max_output_bytes": sb.max_output_bytes, "tmp_root": self.tmp_root})
+            "max_output_bytes": sb.max_output_bytes, "tmp_root": self.tmp_root,
+            "runner_factory": sb.runner_factory, "secret": sb.secret})
         reply = self._await_frame(time.monotonic() + STARTUP_TIMEOUT_S)
         if reply is None or reply.get("type") != "ready":
             errlog.seek(0)
@@ -126,11 +135,9 @@ class _Slot:
             raise SandboxError(f"sandbox worker failed to start evaluator_factory="
                                f"{sb.evaluator_factory!r}:\n{detail}")
         errlog.close()
-        self.fork_safe = bool(reply.get("fork_safe", True))
         self.worker = self._find_worker()
         self.served = 0
-        log.debug("sandbox worker %d started (pid %s, fork_safe=%s)", self.index,
-                  self.proc.pid, self.fork_safe)
+        log.debug("sandbox worker %d started (pid %s)", self.index, self.proc.pid)
 
     def _find_worker(self) -> psutil.Process | None:
         """The worker's host process (under bwrap the root is bwrap itself)."""
@@ -188,14 +195,16 @@ class _Slot:
         return None
 
     def _candidate_procs(self) -> list[psutil.Process]:
-        """The processes running candidate code: the forked child(ren) or the whole worker."""
+        """The runners: every process below the worker's zygote (its grandchildren)."""
         if self.worker is None:
             return []
+        procs: list[psutil.Process] = []
         try:
-            kids = self.worker.children(recursive=True)
+            for zygote in self.worker.children():
+                procs.extend(zygote.children(recursive=True))
         except psutil.Error:
-            return []
-        return kids if self.fork_safe else [self.worker, *kids]
+            pass
+        return procs
 
     def _rss_mb(self) -> float:
         total = 0
@@ -237,11 +246,9 @@ class _Slot:
                                                 f"{sb.memory_mb} MB (resident {peak:.0f} MB) "
                                                 f"and was killed")
                 if verdict is not None and give_up == math.inf:
-                    if self.fork_safe:
-                        _kill_tree(self.worker, keep_root=True)
-                        give_up = time.monotonic() + GRACE_S
-                    else:
-                        break
+                    for proc in self._candidate_procs():
+                        _kill_tree(proc)
+                    give_up = time.monotonic() + GRACE_S
                 ready, _, _ = select.select([self.resp_r], [], [], POLL_S)
                 if ready:
                     chunk = os.read(self.resp_r, 1 << 16)
@@ -253,14 +260,18 @@ class _Slot:
                     break
             ev = self._interpret(frame, rid, nonce, verdict)
         except (protocol.ProtocolError, ValueError) as exc:
-            ev = Evaluation.failure(FailureKind.EXCEPTION,
+            ev = Evaluation.failure(FailureKind.TAMPERED,
                                     f"the program tampered with the sandbox protocol ({exc})")
             frame = None
+        if ev.passed and not sb.score_ok(ev.score):
+            ev = Evaluation.failure(FailureKind.TAMPERED,
+                                    f"score {ev.score!r} lies outside the task's possible range "
+                                    f"{list(sb.score_range)}; no genuine program scores that",
+                                    metrics=ev.metrics)
         ev.seconds = time.monotonic() - start
         self.served += 1
         healthy = frame is not None and buf.pending() == 0 and self.alive()
-        recycle = not self.fork_safe and (not ev.passed or self.served >= sb.recycle_every)
-        if not healthy or recycle:
+        if not healthy or self.served >= sb.recycle_every:
             self.stop()
         return ev
 
@@ -275,25 +286,28 @@ class _Slot:
                                       f"(exit status {code}); it was probably killed")
         if frame.get("type") != "result" or frame.get("id") != rid or frame.get("nonce") != nonce:
             raise protocol.ProtocolError("a result frame with the wrong id or nonce")
-        ev = protocol.validate_evaluation(frame.get("evaluation"))
-        output = frame.get("output")
-        if not ev.passed and isinstance(output, str) and output.strip() and not ev.message:
-            ev.message = f"program output: {output[-1500:]}"
-        return ev
+        return protocol.validate_evaluation(frame.get("evaluation"))
 
 
 class Sandbox:
-    """Runs untrusted candidate programs in isolated worker processes, in parallel.
+    """Runs untrusted candidate programs in isolated single-use processes, in parallel.
 
-    ``evaluator_factory`` ("module:function") is imported and called once per worker with
-    ``evaluator_config``; the evaluator it returns scores one candidate per call. Every
-    candidate gets ``timeout_s`` of wall time and ``memory_mb`` of resident memory.
+    ``evaluator_factory`` ("module:function") is imported and called once per trusted worker
+    with ``evaluator_config`` (and ``secret=`` if it takes one). With ``runner_factory`` it
+    returns a scorer (``score(code, context, link)``, ``public_config()``) and candidates run
+    in the task's runner; without, it is a legacy ``(code, context) -> Evaluation`` callable
+    built and run whole in the candidate's runner. Every candidate gets ``timeout_s`` of wall
+    time and ``memory_mb`` of resident memory; a passed score outside ``score_range`` is a
+    ``tampered`` failure. ``secret`` (the run's, see ``secret.py``) defaults to a fresh one.
     """
 
     def __init__(self, evaluator_factory: str, evaluator_config: dict, *, workers: int = 2,
                  timeout_s: float = 30.0, memory_mb: int = 2048, isolation: str = "auto",
-                 max_output_bytes: int = 65536, recycle_every: int = 50,
-                 threads_per_worker: int = 1) -> None:
+                 max_output_bytes: int = 65536, recycle_every: int = 500,
+                 threads_per_worker: int = 1, runner_factory: str | None = None,
+                 secret: str | None = None,
+                 score_range: tuple[float, float] = (-math.inf, math.inf),
+                 fork_safe: bool = True) -> None:
         if not isinstance(evaluator_factory, str) or evaluator_factory.count(":") != 1 \
                 or not all(evaluator_factory.split(":")):
             raise ValueError(f"evaluator_factory={evaluator_factory!r} is invalid: use an import "
@@ -318,7 +332,17 @@ class Sandbox:
         self.workers, self.timeout_s, self.memory_mb = workers, float(timeout_s), memory_mb
         self.max_output_bytes, self.recycle_every = max_output_bytes, recycle_every
         self.threads_per_worker = threads_per_worker
-        self.isolation: str = resolve_isolation(isolation)
+        if runner_factory is not None and (not isinstance(runner_factory, str)
+                                           or runner_factory.count(":") != 1):
+            raise ValueError(f"runner_factory={runner_factory!r} is invalid: use an import "
+                             f"path 'package.module:function'")
+        lo, hi = (float(v) for v in score_range)
+        if not lo <= hi:
+            raise ValueError(f"score_range={score_range!r} is invalid: use (low, high), low <= high")
+        self.runner_factory, self.score_range, self.fork_safe = runner_factory, (lo, hi), fork_safe
+        self.secret = secret if secret is not None else secrets.token_hex(32)
+        #: what is really active ("bwrap" or "rlimits+guard") and, if degraded, why
+        self.isolation, self.isolation_reason = resolve_isolation(isolation)
         self._slots: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         self._all = [_Slot(self, i) for i in range(workers)]
         for slot in self._all:
@@ -328,6 +352,19 @@ class Sandbox:
         self._lock = threading.Lock()
         self._busy = 0  # workers scoring a candidate right now (for the agent's thread budget)
         self._finalizer = weakref.finalize(self, Sandbox._shutdown, self._pool, self._all)
+
+    @classmethod
+    def for_task(cls, task: Any, *, secret: str | None = None, **kwargs: Any) -> Sandbox:
+        """The sandbox a ``Task`` declares (factories, time limit, score range, fork safety)."""
+        return cls(task.evaluator_factory, task.evaluator_config(),
+                   runner_factory=getattr(task, "runner_factory", None), secret=secret,
+                   timeout_s=float(task.timeout_s), score_range=tuple(task.score_range),
+                   fork_safe=bool(task.fork_safe), **kwargs)
+
+    def score_ok(self, score: float) -> bool:
+        """Whether a passed score could be genuine (finite and inside ``score_range``)."""
+        lo, hi = self.score_range
+        return math.isfinite(score) and lo <= score <= hi
 
     def _run(self, code: str, context: dict) -> Evaluation:
         slot = self._slots.get()

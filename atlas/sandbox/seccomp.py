@@ -4,7 +4,9 @@ Why: the in-process guard (``guard.py``) can be bypassed by a determined program
 reached through numpy, ``posix`` internals...). A seccomp filter cannot: once installed it
 holds for the process and everything it starts. It makes process creation (fork bombs,
 ``os.system``, ``subprocess``), ``exec``, sockets (network), ``ptrace`` / cross-process memory
-access, ``kill`` and namespace tricks fail with ``EPERM``, while threads (``clone`` with
+access, signals to any thread or process (``kill``, ``tkill``, ``tgkill``,
+``rt_sigqueueinfo``, ``rt_tgsigqueueinfo``, ``pidfd_send_signal``, ``pidfd_open``), ``bpf``,
+``io_uring_setup``, ``mount`` and namespace tricks (``unshare``, ``setns``) fail with ``EPERM``, while threads (``clone`` with
 ``CLONE_THREAD``, which numpy, BLAS and XLA need) keep working. This also contains fork bombs
 when we run as root, where ``RLIMIT_NPROC`` does not bind.
 
@@ -38,12 +40,15 @@ _ARCHES: dict[str, tuple[int, dict[str, int], int, int]] = {
     "x86_64": (0xC000003E, {
         "fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "socket": 41,
         "socketpair": 53, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
-        "kill": 62, "tkill": 200, "unshare": 272, "setns": 308, "io_uring_setup": 425,
+        "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129,
+        "rt_tgsigqueueinfo": 297, "pidfd_send_signal": 424, "unshare": 272, "setns": 308, "io_uring_setup": 425,
         "bpf": 321, "mount": 165, "pidfd_open": 434,
     }, 56, 435),
     "aarch64": (0xC00000B7, {
         "execve": 221, "execveat": 281, "socket": 198, "socketpair": 199, "ptrace": 117,
         "process_vm_readv": 270, "process_vm_writev": 271, "kill": 129, "tkill": 130,
+        "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
+        "pidfd_send_signal": 424,
         "unshare": 97, "setns": 268, "io_uring_setup": 425, "bpf": 280, "mount": 40,
         "pidfd_open": 434,
     }, 220, 435),

@@ -1,0 +1,40 @@
+"""The per-run task secret: where hidden randomness (environment seeds, validation points) comes from.
+
+Why: the code and ``task.env_seeds`` are public, so environments derived from them alone can be
+rebuilt by a candidate that then plays the oracle. The secret lives in the run folder (so a
+resumed or repeated run faces the same environments) and only trusted scorer processes
+receive it; candidate runner processes are forked from a zygote that never held it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from hashlib import blake2b
+from pathlib import Path
+
+SECRET_FILE = ".task_secret"
+
+
+def run_secret(run_dir: str | os.PathLike[str]) -> str:
+    """The run's secret (64 hex chars), created with mode 0600 on first use."""
+    path = Path(run_dir) / SECRET_FILE
+    if path.exists():
+        value = path.read_text().strip()
+        if len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+            return value
+        raise ValueError(f"{path} is corrupt (expected 64 hex characters); delete it to start "
+                         f"a new run with new hidden environments")
+    value = secrets.token_hex(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value + "\n")
+    return value
+
+
+def derive_seed(secret: str, *parts: object) -> int:
+    """A 63-bit seed from the secret and public labels (one-way: the labels reveal nothing)."""
+    h = blake2b(key=bytes.fromhex(secret)[:64], digest_size=8)
+    h.update(repr(parts).encode("utf-8"))
+    return int.from_bytes(h.digest(), "big") >> 1
