@@ -209,6 +209,7 @@ class FineTuner:
                 "fallback_cause": advice.fallback_cause,
                 "rationale": getattr(advice, "rationale", ""),
                 "reasons": dict(getattr(advice, "reasons", {}) or {}),
+                "reasons": dict(getattr(advice, "reasons", {}) or {}),
                 "values": {k: getattr(updated, k) for k in ("beta", "lr", "epochs", "score_threshold")}}
 
 
