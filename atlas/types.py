@@ -24,6 +24,7 @@ class FailureKind(str, Enum):
     WRONG_RETURN = "wrong_return"  # wrong type or out of range
     NON_FINITE = "non_finite"
     NO_CODE = "no_code"  # the completion held no extractable program
+    TAMPERED = "tampered"  # a result no genuine program can produce (outside score_range, forged)
 
 
 @dataclass
