@@ -40,11 +40,23 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     if config is None:
         raise ValueError(f"{run_dir}/events.jsonl has no config event; is it an atlas run folder?")
     meta = {"task": config["task"]["name"], "method": config["method"]["name"],
-            "seed": config["seed"], "run_dir": str(run_dir)}
+            "seed": config["seed"], "run_dir": str(run_dir),
+            "score_label": score_label(config["task"])}
     end = next((e for e in reversed(events) if e["event"] == "end"), None)
     meta["wall_seconds"] = end["results"].get("wall_seconds") if end else None
     meta["complete"] = end is not None
     return summarise(run_dir, meta)
+
+
+def score_label(task_cfg: dict[str, Any]) -> str:
+    """The task's own name for its score (``Task.score_label``), from the run's task config."""
+    from atlas.tasks import make_task
+
+    cfg = dict(task_cfg)
+    try:
+        return str(make_task(cfg.pop("name"), **cfg).score_label)
+    except Exception:  # a task renamed or removed since the run: the plain word
+        return "score"
 
 
 def _mean_std(values: list[float | None]) -> tuple[float, float, int]:
@@ -64,14 +76,25 @@ def _group(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, A
 
 def table2(runs: list[dict[str, Any]]) -> str:
     """Initial, final, improvement per task and method: mean +- std over seeds."""
-    lines = ["Table 2: best score, mean +- std over seeds (higher is better; PINN = -validation loss)",
-             f"{'task':8} {'method':8} {'seeds':>5} {'initial':>20} {'final':>20} {'improvement %':>18}"]
+    keys = ("initial_score", "final_score", "improvement_pct", "final_agent",
+            "improvement_agent_pct")
+    lines = ["Table 2: best score, mean +- std over seeds (higher is better); final: any source "
+             "(agent, supporter, seed), agent: the agent's own programs (or the seed); "
+             "candidates: evaluated agent+supporter programs (the equal budget)",
+             f"{'task':8} {'method':8} {'seeds':>5} {'initial':>18} {'final':>18} "
+             f"{'improv. %':>16} {'final agent':>18} {'agent improv. %':>16} {'candidates':>12}"]
+    labels: dict[str, str] = {}
     for (task, method), rs in _group(runs).items():
+        labels.setdefault(task, str(rs[0].get("score_label") or "score"))
         cols = []
-        for key in ("initial_score", "final_score", "improvement_pct"):
-            m, s, _ = _mean_std([r[key] for r in rs])
+        for key in keys:
+            m, s, _ = _mean_std([r.get(key) for r in rs])
             cols.append(f"{m:.4g} +- {s:.2g}")
-        lines.append(f"{task:8} {method:8} {len(rs):>5} {cols[0]:>20} {cols[1]:>20} {cols[2]:>18}")
+        cand = sorted({str(r["candidates"]) if r.get("candidate_budget") is None
+                       else f"{r['candidates']}/{r['candidate_budget']}" for r in rs})
+        lines.append(f"{task:8} {method:8} {len(rs):>5} {cols[0]:>18} {cols[1]:>18} "
+                     f"{cols[2]:>16} {cols[3]:>18} {cols[4]:>16} {','.join(cand):>12}")
+    lines.insert(1, "score: " + "; ".join(f"{t} = {lab}" for t, lab in labels.items()))
     return "\n".join(lines)
 
 
@@ -99,7 +122,10 @@ def table3(runs: list[dict[str, Any]], per_trial: bool = False) -> str:
 
 
 def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """Best-so-far score per round, mean and std band over seeds, one PNG per task."""
+    """Best-so-far score per round, mean and std band over seeds, one PNG per task: solid
+    lines are the best of any source, dashed lines the agent's own programs (and the seed).
+    A score labelled "-X" that is never positive is drawn as X on a log axis (lower is
+    better), e.g. PINN's "-validation loss"."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -107,27 +133,39 @@ def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    by_task: dict[str, dict[str, list[list[float | None]]]] = defaultdict(lambda: defaultdict(list))
+    by_task: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    labels: dict[str, str] = {}
     for r in runs:
-        by_task[r["task"]][r["method"]].append(r["best_by_round"])
+        by_task[r["task"]][r["method"]].append(r)
+        labels.setdefault(r["task"], str(r.get("score_label") or "score"))
     for task, methods in sorted(by_task.items()):
+        label = labels[task]
+        values = [v for rs in methods.values() for r in rs for v in r["best_by_round"]
+                  if v is not None]
+        negated = label.startswith("-") and bool(values) and max(values) < 0
         fig, ax = plt.subplots(figsize=(6, 4))
-        for method in sorted(methods, key=lambda m: (METHOD_ORDER + (m,)).index(m)):
-            curves = methods[method]
-            length = max(len(c) for c in curves)
-            arr = np.full((len(curves), length), np.nan)
-            for i, c in enumerate(curves):
-                arr[i, : len(c)] = [np.nan if v is None else v for v in c]
-            y = -arr if task == "pinn" else arr
-            mean, std = np.nanmean(y, axis=0), np.nanstd(y, axis=0)
-            x = np.arange(length)
-            ax.plot(x, mean, label=f"{method} (n={len(curves)})")
-            ax.fill_between(x, mean - std, mean + std, alpha=0.2)
-        if task == "pinn":
+        for ci, method in enumerate(sorted(methods, key=lambda m: (METHOD_ORDER + (m,)).index(m))):
+            for key, style in (("best_by_round", "-"), ("best_by_round_agent", "--")):
+                curves = [r.get(key) for r in methods[method] if r.get(key)]
+                if not curves:
+                    continue
+                length = max(len(c) for c in curves)
+                arr = np.full((len(curves), length), np.nan)
+                for i, c in enumerate(curves):
+                    arr[i, : len(c)] = [np.nan if v is None else v for v in c]
+                y = -arr if negated else arr
+                mean, std = np.nanmean(y, axis=0), np.nanstd(y, axis=0)
+                x = np.arange(length)
+                who = "any source" if style == "-" else "agent only"
+                ax.plot(x, mean, style, color=f"C{ci}",
+                        label=f"{method}, {who} (n={len(curves)})")
+                if style == "-":
+                    ax.fill_between(x, mean - std, mean + std, alpha=0.2, color=f"C{ci}")
+        if negated:
             ax.set_yscale("log")
-            ax.set_ylabel("validation loss (lower is better)")
+            ax.set_ylabel(f"{label[1:].strip()} (lower is better)")
         else:
-            ax.set_ylabel("best score (NMR, higher is better)")
+            ax.set_ylabel(f"best {label} (higher is better)")
         ax.set_xlabel("round")
         ax.set_title(f"Figure 2: {task}")
         ax.legend()

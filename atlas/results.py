@@ -2,6 +2,14 @@
 
 Derived only from ``events.jsonl`` and ``programs.jsonl``, so a report can recompute it
 for any run folder without re-running anything.
+
+Two columns of every score: ``final_score`` is the best program of any source (the agent,
+the ATLAS exploration supporter, the seed); ``final_agent`` is the best the agent wrote (or
+the seed, where the agent never beat it), so a supporter's hand-written tuning is never
+credited to the agent. Like for like: scores compare only on one equation (``Program.regime``;
+the PINN viscosity steps between phases), so initial and final are both taken on the last
+equation of the run, the seed and the incumbents re-scored on it (``source="rescore"``), and
+Figure 2's best-so-far at round r is over programs scored on round r's equation.
 """
 
 from __future__ import annotations
@@ -21,6 +29,18 @@ def _score(p: dict[str, Any]) -> float:
     return -math.inf if s is None or not p["evaluation"].get("passed") else float(s)
 
 
+def _origins(programs: list[dict[str, Any]]) -> dict[int, str]:
+    """Program id -> who wrote its code (a re-score counts as the program it re-scored)."""
+    by_id = {int(p["id"]): p for p in programs}
+    out = {}
+    for p in programs:
+        q = p
+        while q.get("source") == "rescore" and q.get("parents") and int(q["parents"][0]) in by_id:
+            q = by_id[int(q["parents"][0])]
+        out[int(p["id"])] = q.get("source", "agent")
+    return out
+
+
 def valid_rate(programs: list[dict[str, Any]]) -> float | None:
     agent = [p for p in programs if p.get("source") == "agent"]
     if not agent:
@@ -28,16 +48,48 @@ def valid_rate(programs: list[dict[str, Any]]) -> float | None:
     return sum(1 for p in agent if p["evaluation"].get("passed")) / len(agent)
 
 
-def best_so_far(programs: list[dict[str, Any]], rounds: int) -> list[float | None]:
-    """Best passed score after each round (Figure 2's trajectory)."""
-    best, out = -math.inf, []
-    by_round: dict[int, list[float]] = {}
+def round_regimes(programs: list[dict[str, Any]], rounds: int) -> list[str]:
+    """The equation each round scored on (a round without programs keeps the previous one)."""
+    seen: dict[int, str] = {}
     for p in programs:
-        by_round.setdefault(int(p["round"]), []).append(_score(p))
+        if p.get("source") != "rescore" or int(p["round"]) not in seen:
+            seen[int(p["round"])] = p.get("regime", "")
+    out, current = [], seen.get(0, "")
     for r in range(rounds + 1):
-        best = max([best, *by_round.get(r, [])])
+        current = seen.get(r, current)
+        out.append(current)
+    return out
+
+
+def best_so_far(programs: list[dict[str, Any]], rounds: int,
+                sources: tuple[str, ...] | None = None) -> list[float | None]:
+    """Best passed score after each round among programs on that round's equation
+    (Figure 2's trajectory); ``sources`` keeps only code those sources wrote."""
+    origins = _origins(programs)
+    regimes = round_regimes(programs, rounds)
+    out = []
+    for r in range(rounds + 1):
+        best = max((_score(p) for p in programs if int(p["round"]) <= r
+                    and p.get("regime", "") == regimes[r]
+                    and (sources is None or origins[int(p["id"])] in sources)),
+                   default=-math.inf)
         out.append(best if math.isfinite(best) else None)
     return out
+
+
+def _pct(new: float, old: float) -> float | None:
+    if math.isfinite(old) and math.isfinite(new) and old != 0:
+        return 100.0 * (new - old) / abs(old)
+    return None
+
+
+def _budget(events: list[dict[str, Any]], rounds: int) -> int | None:
+    """Evaluated candidates the config allows: rounds x islands_per_round x samples_per_prompt."""
+    cfg = next((e["config"] for e in events if e["event"] == "config"), None)
+    ex = (cfg or {}).get("explore") or {}
+    if "islands_per_round" not in ex or "samples_per_prompt" not in ex:
+        return None
+    return int(ex.get("rounds", rounds)) * int(ex["islands_per_round"]) * int(ex["samples_per_prompt"])
 
 
 def summarise(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
@@ -46,17 +98,24 @@ def summarise(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     programs = read_jsonl(run_dir / PROGRAMS)
     events = read_jsonl(run_dir / EVENTS)
     rounds = max((int(p["round"]) for p in programs), default=0)
-    seeds = [p for p in programs if p.get("source") == "seed"]
+    origins = _origins(programs)
+    last_regime = round_regimes(programs, rounds)[-1]  # the equation the run ends on
+    at_last = [p for p in programs if p.get("regime", "") == last_regime]
+    seeds = [p for p in at_last if origins[int(p["id"])] == "seed"]
     initial = max((_score(p) for p in seeds), default=-math.inf)
-    final = max((_score(p) for p in programs), default=-math.inf)
-    improvement = None
-    if math.isfinite(initial) and math.isfinite(final) and initial != 0:
-        improvement = 100.0 * (final - initial) / abs(initial)
+    final = max((_score(p) for p in at_last), default=-math.inf)
+    final_agent = max((_score(p) for p in at_last if origins[int(p["id"])] in ("seed", "agent")),
+                      default=-math.inf)
+    improvement = _pct(final, initial)
+    by_source = Counter(p.get("source", "agent") for p in programs if p.get("source") != "seed")
     agent_rounds = sorted({int(p["round"]) for p in programs if p.get("source") == "agent"})
     first = [p for p in programs if p.get("source") == "agent" and agent_rounds and int(p["round"]) == agent_rounds[0]]
     last = [p for p in programs if p.get("source") == "agent" and agent_rounds and int(p["round"]) == agent_rounds[-1]]
 
     phases = [e for e in events if e["event"] == "phase"]
+    pair_kinds: Counter[str] = Counter()
+    for e in phases:
+        pair_kinds.update(e.get("pair_kinds") or {})
     trained = [e for e in phases if not e.get("skipped")]
     gated = [e for e in trained if e.get("gate") is not None]
     promotions = sum(1 for e in gated if e.get("promoted"))
@@ -72,16 +131,24 @@ def summarise(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
         "initial_score": initial if math.isfinite(initial) else None,
         "final_score": final if math.isfinite(final) else None,
         "improvement_pct": improvement,
+        "final_agent": final_agent if math.isfinite(final_agent) else None,
+        "improvement_agent_pct": _pct(final_agent, initial),
         "rounds": rounds,
-        "candidates": sum(1 for p in programs if p.get("source") != "seed"),
+        # evaluated candidates (the budget every method spends equally): agent + supporter
+        "candidates": by_source.get("agent", 0) + by_source.get("supporter", 0),
+        "candidate_budget": _budget(events, rounds),
+        "candidates_by_source": {k: by_source.get(k, 0) for k in ("agent", "supporter", "rescore")},
+        "score_regime": last_regime,
         "valid_rate": valid_rate(programs),
         "valid_rate_first_round": valid_rate(first),
         "valid_rate_last_round": valid_rate(last),
         "failure_kinds": dict(failures),
         "best_by_round": best_so_far(programs, rounds),
+        "best_by_round_agent": best_so_far(programs, rounds, ("seed", "agent")),
         "phases": len(phases),
         "phases_trained": len(trained),
         "phases_skipped": len(phases) - len(trained),
+        "pair_kinds": dict(pair_kinds),
         "promotions": promotions,
         "accept_rate": rate(promotions, len(gated)),
         "vetoes": sum(1 for e in gated if e.get("vetoed")),

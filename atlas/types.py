@@ -80,8 +80,11 @@ class Program:
     completion: str = ""
     parents: list[int] = field(default_factory=list)
     cluster: str = ""
-    source: str = "agent"  # agent | seed | supporter
+    source: str = "agent"  # agent | seed | supporter | rescore (an incumbent re-scored, parents=[original])
     phase: int = 0
+    #: the equation it was scored on (the task context without the round, as JSON): scores
+    #: compare only within one regime (the PINN viscosity drifts between phases)
+    regime: str = ""
 
     @property
     def score(self) -> float:

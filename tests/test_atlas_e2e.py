@@ -105,6 +105,19 @@ def test_atlas_embedded_runs_on_both_tasks(tmp_path, task):
     # the rule-based patches are real candidates: they are scored and one of them beats the seed
     assert sum(e["patches"] for e in exploration) >= 1
     assert results["final_score"] > results["initial_score"]
+    # ... but the agent wrote no valid program, and its own column says so
+    assert results["valid_rate"] == 0
+    assert results["final_agent"] == results["initial_score"]
+    assert results["improvement_agent_pct"] == 0
+    # equal budgets: supporter programs are paid out of the agent's samples (test config:
+    # 4 rounds x 1 island x 4 samples), the last round's patches are dropped
+    by_source = results["candidates_by_source"]
+    assert results["candidates"] == by_source["agent"] + by_source["supporter"] == 16
+    assert results["candidate_budget"] == 16 and by_source["supporter"] >= 1
+    assert exploration[-1]["patches"] == 0 and exploration[-1]["patches_dropped_for_budget"] >= 1
+    rounds = [e for e in events if e["event"] == "round"]
+    for prev, cur in zip(rounds, rounds[1:]):
+        assert cur["candidates"] == 4 - prev["supporter_candidates"]
     _check_table_fields(results, events)
     # a phase that improved consulted the strategist, and the counter saw it
     consulted = [e for e in events if e["event"] == "phase" and "strategist" in e]

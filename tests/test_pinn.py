@@ -80,15 +80,30 @@ def test_quadrature_rejects_bad_input():
 
 # ----------------------------------------------------------------------------- problem / task
 def test_viscosity_schedules():
-    cfg = PinnConfig(drift_rounds=10)
+    cfg = PinnConfig(drift_rounds=10, hold_rounds=None)  # a new nu every round
     nus = [viscosity(r, cfg) for r in range(15)]
     assert nus[0] == pytest.approx(0.1 / math.pi) and nus[10] == pytest.approx(0.01 / math.pi)
     assert all(a > b for a, b in zip(nus[:10], nus[1:11])) and nus[14] == nus[10]
     assert nus[5] == pytest.approx(math.sqrt(nus[0] * nus[10]))  # geometric midpoint
-    cos = PinnConfig(schedule="cosine", drift_rounds=10)
+    cos = PinnConfig(schedule="cosine", drift_rounds=10, hold_rounds=None)
     assert viscosity(10, cos) == pytest.approx(0.01 / math.pi)
     assert viscosity(20, cos) == pytest.approx(0.1 / math.pi)  # the regime comes back
     assert viscosity(7, PinnConfig(schedule="constant")) == pytest.approx(0.1 / math.pi)
+
+
+def test_viscosity_held_per_phase_still_drifts_to_the_shock():
+    """Default: nu steps only at phase boundaries (rounds 1-4, 5-8 with phase_every=4), the
+    seed's round 0 shares phase 1's nu, and the last phase is in the shock regime."""
+    cfg = PinnConfig(drift_rounds=8, hold_rounds=4)
+    nus = [viscosity(r, cfg) for r in range(9)]
+    assert nus[:5] == [pytest.approx(0.1 / math.pi)] * 5
+    assert nus[5:] == [pytest.approx(0.01 / math.pi)] * 4
+    three = [viscosity(r, PinnConfig(drift_rounds=12, hold_rounds=4)) for r in (1, 5, 9, 12)]
+    assert three[0] > three[1] > three[2] == three[3] == pytest.approx(0.01 / math.pi)
+    assert three[1] == pytest.approx(math.sqrt(three[0] * three[2]))
+    assert viscosity(9, PinnConfig(drift_rounds=4, hold_rounds=8)) == pytest.approx(0.1 / math.pi)
+    with pytest.raises(ValueError, match="hold_rounds"):
+        PinnConfig(hold_rounds=0)
 
 
 def test_config_errors_name_the_field():

@@ -43,7 +43,8 @@ def _cli(module: str, *args: str, ok: bool = True) -> subprocess.CompletedProces
 
 def _rows(text: str, title: str) -> dict[tuple[str, ...], list[str]]:
     """The rows of one printed table, keyed by (task, method[, seed]), as whitespace tokens."""
-    block = text.split(title, 1)[1].split("\n\n", 1)[0].strip().splitlines()[2:]
+    skip = 3 if title.startswith("Table 2") else 2  # Table 2 names each task's score first
+    block = text.split(title, 1)[1].split("\n\n", 1)[0].strip().splitlines()[skip:]
     width = 3 if title.startswith("Table 5") else 2
     return {tuple(line.split()[:width]): line.split()[width:] for line in block}
 
@@ -119,12 +120,18 @@ def test_report_prints_known_table2_table3_table5_and_writes_pngs(known_runs: Pa
     assert "skipping" in proc.stderr and "bandit_atlas_s9" in proc.stderr
 
     t2 = _rows(text, "Table 2")
-    # mean +- sample std (ddof=1): final (-0.3, -0.4) -> -0.35 +- 0.0707; improvement (50, 33.3)
+    assert "score: bandit = NMR; pinn = -validation loss" in text  # the tasks' score_label
+    # mean +- sample std (ddof=1): final (-0.3, -0.4) -> -0.35 +- 0.0707; improvement (50, 33.3);
+    # every program here is the agent's, so the agent columns repeat final and improvement;
+    # last column: evaluated candidates (no explore config in these folders: no budget)
     assert t2[("bandit", "atlas")] == ["2", "-0.6", "+-", "0", "-0.35", "+-", "0.071",
-                                       "41.67", "+-", "12"]
+                                       "41.67", "+-", "12", "-0.35", "+-", "0.071",
+                                       "41.67", "+-", "12", "3"]
     assert t2[("bandit", "evotune")] == ["1", "-0.6", "+-", "0", "-0.55", "+-", "0",
-                                         "8.333", "+-", "0"]
-    assert t2[("pinn", "atlas")] == ["1", "-0.01", "+-", "0", "-0.001", "+-", "0", "90", "+-", "0"]
+                                         "8.333", "+-", "0", "-0.55", "+-", "0",
+                                         "8.333", "+-", "0", "1"]
+    assert t2[("pinn", "atlas")] == ["1", "-0.01", "+-", "0", "-0.001", "+-", "0", "90", "+-", "0",
+                                     "-0.001", "+-", "0", "90", "+-", "0", "2"]
     assert list(t2) == [("bandit", "evotune"), ("bandit", "atlas"), ("pinn", "atlas")]
 
     # columns: score_threshold, epochs, beta, lr, accept_rate (means of per-seed rates)

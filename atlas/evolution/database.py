@@ -110,11 +110,14 @@ class ProgramDatabase:
             raise ValueError(f"island {island} out of range [0, {self.num_islands}) "
                              "(explore.islands sets the number of islands)")
 
-    def add(self, program: Program) -> None:
-        """Archive ``program`` and, if it passed, file it in its island's buffer and cluster."""
+    def add(self, program: Program, *, buffer: bool = True) -> None:
+        """Archive ``program`` and, if it passed, file it in its island's buffer and cluster
+        (``buffer=False``: archive only, e.g. an incumbent re-scored on a new equation)."""
         self._check_island(program.island)
         self._next_id = max(self._next_id, program.id + 1)
-        if program.passed and math.isfinite(program.score):
+        if not buffer:
+            program.cluster = ""
+        elif program.passed and math.isfinite(program.score):
             program.cluster = self._clusters[program.island].assign(program.code)
             buf = self._buffers[program.island]
             buf.append(program)

@@ -14,6 +14,7 @@ worker finished first.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from collections import Counter
@@ -30,6 +31,22 @@ from atlas.types import Evaluation, FailureKind, Program
 #: generation stops at a closing fence on its own line (the prefill opened the fence)
 STOP = ["\n```"]
 NO_CODE_MESSAGE = "the completion held no extractable program"
+
+
+def regime_key(context: Mapping[str, Any]) -> str:
+    """The equation a context scores on: the context without its round, as sorted JSON.
+
+    Scores compare only within one regime: the PINN viscosity drifts between phases, so a
+    loss at nu=0.1/pi and one at nu=0.01/pi measure different problems; the bandit's context
+    is the round alone, so all its programs share the regime ``"{}"``.
+    """
+    return json.dumps({k: v for k, v in context.items() if k != "round"}, sort_keys=True)
+
+
+def split_samples(total: int, islands: int) -> list[int]:
+    """``total`` samples over ``islands`` prompts as evenly as possible, earlier islands first."""
+    base, extra = divmod(max(0, total), islands)
+    return [base + (1 if j < extra else 0) for j in range(islands)]
 
 
 class Agent(Protocol):
@@ -169,7 +186,8 @@ class Explorer:
         the task or the sandbox is broken, not the agent.
         """
         code = self.task.seed_program()
-        ev = self._outcome(self.sandbox.submit(code, self.task.context(round_index)))
+        context = self.task.context(round_index)
+        ev = self._outcome(self.sandbox.submit(code, context))
         if not ev.passed:
             raise RuntimeError(f"the task's seed program failed in the sandbox "
                                f"({ev.failure_kind}: {ev.message[:300]}); fix the task "
@@ -178,7 +196,7 @@ class Explorer:
         for island in range(self.settings.islands):
             prog = Program(id=self.db.next_id(), island=island, round=round_index, code=code,
                            evaluation=dataclasses.replace(ev, metrics=dict(ev.metrics)),
-                           source="seed", phase=0)
+                           source="seed", phase=0, regime=regime_key(context))
             self.db.add(prog)
             out.append(prog)
         return out
@@ -191,19 +209,37 @@ class Explorer:
             parents = [best] if best is not None else []
         return parents
 
+    def round_budget(self) -> int:
+        """Evaluated candidates one round may spend: ``islands_per_round * samples_per_prompt``
+        (supporter programs are paid out of it, so every method evaluates as many)."""
+        return self.settings.islands_per_round * self.settings.samples_per_prompt
+
     def run_round(self, round_index: int, phase: int, critiques: dict[int, str] | None = None,
-                  temperature_overrides: dict[int, float] | None = None) -> list[Program]:
-        """One producer/consumer round; returns its new programs in id order."""
+                  temperature_overrides: dict[int, float] | None = None,
+                  agent_samples: int | None = None) -> list[Program]:
+        """One producer/consumer round; returns its new programs in id order.
+
+        ``agent_samples``: completions this round over all served islands (default
+        ``round_budget()``; the loop passes less when supporter programs already spent part
+        of it), split evenly; each served island gets at least one.
+        """
         from atlas.agent.adapters import POLICY  # deferred: peft is slow to import
 
         s, critiques = self.settings, critiques or {}
         context = self.task.context(round_index)
+        regime = regime_key(context)
+        served = self.islands_for_round(round_index)
+        total = self.round_budget() if agent_samples is None else int(agent_samples)
+        if total < len(served):
+            raise ValueError(f"agent_samples={total} leaves an island of round {round_index} "
+                             f"without samples; it must be >= islands_per_round={len(served)}")
+        counts = dict(zip(served, split_samples(total, len(served))))
         pending: list[tuple[Program, Future]] = []
         out: list[Program] = []
         stats: dict[str, Any] = {"round": round_index, "phase": phase, "islands": {},
                                  "generation_s": 0.0}
         t_round = time.perf_counter()
-        for island in self.islands_for_round(round_index):
+        for island in served:
             parents = self.parents_for(island)
             system, user, prefill = build_prompt(self.spec, parents, critiques.get(island))
             text = self.agent.chat_prompt(system, user, prefill)
@@ -220,7 +256,7 @@ class Explorer:
                 else {}
             t0 = time.perf_counter()
             completions = self.agent.generate(
-                [text], s.samples_per_prompt, temperature=temp, top_p=s.top_p,
+                [text], counts[island], temperature=temp, top_p=s.top_p,
                 max_new_tokens=s.max_new_tokens, stop=STOP, adapter=POLICY,
                 seed=self._generation_seed(round_index, island), **streams)[0]
             stats["generation_s"] += time.perf_counter() - t0
@@ -234,7 +270,8 @@ class Explorer:
                 prog = Program(id=self.db.next_id(), island=island, round=round_index,
                                code=code or "", evaluation=Evaluation.failure(FailureKind.KILLED, "pending"),
                                prompt=text, completion=completion,
-                               parents=[p.id for p in parents], source="agent", phase=phase)
+                               parents=[p.id for p in parents], source="agent", phase=phase,
+                               regime=regime)
                 pending.append((prog, fut))
             stats["islands"][island] = {"temperature": temp, "samples": len(completions),
                                         "critique": bool(critiques.get(island))}
@@ -270,15 +307,41 @@ class Explorer:
         """Evaluate and file a program from outside the agent (e.g. a supporter's patch).
 
         Without ``prompt``/``completion`` it cannot enter preference pairs (DPO needs the
-        agent-side prompt); with them it can, e.g. as a supporter's proposed completion.
+        agent-side prompt); with them it can, e.g. as a supporter's proposed completion, and
+        then the program evaluated is the one the completion yields after the prompt's
+        prefill (exactly what the agent would have produced with those tokens).
         """
         if not 0 <= island < self.settings.islands:
             raise ValueError(f"add_external: island={island} is outside [0, "
                              f"{self.settings.islands}) (explore.islands)")
-        extracted = extract_program("", code, self.spec.entry_point)
-        ev = self._outcome(self._submit(extracted, self.task.context(round_index)))
+        if bool(prompt) != bool(completion):
+            raise ValueError("add_external: give both prompt and completion, or neither")
+        if prompt:
+            extracted = extract_program(prefill_of(prompt), completion, self.spec.entry_point)
+        else:
+            extracted = extract_program("", code, self.spec.entry_point)
+        context = self.task.context(round_index)
+        ev = self._outcome(self._submit(extracted, context))
         prog = Program(id=self.db.next_id(), island=island, round=round_index,
                        code=extracted or "", evaluation=ev, prompt=prompt,
-                       completion=completion, parents=list(parents), source=source, phase=phase)
+                       completion=completion, parents=list(parents), source=source, phase=phase,
+                       regime=regime_key(context))
         self.db.add(prog)
         return prog
+
+    def rescore(self, programs: Sequence[Program], round_index: int, phase: int
+                ) -> list[Program]:
+        """Score already-filed programs again under round ``round_index``'s context and
+        archive the results as ``source="rescore"`` (``parents=[original id]``) without
+        putting them in island buffers: they measure an incumbent on the new equation, they
+        are not new candidates and cost no exploration budget."""
+        context = self.task.context(round_index)
+        futures = [(p, self._submit(p.code, context)) for p in programs]
+        out = []
+        for p, fut in futures:
+            prog = Program(id=self.db.next_id(), island=p.island, round=round_index, code=p.code,
+                           evaluation=self._outcome(fut), parents=[p.id], source="rescore",
+                           phase=phase, regime=regime_key(context))
+            self.db.add(prog, buffer=False)
+            out.append(prog)
+        return out

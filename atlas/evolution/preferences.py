@@ -8,6 +8,13 @@ needs one x per pair) that are either passed with a strictly lower score
 ``score_threshold`` are dropped. Programs without a prompt/completion (seed, supporter
 patches filed without one) cannot be paired.
 
+Supporter supervision (paper 2.1-2.2, "constructs preference supervision"): a supporter's
+program filed *with* the prompt whose completions the supporter reviewed (its patch written
+as a completion of that prompt, ``atlas.supporters.patching.as_completion``) is chosen, if it
+passed, against that prompt's agent completions that scored strictly lower or failed: kind
+``supporter_vs_agent``. It is not part of the per-island agent top-k (it does not displace an
+agent's chosen program), and only the agent's own completions are ever rejected.
+
 Cap (``max_pairs``): pairs are ordered so that every chosen program gets its best pair before
 any gets a second (diversity over chosen), higher margin first within a rank; the two kinds
 are then taken alternately (validity and quality signal both survive the cap). Failed
@@ -30,6 +37,8 @@ from atlas.types import GateItem, PreferencePair, Program
 
 PASSED_VS_PASSED = "passed_vs_passed"
 PASSED_VS_FAILED = "passed_vs_failed"
+SUPPORTER_VS_AGENT = "supporter_vs_agent"
+PAIR_KINDS = (PASSED_VS_PASSED, PASSED_VS_FAILED, SUPPORTER_VS_AGENT)
 
 
 def failure_floor(programs: Sequence[Program]) -> float:
@@ -59,39 +68,47 @@ def build_pairs(db: ProgramDatabase, programs: list[Program], *, top_k: int, max
                          f"{score_threshold!r} (config field dpo.score_threshold)")
     rng = random.Random(seed)
     floor = failure_floor(programs)
-    by_prompt: dict[str, list[Program]] = defaultdict(list)
+    by_prompt: dict[str, list[Program]] = defaultdict(list)  # the agent's completions
     by_island: dict[int, list[Program]] = defaultdict(list)
+    supporter: list[Program] = []
     for p in programs:
-        if _pairable(p):
+        if _pairable(p) and p.source == "supporter":
+            if _usable(p):
+                supporter.append(p)
+        elif _pairable(p):
             by_prompt[p.prompt].append(p)
             if _usable(p):
                 by_island[p.island].append(p)
 
     buckets: dict[str, list[tuple[tuple[int, float, float], PreferencePair]]] = {
-        PASSED_VS_PASSED: [], PASSED_VS_FAILED: []}
-    for island in sorted(by_island):
-        for chosen in db.select_top_k(by_island[island], top_k):
-            if score_threshold is not None and chosen.score < float(score_threshold):
+        k: [] for k in PAIR_KINDS}
+    chosen_list = [c for island in sorted(by_island)
+                   for c in db.select_top_k(by_island[island], top_k)]
+    chosen_list += sorted(supporter, key=lambda q: q.id)
+    for chosen in chosen_list:
+        if score_threshold is not None and chosen.score < float(score_threshold):
+            continue
+        per_kind: dict[str, list[tuple[float, float, PreferencePair]]] = defaultdict(list)
+        for other in by_prompt[chosen.prompt]:
+            if other.id == chosen.id or other.completion == chosen.completion:
                 continue
-            per_kind: dict[str, list[tuple[float, float, PreferencePair]]] = defaultdict(list)
-            for other in by_prompt[chosen.prompt]:
-                if other.id == chosen.id or other.completion == chosen.completion:
+            if _usable(other):
+                if not other.score < chosen.score:
                     continue
-                if _usable(other):
-                    if not other.score < chosen.score:
-                        continue
-                    kind, rej_score = PASSED_VS_PASSED, other.score
-                else:
-                    kind, rej_score = PASSED_VS_FAILED, floor
-                pair = PreferencePair(
-                    prompt=chosen.prompt, chosen=chosen.completion, rejected=other.completion,
-                    chosen_score=chosen.score, rejected_score=other.score, island=chosen.island,
-                    kind=kind, chosen_id=chosen.id, rejected_id=other.id)
-                per_kind[kind].append((chosen.score - rej_score, rng.random(), pair))
-            for kind, items in per_kind.items():
-                items.sort(key=lambda t: (-t[0], t[1]))
-                buckets[kind].extend(((rank, -m, tie), pr) for rank, (m, tie, pr)
-                                     in enumerate(items))
+                kind, rej_score = PASSED_VS_PASSED, other.score
+            else:
+                kind, rej_score = PASSED_VS_FAILED, floor
+            if chosen.source == "supporter":
+                kind = SUPPORTER_VS_AGENT
+            pair = PreferencePair(
+                prompt=chosen.prompt, chosen=chosen.completion, rejected=other.completion,
+                chosen_score=chosen.score, rejected_score=other.score, island=chosen.island,
+                kind=kind, chosen_id=chosen.id, rejected_id=other.id)
+            per_kind[kind].append((chosen.score - rej_score, rng.random(), pair))
+        for kind, items in per_kind.items():
+            items.sort(key=lambda t: (-t[0], t[1]))
+            buckets[kind].extend(((rank, -m, tie), pr) for rank, (m, tie, pr)
+                                 in enumerate(items))
     queues = [sorted(b, key=lambda t: t[0]) for b in buckets.values()]
     out: list[PreferencePair] = []
     idx = [0] * len(queues)

@@ -5,6 +5,8 @@
 The paper's schedule formula was lost in extraction; DESIGN.md fixes the regimes (viscous
 ~0.1/pi, shock ~0.01/pi) and we drift log(nu) between them, because stiffness grows with
 1/nu: a linear drift in nu would spend almost every round in the easy regime.
+nu is held for ``hold_rounds`` rounds (default: a fine-tuning phase) and moves only at the
+boundaries, so every score of a phase is on one equation and can be compared like for like.
 All randomness is seeded from (seed, round, purpose[, evaluation key]) so a round's training
 points and the network initialisation are the same for every candidate (only the loss
 strategy differs) while the held-out validation points are fresh per evaluation.
@@ -36,6 +38,7 @@ class PinnConfig:
     nu_end: float = 0.01 / math.pi
     schedule: str = "geometric"
     drift_rounds: int = 8
+    hold_rounds: int | None = 4  # nu constant over blocks of this many rounds (None: per round)
     # network and inner optimisation
     depth: int = 4
     width: int = 32
@@ -75,6 +78,9 @@ class PinnConfig:
                   "exact_nx", "exact_nt", "seed"):
             object.__setattr__(self, f, number(g, f, getattr(self, f), integer=True,
                                                low=0 if f == "seed" else 1))
+        if self.hold_rounds is not None:
+            object.__setattr__(self, "hold_rounds", number(g, "hold_rounds", self.hold_rounds,
+                                                           integer=True, low=1))
         require(self.n_boundary >= 2 and self.n_val_boundary >= 2, g, "n_boundary",
                 self.n_boundary, "n_boundary and n_val_boundary must be >= 2 (points on both walls)")
         require(self.stats_decay < 1.0, g, "stats_decay", self.stats_decay, "must lie in [0, 1)")
@@ -96,12 +102,21 @@ def viscosity(round_index: int, cfg: PinnConfig) -> float:
     geometric: monotone, reaches nu_end at ``drift_rounds`` and stays there;
     cosine: smooth there-and-back with period 2 * drift_rounds (regime returns);
     constant: nu_start for every round.
+    With ``hold_rounds`` = H, rounds form blocks 1..H, H+1..2H, ... (round 0, the seed, joins
+    the first) and nu steps once per block: block b of the ceil(drift_rounds / H) blocks that
+    span the drift sits at position b / (blocks - 1), so the first block is at nu_start and
+    the last at nu_end (with one block, nu_start).
     """
     if round_index < 0:
         raise ValueError(f"round must be >= 0, got {round_index}")
     if cfg.schedule == "constant":
         return float(cfg.nu_start)
-    r = round_index / cfg.drift_rounds
+    if cfg.hold_rounds is None:
+        r = round_index / cfg.drift_rounds
+    else:
+        block = max(0, math.ceil(round_index / cfg.hold_rounds) - 1)
+        blocks = math.ceil(cfg.drift_rounds / cfg.hold_rounds)
+        r = block / (blocks - 1) if blocks > 1 else 0.0
     s = min(r, 1.0) if cfg.schedule == "geometric" else 0.5 * (1.0 - math.cos(math.pi * r))
     return float(math.exp((1 - s) * math.log(cfg.nu_start) + s * math.log(cfg.nu_end)))
 
