@@ -183,7 +183,8 @@ def _run(tmp_path: Path, overrides: list[str]) -> tuple[dict[str, Any], list[dic
 def test_supporter_patches_as_preferences_switch(tmp_path, as_preferences):
     results, events, programs = _run(tmp_path, [
         "experiment=test", "method=atlas", "task=bandit", "progress=false", "explore.rounds=2",
-        "explore.phase_every=1", f"supporters.exploration.as_preferences={as_preferences}"])
+        "explore.phase_every=1", "method.skip_without_improvement=false",
+        f"supporters.exploration.as_preferences={as_preferences}"])
     patches = [p for p in programs if p["source"] == "supporter"]
     assert patches and results["candidates"] == results["candidate_budget"] == 8
     served = {(p["round"], p["island"]): p["prompt"] for p in programs if p["source"] == "agent"}
@@ -202,7 +203,8 @@ def test_supporter_patches_as_preferences_switch(tmp_path, as_preferences):
         assert results["pair_kinds"][SUPPORTER_VS_AGENT] >= 1
         assert exploration[0]["as_preferences"] == exploration[0]["patches"] >= 1
     else:
-        assert phase1["skipped"] and not kinds.get(SUPPORTER_VS_AGENT)
+        assert phase1["skipped"] and phase1["reason"] == "no preference pairs could be built"
+        assert not kinds.get(SUPPORTER_VS_AGENT)
         assert all(e["as_preferences"] == 0 for e in exploration)
 
 
