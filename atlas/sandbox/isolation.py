@@ -51,11 +51,23 @@ def _code_under_tmp() -> list[str]:
     return [p for i, p in enumerate(keep) if not any(p.startswith(q + "/") for q in keep[:i])]
 
 
-def bwrap_args(bwrap: str, tmp_mb: int) -> list[str]:
+def _hidden(paths: list[str]) -> list[str]:
+    """bwrap arguments that mask ``paths`` (the run folder, the secret file): an empty tmpfs
+    over a directory, /dev/null over a file."""
+    out: list[str] = []
+    for p in sorted({os.path.realpath(p) for p in paths}):
+        if os.path.isdir(p):
+            out += ["--tmpfs", p]
+        elif os.path.exists(p):
+            out += ["--ro-bind", "/dev/null", p]
+    return out
+
+
+def bwrap_args(bwrap: str, tmp_mb: int, hide: list[str] | None = None) -> list[str]:
     """The bwrap prefix for one worker: read-only root, private /tmp, no net, own pids."""
     rebind = [arg for p in _code_under_tmp() for arg in ("--ro-bind", p, p)]
     return [
-        bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+        bwrap, "--ro-bind", "/", "/", *_hidden(hide or []), "--dev", "/dev", "--proc", "/proc",
         "--size", str(int(tmp_mb) << 20), "--tmpfs", "/tmp", *rebind,
         "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
         "--unshare-cgroup-try", "--uid", "65534", "--gid", "65534", "--disable-userns",

@@ -56,12 +56,13 @@ class Link:
                 raise self._tampered(exc) from exc
             if frame is not None:
                 break
-            wait = deadline - time.monotonic()
-            if wait <= 0:
-                raise RunnerFailed(FailureKind.TIMEOUT, "the program did not answer in time")
-            ready, _, _ = select.select([self.read_fd], [], [], min(wait, 1.0))
-            if not ready:
-                continue
+            if timeout_s != math.inf:  # the pool's watchdog bounds the infinite case
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    raise RunnerFailed(FailureKind.TIMEOUT, "the program did not answer in time")
+                ready, _, _ = select.select([self.read_fd], [], [], min(wait, 1.0))
+                if not ready:
+                    continue
             chunk = protocol._os_read(self.read_fd, 1 << 16)
             if not chunk:
                 raise RunnerFailed(FailureKind.KILLED, "the program's process ended before "

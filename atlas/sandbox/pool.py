@@ -109,7 +109,7 @@ class _Slot:
         env = python_env(dict(os.environ, PYTHONDONTWRITEBYTECODE="1",
                               **thread_limits(sb.threads_per_worker)))
         if sb.isolation == BWRAP:
-            cmd = bwrap_args(str(find_bwrap()), sb.memory_mb) + cmd
+            cmd = bwrap_args(str(find_bwrap()), sb.memory_mb, sb.hide) + cmd
         else:
             self.tmp_root = tempfile.mkdtemp(prefix="atlas-sandbox-")
         errlog = tempfile.TemporaryFile()
@@ -307,7 +307,7 @@ class Sandbox:
                  threads_per_worker: int = 1, runner_factory: str | None = None,
                  secret: str | None = None,
                  score_range: tuple[float, float] = (-math.inf, math.inf),
-                 fork_safe: bool = True) -> None:
+                 fork_safe: bool = True, hide: list[str] | None = None) -> None:
         if not isinstance(evaluator_factory, str) or evaluator_factory.count(":") != 1 \
                 or not all(evaluator_factory.split(":")):
             raise ValueError(f"evaluator_factory={evaluator_factory!r} is invalid: use an import "
@@ -341,6 +341,8 @@ class Sandbox:
             raise ValueError(f"score_range={score_range!r} is invalid: use (low, high), low <= high")
         self.runner_factory, self.score_range, self.fork_safe = runner_factory, (lo, hi), fork_safe
         self.secret = secret if secret is not None else secrets.token_hex(32)
+        #: paths masked inside bubblewrap (the run folder holding the secret, the secret file)
+        self.hide = [str(p) for p in (hide or [])]
         #: what is really active ("bwrap" or "rlimits+guard") and, if degraded, why
         self.isolation, self.isolation_reason = resolve_isolation(isolation)
         self._slots: queue.SimpleQueue[_Slot] = queue.SimpleQueue()

@@ -16,16 +16,32 @@ from pathlib import Path
 SECRET_FILE = ".task_secret"
 
 
-def run_secret(run_dir: str | os.PathLike[str]) -> str:
-    """The run's secret (64 hex chars), created with mode 0600 on first use."""
+def _read(path: Path, fix: str) -> str:
+    value = path.read_text().strip()
+    if len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value
+    raise ValueError(f"{path} is not a task secret (expected 64 hex characters); {fix}")
+
+
+def run_secret(run_dir: str | os.PathLike[str], source: str | None = None) -> str:
+    """The run's secret (64 hex chars), created with mode 0600 on first use.
+
+    ``source`` (``sandbox.secret_file``) seeds a new run folder with a shared secret, so runs
+    whose scores are compared (methods, a resumed run and an uninterrupted one) face the same
+    hidden environments; otherwise a fresh random secret is drawn.
+    """
     path = Path(run_dir) / SECRET_FILE
     if path.exists():
-        value = path.read_text().strip()
-        if len(value) == 64 and all(c in "0123456789abcdef" for c in value):
-            return value
-        raise ValueError(f"{path} is corrupt (expected 64 hex characters); delete it to start "
-                         f"a new run with new hidden environments")
-    value = secrets.token_hex(32)
+        return _read(path, "delete it to start a new run with new hidden environments")
+    if source:
+        src = Path(source).expanduser()
+        if not src.exists():
+            fd = os.open(src, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_hex(32) + "\n")
+        value = _read(src, "fix sandbox.secret_file or point it to a new path")
+    else:
+        value = secrets.token_hex(32)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:

@@ -1,11 +1,23 @@
 """The contract a task implements. Adding a task = one subpackage with one ``Task`` subclass.
 
-A task has two halves that live in different processes:
+A task has three halves that live in different processes:
 - the *host* half (this class, in the main process): the prompt spec, the seed program,
   the round-dependent context (e.g. the PINN viscosity schedule);
-- the *worker* half (``make_evaluator``, called inside a sandbox worker process): a
-  callable that receives the candidate's source code and the round context and returns an
-  ``Evaluation``. Candidate code is only ever executed by that callable.
+- the *scorer* (``evaluator_factory(config, secret=...)``, once per trusted sandbox worker):
+  holds everything the candidate must not see (environments, validation points, derived
+  from the run's ``secret``) and computes the score. It never executes candidate code. Its
+  ``score(code, context, link) -> Evaluation`` talks to the runner over ``link``
+  (``atlas.sandbox.link``: ``send``/``recv`` of JSON objects; every answer is untrusted and
+  must be checked); ``public_config()`` is the only config the runner receives;
+- the *runner* (``runner_factory(public_config)``, once per candidate, in a fresh process
+  that never held the secret, under rlimits + seccomp + guard, killed after the candidate):
+  warm-up happens in the factory (before any candidate code); the callable it returns,
+  ``run(code, context, link)``, loads the candidate and answers the scorer's messages.
+
+A task without ``runner_factory`` is *legacy*: ``evaluator_factory(config)`` returns a
+``(code, context) -> Evaluation`` callable that runs whole in the candidate's process; it
+gets a fresh process and the ``score_range`` check, but its score is only as honest as a
+process running candidate code can be. Use the split for anything a run optimises.
 """
 
 from __future__ import annotations
@@ -59,12 +71,13 @@ class Task(ABC):
     """Host-side description of a task.
 
     The contract, in one place (class attributes a subclass overrides):
-    - ``name``, ``evaluator_factory``, ``timeout_s``: what runs and for how long;
+    - ``name``, ``evaluator_factory``, ``runner_factory``, ``timeout_s``: what runs where,
+      and for how long (see the module docstring);
     - ``quality_metrics``: the metrics that measure quality, each with its direction;
     - ``score_range``: the closed interval a genuine score lies in; a result outside it is a
       ``tampered`` failure, never a score (bandit: NMR <= 0, the oracle's regret is 0);
-    - ``fork_safe``: whether the worker may ``fork()`` after building the evaluator (False for
-      evaluators that hold threads, e.g. JAX/XLA);
+    - ``fork_safe``: whether the runner's module may be imported in the zygote that forks
+      every runner (False for modules that start threads on import or use, e.g. JAX/XLA);
     - ``score_label``: how reports and figures name the score (e.g. "NMR").
     """
 
@@ -73,6 +86,8 @@ class Task(ABC):
     #: ``Evaluator``; the sandbox worker imports and calls it once per worker process, so
     #: expensive set-up (JAX compilation) is paid once per worker, not per candidate.
     evaluator_factory: str
+    #: import path of the untrusted runner's factory (None: a legacy single-callable task)
+    runner_factory: str | None = None
     #: seconds one candidate may run before it is killed
     timeout_s: float = 30.0
     #: the quality metrics the Policy Inspector compares, with their directions

@@ -37,7 +37,8 @@ class BanditTask(Task):
     state) -> int`` and are scored by negative mean regret over fixed environment seeds."""
 
     name = "bandit"
-    evaluator_factory = "atlas.tasks.bandit.evaluator:make_evaluator"
+    evaluator_factory = "atlas.tasks.bandit.evaluator:make_scorer"  # trusted: hidden envs
+    runner_factory = "atlas.tasks.bandit.evaluator:make_runner"  # untrusted: the policy
     # nmr_std (spread over environments) and seconds are not quality: never compared
     quality_metrics = (
         QualityMetric("nmr", "max", "negative mean regret over the environments (the score)"),

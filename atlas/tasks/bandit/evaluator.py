@@ -1,8 +1,13 @@
-"""Worker half of the bandit task: run a candidate ``policy`` on the fixed environments, score it.
+"""Scoring half of the bandit task: play a candidate ``policy`` on the hidden environments.
 
-``make_evaluator(config)`` is called once per sandbox worker process: it pre-generates the
-environments for ``env_seeds`` (a few ms each) so each candidate only pays for its own policy
-calls. The score is the negative mean (pseudo-)regret, NMR, averaged over the env seeds; the
+In the sandbox the task is split across two processes. ``make_scorer(config, secret)`` runs in
+the trusted scorer worker: it generates the environments from seeds derived from the run's
+secret and the public ``env_seeds`` (so a policy cannot rebuild them from the repository) and
+keeps the regret accounting. ``make_runner(config)`` runs in the candidate's single-use
+process, which never held the environments: it receives one context matrix per step and
+the reward of the arm it chose, over a pipe, and answers with an arm.
+``make_evaluator(config)`` plays both halves in one process, for trusted policies only
+(baselines, tests). The score is the negative mean (pseudo-)regret, NMR, averaged over the env seeds; the
 same ``score_policy`` function scores the baselines, so the baseline table is comparable.
 
 Candidate API: ``policy(contexts, history, t, state) -> int``; ``contexts`` is a fresh read-only
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from hashlib import blake2b
 from math import fsum, isfinite, sqrt
 from typing import Any
@@ -22,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from atlas.sandbox.candidate import CandidateError, load_candidate
+from atlas.sandbox.link import Link
+from atlas.sandbox.secret import derive_seed
 from atlas.tasks.bandit.env import BanditConfig, BanditEnv, make_env
 from atlas.types import Evaluation, FailureKind
 
@@ -112,10 +120,15 @@ def score_policy(policy_factory: Callable[[BanditEnv], Policy],
     ``policy_factory(env)`` returns the callable for that env; candidates ignore ``env``, the
     oracle baseline uses it. Metrics hold ``nmr_seed<k>`` per env seed plus means over seeds.
     """
+    return score_arms([(env, run_episode(policy_factory(env), env)) for env in envs])
+
+
+def score_arms(played: Sequence[tuple[BanditEnv, np.ndarray]]) -> tuple[float, dict[str, float]]:
+    """(mean NMR, metrics) of the arms played on each environment."""
     per: list[dict[str, float]] = []
     metrics: dict[str, float] = {}
-    for env in envs:
-        m = episode_metrics(env, run_episode(policy_factory(env), env))
+    for env, arms in played:
+        m = episode_metrics(env, arms)
         per.append(m)
         metrics[f"nmr_seed{env.seed}"] = m["nmr"]
     for key in per[0]:
@@ -136,11 +149,98 @@ def check_env_seeds(seeds: Any) -> list[int]:
     return [int(s) for s in seeds]
 
 
-def build_envs(config: dict[str, Any]) -> list[BanditEnv]:
-    """The fixed evaluation environments named by ``config['env_seeds']``."""
+def build_envs(config: dict[str, Any], secret: str | None = None) -> list[BanditEnv]:
+    """The evaluation environments named by ``config['env_seeds']``.
+
+    With the run's ``secret`` each public seed only indexes a hidden seed derived from it; the
+    environment keeps the public seed as its label (``nmr_seed<k>`` metrics).
+    """
     seeds = check_env_seeds(config.get("env_seeds"))
     cfg = BanditConfig.from_mapping(config)
-    return [make_env(cfg, s) for s in seeds]
+    if secret is None:
+        return [make_env(cfg, s) for s in seeds]
+    return [replace(make_env(cfg, derive_seed(secret, "bandit-env", s)), seed=s) for s in seeds]
+
+
+class BanditScorer:
+    """Trusted half: holds the hidden environments, sends contexts and rewards, counts regret."""
+
+    def __init__(self, config: dict[str, Any], secret: str | None = None) -> None:
+        self.envs = build_envs(dict(config), secret)
+        self.cfg = BanditConfig.from_mapping(config)
+
+    def public_config(self) -> dict[str, Any]:
+        """What the runner may know: the shapes of the problem, nothing hidden."""
+        return {"K": self.cfg.K, "d": self.cfg.d, "T": self.cfg.T}
+
+    def _play(self, link: Link) -> np.ndarray:
+        """All environments in lockstep: one round trip per step carries every episode's
+        contexts and last rewards (a round trip costs a scheduler wake-up on a busy machine)."""
+        envs, K = self.envs, self.cfg.K
+        T, E = envs[0].horizon, len(envs)
+        arms = _empty((E, T), dtype=_INT64)
+        for t in range(T):
+            msg: dict[str, Any] = {"t": t, "x": [env.contexts[t].tolist() for env in envs]}
+            if t > 0:
+                msg["r"] = [float(env.rewards[t - 1, arms[i, t - 1]])
+                            for i, env in enumerate(envs)]
+            link.send(msg)
+            answer = link.recv().get("a")
+            if (type(answer) is not list or len(answer) != E
+                    or not all(type(a) is int and 0 <= a < K for a in answer)):
+                # the runner validated each arm with check_arm: this answer is forged
+                raise CandidateError(FailureKind.TAMPERED, f"the policy's process answered "
+                                     f"{repr(answer)[:60]} at t={t}, not {E} arms in [0, {K})")
+            arms[:, t] = answer
+        return arms
+
+    def score(self, code: str, context: dict[str, Any], link: Link) -> Evaluation:
+        start = time.perf_counter()
+        arms = self._play(link)
+        link.send({"done": True})
+        score, metrics = score_arms(list(zip(self.envs, arms)))
+        require_finite("NMR score", score)
+        for key, value in metrics.items():
+            require_finite(f"metric {key}", value)
+        return Evaluation(score=score, passed=True, metrics=metrics,
+                          seconds=time.perf_counter() - start)
+
+
+def make_scorer(config: dict[str, Any], secret: str | None = None) -> BanditScorer:
+    """Factory of the trusted half (called once per scorer worker)."""
+    return BanditScorer(config, secret)
+
+
+def make_runner(config: dict[str, Any]) -> Callable[[str, dict[str, Any], Link], None]:
+    """Factory of the untrusted half: plays the policy on whatever contexts arrive."""
+    n_arms = int(config["K"])
+
+    def run(code: str, context: dict[str, Any], link: Link) -> None:
+        policy = load_candidate(code, ENTRY_POINT)
+        histories: list[list[tuple[int, np.ndarray, float]]] = []
+        states: list[dict[str, Any]] = []
+        prev: list[tuple[int, np.ndarray]] = []
+        while True:
+            msg = link.recv()
+            if msg.get("done"):
+                return
+            t = int(msg["t"])
+            contexts = msg["x"]
+            if t == 0:  # a fresh history and state per environment, as in score_policy
+                histories, states = [[] for _ in contexts], [{} for _ in contexts]
+            else:
+                for hist, (a, xa), r in zip(histories, prev, msg["r"]):
+                    hist.append((a, xa, float(r)))
+            prev, answer = [], []
+            for hist, state, rows in zip(histories, states, contexts):
+                x = np.array(rows, dtype=np.float64)
+                x.flags.writeable = False
+                a = check_arm(policy(x, hist, t, state), n_arms, t)
+                prev.append((a, x[a]))
+                answer.append(a)
+            link.send({"a": answer})
+
+    return run
 
 
 def make_evaluator(config: dict[str, Any]) -> Callable[[str, dict[str, Any]], Evaluation]:
