@@ -191,6 +191,7 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "method.reference", ("fixed", "adaptive"))
     _choice(cfg, "model.source", ("smollm2", "tiny", "hf"))
     _choice(cfg, "device", ("auto", "cpu", "cuda"))
+    _choice(cfg, "sandbox.isolation", ("auto", "bwrap", "rlimits"))
     _choice(cfg, "gate.score_mode", ("offline", "online"))
     for key in ("explore.islands", "explore.rounds", "explore.phase_every",
                 "explore.samples_per_prompt", "explore.max_new_tokens", "explore.workers",

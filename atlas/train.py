@@ -82,6 +82,10 @@ def summary(results: dict[str, Any]) -> str:
         f"{results['promotions']}, accept rate {fmt(results['accept_rate'])}",
         f"  candidates {results['candidates']}, wall {results['wall_seconds']:.0f} s",
     ]
+    if results.get("isolation"):
+        reason = results.get("isolation_reason")
+        lines.append(f"  sandbox isolation {results['isolation']}"
+                     + (f" (degraded: {reason})" if reason else ""))
     return "\n".join(lines)
 
 
