@@ -246,3 +246,26 @@ def test_round_through_the_real_sandbox():
     assert kinds == ["ok", "no_code", "timeout", "wrong_return"]
     assert [p.island for p in new] == [0] * 4 and db.best(0) is not None
     assert all(p.parents == [seeds[0].id] for p in new)
+
+
+def test_a_round_spends_what_the_budget_leaves_the_agent():
+    """Supporter programs are paid out of the round budget (islands_per_round x samples):
+    the agent's samples are split evenly over the served islands, earlier ones first."""
+    ex, agent, _, _ = make()
+    ex.seed_islands()
+    assert ex.round_budget() == 10
+    new = ex.run_round(0, 1, agent_samples=7)  # 3 went to the supporter last round
+    assert [c["n"] for c in agent.calls] == [4, 3]
+    assert len(new) == 7 and [sum(p.island == i for p in new) for i in (0, 1)] == [4, 3]
+    assert all(p.regime == '{"target": 3}' for p in new)  # the context less its round
+    with pytest.raises(ValueError, match="agent_samples=1 .* islands_per_round=2"):
+        ex.run_round(1, 1, agent_samples=1)
+
+
+def test_rescore_archives_without_buffering():
+    ex, _, _, db = make()
+    seeds = ex.seed_islands()
+    again = ex.rescore([seeds[0]], round_index=3, phase=2)
+    assert [p.source for p in again] == ["rescore"] and again[0].parents == [seeds[0].id]
+    assert again[0].round == 3 and again[0].score == seeds[0].score
+    assert again[0] in db.all_programs() and again[0] not in db.island(0)
