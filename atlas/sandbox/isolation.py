@@ -71,7 +71,7 @@ def bwrap_args(bwrap: str, tmp_mb: int, hide: list[str] | None = None) -> list[s
         "--size", str(int(tmp_mb) << 20), "--tmpfs", "/tmp", *rebind,
         "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
         "--unshare-cgroup-try", "--uid", "65534", "--gid", "65534", "--disable-userns",
-        "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--as-pid-1",
         "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--chdir", "/tmp", "--",
     ]
 

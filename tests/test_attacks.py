@@ -1,0 +1,117 @@
+"""Regression corpus of attacks on the sandbox's trusted/untrusted split (issue 12).
+
+Each program in ``tests/attacks/<task>/`` attacks one part of the design (frame walking to the
+environment or the channel, forged frames, patched scorer modules, lingering threads,
+leftover files, exotic return values, rebuilt or stolen environments). Every one must end as
+a failure or an honest score, and afterwards the seed program's score on the same worker must
+be exactly what it was, and a probe must find none of the files the attack planted.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from atlas.sandbox import Sandbox
+from atlas.sandbox.isolation import probe_bwrap
+from atlas.sandbox.secret import SECRET_FILE, run_secret
+from atlas.tasks.bandit import BanditTask
+from atlas.types import FailureKind
+
+ATTACKS = Path(__file__).with_name("attacks")
+BANDIT_ATTACKS = sorted((ATTACKS / "bandit").glob("*.py"))
+#: every attack falls back to playing arm 0 when its trick fails: its honest score is exactly
+#: that of this program (the oracle scores 0, an attack that reached the environment more)
+ARM0 = "def policy(contexts, history, t, state):\n    return 0\n"
+
+PROBE = '''import os
+import tempfile
+
+
+def policy(contexts, history, t, state):
+    if t == 0:
+        for d in (".", tempfile.gettempdir(), "/tmp", "/dev/shm", os.environ.get("HOME", "."),
+                  os.path.dirname(os.getcwd())):
+            try:
+                names = os.listdir(d)
+            except OSError:
+                continue
+            left = [n for n in names if n.startswith("atlas_leftover")]
+            if left:
+                raise RuntimeError(f"found {left} in {d}")
+    return 0
+'''
+
+MODES = ["rlimits", pytest.param("bwrap", marks=pytest.mark.skipif(
+    not probe_bwrap()[0], reason="bubblewrap unusable here"))]
+
+
+@pytest.fixture(scope="module", params=MODES)
+def bandit(request, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("attack-run")
+    secret = run_secret(run_dir)
+    task = BanditTask(T=200, env_seeds=[0, 1])
+    with Sandbox.for_task(task, secret=secret, workers=1, isolation=request.param,
+                          hide=[str(run_dir)]) as sb:
+        seed = sb.evaluate(task.seed_program(), {"round": 1})
+        arm0 = sb.evaluate(ARM0, {"round": 1})
+        assert seed.passed and arm0.passed and arm0.score < seed.score < 0, (seed, arm0)
+        yield sb, task, seed.score, arm0.score, run_dir / SECRET_FILE, secret
+
+
+@pytest.mark.parametrize("path", BANDIT_ATTACKS, ids=lambda p: p.stem)
+def test_bandit_attack_gets_a_failure_or_an_honest_score(bandit, path):
+    sb, task, seed_score, honest, secret_path, secret = bandit
+    code = path.read_text().replace("SECRET_PATH", str(secret_path))
+    code = code.replace("SECRET_VALUE", secret)
+    ev = sb.evaluate(code, {"round": 1})
+    assert not ev.passed or ev.score == honest, (path.stem, ev)
+    assert ev.failure_kind != FailureKind.OK.value or ev.passed
+    after = sb.evaluate(task.seed_program(), {"round": 1})
+    assert after.passed and after.score == seed_score, (path.stem, after)
+    probe = sb.evaluate(PROBE, {"round": 1})
+    assert probe.passed, (path.stem, probe.message)
+
+
+def test_exotic_returns_are_classified(bandit):
+    sb = bandit[0]
+    kinds = {p.stem: sb.evaluate(p.read_text(), {"round": 1}).failure_kind
+             for p in BANDIT_ATTACKS if p.stem in (
+                 "nan_return", "huge_int", "bool_return", "exotic_int_subclass",
+                 "exotic_index_eq", "exotic_numpy_subclass")}
+    assert kinds.pop("exotic_int_subclass") != "ok"  # caught by the runner or the scorer
+    assert kinds == {"nan_return": "wrong_return", "huge_int": "wrong_return",
+                     "bool_return": "wrong_return", "exotic_index_eq": "wrong_return",
+                     "exotic_numpy_subclass": "wrong_return"}
+
+
+def test_secret_is_stable_per_run_folder_and_hidden_environments_differ(tmp_path):
+    first = run_secret(tmp_path / "a")
+    assert run_secret(tmp_path / "a") == first
+    assert oct(os.stat(tmp_path / "a" / SECRET_FILE).st_mode & 0o777) == "0o600"
+    shared = tmp_path / "shared.secret"
+    assert run_secret(tmp_path / "b", str(shared)) == run_secret(tmp_path / "c", str(shared))
+    assert run_secret(tmp_path / "b") != first
+    from atlas.tasks.bandit.evaluator import build_envs
+
+    cfg = {**BanditTask(T=50).evaluator_config()}
+    public = build_envs(cfg)
+    hidden = build_envs(cfg, first)
+    assert [e.seed for e in hidden] == [e.seed for e in public]
+    assert not any(math.isclose(float(a.contexts[0, 0, 0]), float(b.contexts[0, 0, 0]))
+                   for a, b in zip(public, hidden))
+
+
+def test_legacy_task_score_out_of_range_is_tampered():
+    toy = "atlas.sandbox.testing:make_toy_evaluator"
+    code = (ATTACKS / "legacy_patch_score.py").read_text()
+    with Sandbox(toy, {"steps": 10}, workers=1, score_range=(-math.inf, 0.0),
+                 isolation="rlimits") as sb:
+        ev = sb.evaluate(code, {})
+        assert ev.failure_kind == FailureKind.TAMPERED.value and not ev.passed, ev
+        good = "def policy(contexts, history, t, state):\n    return 0\n"
+        ok = sb.evaluate(good, {})
+        assert ok.passed and ok.score <= 0
