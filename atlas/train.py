@@ -76,11 +76,14 @@ def summary(results: dict[str, Any]) -> str:
         f"ATLAS run: task={results['task']} method={results['method']} seed={results['seed']}",
         f"  best score  initial {fmt(results['initial_score'])} -> final {fmt(results['final_score'])}"
         f"  (improvement {fmt(results['improvement_pct'])}%)",
+        f"  agent's own best {fmt(results.get('final_agent'))}"
+        f"  (improvement {fmt(results.get('improvement_agent_pct'))}%)",
         f"  valid programs  first round {fmt(results['valid_rate_first_round'])}, last round "
         f"{fmt(results['valid_rate_last_round'])}, all {fmt(results['valid_rate'])}",
         f"  phases {results['phases']} (trained {results['phases_trained']}), promotions "
         f"{results['promotions']}, accept rate {fmt(results['accept_rate'])}",
-        f"  candidates {results['candidates']}, wall {results['wall_seconds']:.0f} s",
+        f"  candidates {results['candidates']} of budget {fmt(results.get('candidate_budget'))} "
+        f"{results.get('candidates_by_source') or ''}, wall {results['wall_seconds']:.0f} s",
     ]
     if results.get("isolation"):
         reason = results.get("isolation_reason")
