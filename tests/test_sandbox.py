@@ -1,8 +1,9 @@
 """The sandbox against a corpus of hostile programs (tests/hostile/, one program per file).
 
 Each file's first line says ``# expect: <failure_kind>``. Every program is run in three
-sandboxes: bubblewrap + fork-per-candidate, in-process (``fork_safe=False``, as JAX tasks
-use) and the rlimits+guard fallback. We assert the classification, that the time taken is
+sandboxes: bubblewrap, bubblewrap with a runner module the zygote may not preload
+(``fork_safe=False``, as JAX tasks use) and the rlimits+guard fallback; every candidate runs
+in a fresh single-use runner process. We assert the classification, that the time taken is
 bounded by the limit, that no file outside the candidate's directory appears, and that
 the pool still scores a good program correctly afterwards.
 """
@@ -34,9 +35,6 @@ SLACK_S = 1.5  # poll interval + kill + the worker reporting back, on a loaded 2
 GOOD = ("import numpy as np\n\ndef policy(contexts, history, t, state):\n"
         "    return int(np.argmax(contexts.sum(axis=1)))\n")
 BWRAP_OK = isolation.probe_bwrap()[0]
-#: in-process workers share state across candidates by design (see README): skip the one
-#: program whose whole point is to poison later candidates there
-INLINE_SKIP = {"tamper_evaluator.py"}
 
 
 def _source(path: pathlib.Path) -> str:
@@ -65,9 +63,9 @@ def sandbox(request):
     name = request.param
     if name.startswith("bwrap") and not BWRAP_OK:
         pytest.skip("bubblewrap does not work here")
-    config = {"fork_safe": not name.endswith("inline"), "steps": 20}
-    sb = Sandbox(TOY, config, workers=2, timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB,
-                 isolation="bwrap" if name.startswith("bwrap") else "none")
+    sb = Sandbox(TOY, {"steps": 20}, workers=2, timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB,
+                 isolation="bwrap" if name.startswith("bwrap") else "rlimits",
+                 fork_safe=not name.endswith("inline"))
     sb.label = name
     yield sb
     sb.close()
@@ -77,8 +75,6 @@ def test_hostile_corpus(sandbox):
     assert not _escapes(), f"stale files from an earlier run: {_escapes()}"
     results = {}
     for path in HOSTILE:
-        if sandbox.label.endswith("inline") and path.name in INLINE_SKIP:
-            continue
         start = time.monotonic()
         ev = sandbox.evaluate(_source(path), {})
         elapsed = time.monotonic() - start
@@ -110,7 +106,7 @@ def test_messages_are_clear(sandbox):
     assert "memory" in ev.message
 
 
-def test_fork_mode_keeps_warm_worker_and_isolates_candidates():
+def test_scorer_worker_stays_warm_and_candidates_are_isolated():
     with Sandbox(TOY, {"steps": 20}, workers=1, timeout_s=TIMEOUT_S,
                  memory_mb=MEMORY_MB) as sb:
         assert sb.evaluate(GOOD, {}).passed
@@ -125,35 +121,30 @@ def test_fork_mode_keeps_warm_worker_and_isolates_candidates():
         # the native fork bomb left nothing running behind it
         assert sb.evaluate(_source(REPO / "tests" / "hostile" / "fork_bomb_native.py"),
                            {}).passed
-        assert slot.worker.children(recursive=True) == []
+        # left behind: the zygote and the one spare runner it forked for the next candidate
+        zygotes = slot.worker.children()
+        assert len(zygotes) == 1 and len(zygotes[0].children(recursive=True)) == 1
 
 
-def test_inline_mode_recycles_after_failures_and_every_n():
-    with Sandbox(TOY, {"fork_safe": False}, workers=1, timeout_s=TIMEOUT_S,
-                 memory_mb=MEMORY_MB, recycle_every=2, isolation="none") as sb:
-        slot = sb._all[0]
-        sb.evaluate(GOOD, {})
-        first = slot.proc.pid
-        sb.evaluate(GOOD, {})
-        assert slot.proc is None  # recycled after 2 candidates
-        sb.evaluate(GOOD, {})
-        second = slot.proc.pid
-        assert second != first
-        assert sb.evaluate("def policy(c, h, t, s):\n    return -1\n", {}).failure_kind \
-            == "wrong_return"
-        assert slot.proc is None  # recycled after a non-ok result
-        assert sb.evaluate(GOOD, {}).passed
+def test_every_candidate_gets_a_fresh_runner_process():
+    code = ("import os\n\ndef policy(contexts, history, t, state):\n"
+            "    return 0 if t else os.getpid() % 5\n")
+    pids = "import os\n\ndef policy(contexts, history, t, state):\n    raise ValueError(os.getpid())\n"
+    with Sandbox(TOY, {}, workers=1, timeout_s=TIMEOUT_S, isolation="rlimits") as sb:
+        assert sb.evaluate(code, {}).passed
+        seen = {sb.evaluate(pids, {}).message for _ in range(3)}
+    assert len(seen) == 3, seen
 
 
 def test_workdir_is_cwd_and_home_and_is_removed():
     code = ("import os\n\ndef policy(contexts, history, t, state):\n"
             "    assert os.getcwd() == os.environ['HOME'] == os.environ['TMPDIR']\n"
             "    open('left_behind.txt', 'w').write('x')\n    return 0\n")
-    with Sandbox(TOY, {}, workers=1, timeout_s=TIMEOUT_S, isolation="none") as sb:
+    with Sandbox(TOY, {}, workers=1, timeout_s=TIMEOUT_S, isolation="rlimits") as sb:
         assert sb.evaluate(code, {}).passed
         root = sb._all[0].tmp_root
-        left = [p for p in pathlib.Path(root).rglob("*")]
-        assert all(p.name.startswith("atlas-worker-") for p in left), left
+        left = [p for p in pathlib.Path(root).iterdir()]
+        assert all(p.name.startswith("atlas-scorer-") for p in left), left
     assert not os.path.exists(root)
 
 
@@ -169,11 +160,11 @@ def test_parallel_across_workers():
     assert elapsed < 4 * 0.6, f"4 x 0.6 s on 2 workers took {elapsed:.2f} s (not parallel)"
 
 
-def test_jax_works_in_an_inprocess_worker_under_the_memory_limit():
+def test_jax_works_in_a_runner_under_the_memory_limit():
     pytest.importorskip("jax")
     code = ("import jax.numpy as jnp\n\ndef policy(contexts, history, t, state):\n"
             "    return int(jnp.ones(3).sum()) - 3\n")
-    with Sandbox(TOY, {"jax": True, "fork_safe": False, "steps": 3}, workers=1,
+    with Sandbox(TOY, {"jax": True, "steps": 3}, workers=1, fork_safe=False,
                  timeout_s=60, memory_mb=2048) as sb:
         ev = sb.evaluate(code, {})
     assert ev.passed, ev
@@ -188,7 +179,8 @@ def test_isolation_choices(monkeypatch, caplog):
         with caplog.at_level(logging.WARNING, logger="atlas.sandbox"):
             sb = Sandbox(TOY, {}, isolation="auto", workers=1, timeout_s=TIMEOUT_S)
         assert sb.isolation == "rlimits+guard"
-        assert "bubblewrap unavailable" in caplog.text
+        assert "bubblewrap is not installed" in sb.isolation_reason
+        assert "bubblewrap unusable" in caplog.text
         assert sb.evaluate(GOOD, {}).passed
         sb.close()
     finally:
@@ -196,6 +188,29 @@ def test_isolation_choices(monkeypatch, caplog):
         isolation.probe_bwrap.cache_clear()
     if BWRAP_OK:
         assert Sandbox(TOY, {}, isolation="auto").isolation == "bwrap"
+    assert Sandbox(TOY, {}, isolation="rlimits").isolation == "rlimits+guard"
+
+
+@pytest.mark.skipif(not BWRAP_OK, reason="bubblewrap does not work here")
+def test_bwrap_probe_works_from_any_directory_with_a_relative_pythonpath(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("PYTHONPATH", ".")
+    isolation.probe_bwrap.cache_clear()
+    try:
+        assert isolation.probe_bwrap() == (True, "")
+        monkeypatch.chdir(tmp_path)
+        with Sandbox(TOY, {}, workers=1, timeout_s=TIMEOUT_S, isolation="bwrap") as sb:
+            assert sb.evaluate(GOOD, {}).passed
+    finally:
+        isolation.probe_bwrap.cache_clear()
+
+
+def test_seccomp_refuses_every_signal_syscall():
+    from atlas.sandbox.seccomp import _ARCHES
+
+    for _, denied, _, _ in _ARCHES.values():
+        assert {"kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
+                "pidfd_send_signal", "pidfd_open"} <= set(denied)
 
 
 def test_bad_configuration_is_named():
@@ -238,9 +253,10 @@ def test_real_bandit_evaluator_with_hostile_programs():
     pytest.importorskip("atlas.tasks.bandit.evaluator")
     config = {"env_seeds": [0], "T": 50}
     names = {"infinite_loop.py": "timeout", "os_system.py": "exception",
-             "return_string.py": "wrong_return", "fake_score_native.py": "exception",
+             "return_string.py": "wrong_return", "fake_score_native.py": "tampered",
              "memory_hog_single.py": "killed", "write_repo.py": "exception"}
-    with Sandbox("atlas.tasks.bandit.evaluator:make_evaluator", config, workers=2,
+    with Sandbox("atlas.tasks.bandit.evaluator:make_scorer", config, workers=2,
+                 runner_factory="atlas.tasks.bandit.evaluator:make_runner",
                  timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB) as sb:
         codes = [_source(REPO / "tests" / "hostile" / n) for n in names]
         for (name, kind), ev in zip(names.items(), sb.evaluate_many(codes, {})):

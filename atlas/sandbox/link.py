@@ -65,8 +65,8 @@ class Link:
                     continue
             chunk = protocol._os_read(self.read_fd, 1 << 16)
             if not chunk:
-                raise RunnerFailed(FailureKind.KILLED, "the program's process ended before "
-                                                        "answering (killed or crashed)")
+                raise RunnerFailed(FailureKind.EXCEPTION, "the program's process ended "
+                                   "before answering (it exited, crashed or was killed)")
             try:
                 self._buf.feed(chunk)
             except protocol.ProtocolError as exc:

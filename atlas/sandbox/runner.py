@@ -120,7 +120,7 @@ def _run_one(spec: dict[str, Any], link: Link) -> None:
                                      f"{type(ev).__name__}, not an Evaluation (a task bug)")
             if ev.passed and not math.isfinite(ev.score):
                 raise CandidateError(FailureKind.NON_FINITE, f"score is {ev.score}")
-            reply = {"evaluation": ev.to_dict()}
+            reply = {"evaluation": ev.to_dict(), "nonce": req.get("nonce")}
         else:
             task_runner(code, context, link)
     except BaseException as exc:  # noqa: BLE001 - everything a candidate raises is classified

@@ -20,6 +20,7 @@ import argparse
 import inspect
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -169,9 +170,14 @@ class Worker:
         workdir = tempfile.mkdtemp(prefix="cand-", dir=self.scratch)
         try:
             runner.link.recv()  # "ready": the task's runner has warmed up
-            runner.link.send({"code": code, "context": context, "workdir": workdir})
-            if self.scorer is None:
-                ev = protocol.validate_evaluation(runner.link.recv().get("evaluation"))
+            nonce = secrets.token_hex(16)
+            runner.link.send({"code": code, "context": context, "workdir": workdir,
+                              "nonce": nonce})
+            if self.scorer is None:  # legacy: blind writes cannot pass without the nonce
+                reply = runner.link.recv()
+                if reply.get("nonce") != nonce:
+                    raise protocol.ProtocolError("a legacy result without the request's nonce")
+                ev = protocol.validate_evaluation(reply.get("evaluation"))
             else:
                 ev = self.scorer.score(code, context, runner.link)
                 if not isinstance(ev, Evaluation):

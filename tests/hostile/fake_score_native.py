@@ -1,4 +1,4 @@
-# expect: exception
+# expect: tampered
 # Bypasses the Python guard with libc.write through numpy's ctypes, then exits at once so
 # that no honest result follows: the nonce check must reject the forged frame.
 import json
