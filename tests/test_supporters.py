@@ -31,9 +31,9 @@ from atlas.supporters import (
 from atlas.supporters import requests as sreq
 from atlas.supporters.answers import extract_json, parse_strategist
 from atlas.supporters.config import RoleConfig, role_configs
-from atlas.supporters.openai_backend import SupporterError
+from atlas.supporters.openai_backend import SupporterError, forget_negotiated, negotiated_modes
 from atlas.supporters.patching import HELPER, add_robust_loss, find_numeric_sites
-from atlas.supporters.schemas import FALLBACK_CAUSES, ExplorationAdvice
+from atlas.supporters.schemas import ANSWER_SCHEMAS, FALLBACK_CAUSES, ExplorationAdvice
 from atlas.tasks.base import PromptSpec
 from atlas.types import Evaluation, GateItem, Program
 
@@ -301,6 +301,11 @@ def test_config_errors_name_the_field():
         role_configs({"colour": 1})
     with pytest.raises(ValueError, match=r"supporters.inspector.timeout_s"):
         role_configs({"inspector": {"timeout_s": -1}})
+    for cfg in ({"json_mode": True}, {"strategist": {"json_mode": True}}):
+        with pytest.raises(ValueError, match=r"json_mode was replaced by structured_output"):
+            role_configs(cfg)
+    with pytest.raises(ValueError, match=r"supporters.strategist.structured_output"):
+        role_configs({"strategist": {"structured_output": "grammar"}})
 
 
 def test_backends_mix_per_role_and_presets_load():
@@ -474,8 +479,9 @@ def server():
 
 
 def _llm_supporters(url: str, **extra):
+    # free text unless a test negotiates: these tests script one answer per request
     cfg = {"backend": "openai", "base_url": url, "model": "scripted", "timeout_s": 2.0,
-           "max_retries": 0, "exploration": {"model": "explorer"},
+           "max_retries": 0, "structured_output": "text", "exploration": {"model": "explorer"},
            "strategist": {"model": "strategist", "temperature": 0.3}, **extra}
     return build_supporters(cfg, task_name="bandit", seed=0)
 
@@ -486,7 +492,7 @@ def _assert_counters_add_up(stats: dict) -> None:
 
 
 def test_valid_llm_answers_are_used_and_labelled(server):
-    sup = _llm_supporters(server.url, json_mode=True)
+    sup = _llm_supporters(server.url, structured_output="json_object")
     patch = BANDIT.replace("50", "20")
     server.script.extend([
         ("content", json.dumps({"critique": "Window too large for drift.",
@@ -511,7 +517,8 @@ def test_valid_llm_answers_are_used_and_labelled(server):
     assert all(r["response_format"] == {"type": "json_object"} for r in server.requests)
     assert "window_size = 50" in server.requests[0]["messages"][1]["content"]
     strat_prompt = server.requests[1]["messages"][1]["content"]
-    assert "beta=0.1, lr=5e-05, epochs=2" in strat_prompt and "epochs integer 1..5" in strat_prompt
+    assert "beta=0.1, lr=0.00005, epochs=2" in strat_prompt and "epochs integer 1..5" in strat_prompt
+    assert "lr 0.000001..0.001" in strat_prompt  # plain decimals: SmolLM2 misread 5e-05
     assert "accepted" in server.requests[2]["messages"][1]["content"]
     stats = sup.stats()
     assert [stats[r]["llm_ok"] for r in ("exploration", "strategist", "inspector")] == [1, 1, 1]
@@ -567,7 +574,45 @@ def test_retries_are_bounded_and_rejections_never_reach_the_model(server):
     assert v.accepted is False and len(server.requests) == 2  # not asked
     assert sup.stats()["inspector"] == {"backend": "openai", "calls": 1, "llm_ok": 0,
                                         "embedded": 1, "fallbacks": dict.fromkeys(
-                                            FALLBACK_CAUSES, 0)}
+                                            FALLBACK_CAUSES, 0), "modes": {}}
+
+
+def test_structured_output_negotiation_is_remembered_per_server(server):
+    """auto: json_schema (OpenAI form) first; a server that rejects it with HTTP 500 (as
+    llama-cpp-python does) is asked with the schema inside json_object, and every later call
+    of every role goes straight to what worked on that base_url."""
+    forget_negotiated()
+    sup = _llm_supporters(server.url, structured_output="auto")
+    server.script.extend([("status", 500),
+                          ("content", '{"beta": 0.2, "lr": 5e-5, "epochs": 2, '
+                                      '"score_threshold": null, "rationale": "r"}'),
+                          ("content", '{"veto": false, "reason": "fine"}')])
+    st = sup.strategist.advise(_strat_req())
+    assert (st.backend, st.output_mode, st.beta) == ("openai", "json_object_schema", 0.2)
+    formats = [r.get("response_format") for r in server.requests]
+    assert formats[0]["type"] == "json_schema" and formats[0]["json_schema"]["strict"] is True
+    assert formats[0]["json_schema"]["schema"] == ANSWER_SCHEMAS["strategist"]
+    assert formats[1] == {"type": "json_object", "schema": ANSWER_SCHEMAS["strategist"]}
+    assert negotiated_modes()[server.url] == "json_object_schema"
+    v = sup.inspector.review(InspectorRequest(phase=1, gate=_gate(True)))
+    assert (v.output_mode, len(server.requests)) == ("json_object_schema", 3)
+    assert server.requests[2]["response_format"]["schema"] == ANSWER_SCHEMAS["inspector"]
+    assert sup.stats()["strategist"]["modes"] == {"json_object_schema": {"asked": 1, "ok": 1}}
+    forget_negotiated(server.url)
+    # a server rejecting both schema forms is asked in free text; 503 (overloaded) is not a
+    # format rejection: it is a failure, nothing is remembered
+    server.script.extend([("status", 400), ("status", 422),
+                          ("content", '{"veto": true, "reason": "Regression: x"}'),
+                          ("status", 503)])
+    sup2 = _llm_supporters(server.url, structured_output="auto")
+    v = sup2.inspector.review(InspectorRequest(phase=1, gate=_gate(True)))
+    assert (v.output_mode, v.veto) == ("text", True) and "response_format" not in \
+        server.requests[-1]
+    assert negotiated_modes()[server.url] == "text"
+    forget_negotiated(server.url)
+    v = sup2.inspector.review(InspectorRequest(phase=1, gate=_gate(True)))
+    assert v.fallback_cause == "http_error" and server.url not in negotiated_modes()
+    forget_negotiated()
 
 
 def test_stats_survive_a_resume():

@@ -33,11 +33,13 @@ from atlas.supporters import (
     InspectorRequest,
     Knobs,
     ProgramView,
+    QualityMetricView,
     ScoreStats,
     StrategistRequest,
     build_supporters,
 )
 from atlas.supporters.config import role_configs
+from atlas.supporters.openai_backend import forget_negotiated, negotiated_modes
 
 pytestmark = [
     # not slow: ~1 min on a loaded 2-core machine once the server runs on one thread (it took
@@ -133,15 +135,18 @@ def _requests():
     insp = InspectorRequest(
         phase=2, gate=GateNumbers(gain=0.03, kl=0.02, epsilon=0.0, delta=0.05, accepted=True),
         candidate_metrics={"val_pde": 1e-4, "val_ic": 0.4},
-        reference_metrics={"val_pde": 1e-2, "val_ic": 0.01})
+        reference_metrics={"val_pde": 1e-2, "val_ic": 0.01},
+        quality_metrics=[QualityMetricView(name="val_pde", direction="min"),
+                         QualityMetricView(name="val_ic", direction="min")])
     return exp, strat, insp
 
 
-@pytest.mark.parametrize("json_mode", [False, True], ids=["free_text", "json_mode"])
-def test_three_roles_against_a_real_server(llama_url, json_mode):
+@pytest.mark.parametrize("mode", ["text", "auto"])
+def test_three_roles_against_a_real_server(llama_url, mode):
     # the Ollama preset, re-pointed: same keys, same code path
+    forget_negotiated(llama_url)
     cfg = {"backend": "openai", "base_url": llama_url, "api_key": "none", "temperature": 0.7,
-           "timeout_s": 60, "max_retries": 0, "json_mode": json_mode, "max_tokens": 96,
+           "timeout_s": 60, "max_retries": 0, "structured_output": mode, "max_tokens": 96,
            "exploration": {"model": "smollm2", "max_tokens": 192},
            "strategist": {"model": "smollm2"}, "inspector": {"model": "smollm2"}}
     assert {c.base_url for c in role_configs(cfg).values()} == {llama_url}
@@ -164,10 +169,23 @@ def test_three_roles_against_a_real_server(llama_url, json_mode):
     stats = sup.stats()
     total = sum(r["calls"] for r in stats.values())
     ok = sum(r["llm_ok"] for r in stats.values())
-    print(f"\n[smollm2 via llama_cpp.server, json_mode={json_mode}] valid answers {ok}/{total} "
+    print(f"\n[smollm2 via llama_cpp.server, structured_output={mode}] valid answers "
+          f"{ok}/{total} "
           f"in {time.time() - t0:.1f}s: " + "; ".join(
               f"{n}: ok {r['llm_ok']}/{r['calls']} fallbacks "
               f"{ {k: v for k, v in r['fallbacks'].items() if v} }" for n, r in stats.items()))
     for r in stats.values():
         assert r["backend"] == "openai" and r["calls"] == ROUNDS and r["embedded"] == 0
         assert r["calls"] == r["llm_ok"] + sum(r["fallbacks"].values())
+    if mode == "auto":
+        # llama-cpp-python answers the OpenAI json_schema form with HTTP 500 and takes the
+        # schema inside json_object: negotiated once, remembered for every role
+        assert negotiated_modes()[llama_url] == "json_object_schema"
+        for r in stats.values():
+            assert r["modes"] == {"json_object_schema": {"asked": ROUNDS, "ok": r["llm_ok"]}}
+            # schema-constrained answers always parse: only bounds can reject them
+            assert r["fallbacks"]["prose"] == 0
+    else:
+        assert llama_url not in negotiated_modes()
+        assert all(set(r["modes"]) == {"text"} for r in stats.values())
+

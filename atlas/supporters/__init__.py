@@ -48,7 +48,8 @@ class Supporters:
     task_name: str = ""
 
     def stats(self) -> dict:
-        """Per role: backend, calls, llm_ok, embedded, fallbacks{cause: n}."""
+        """Per role: backend, calls, llm_ok, embedded, fallbacks{cause: n},
+        modes{output mode: {asked, ok}}."""
         return {r.name: r.stats.as_dict()
                 for r in (self.exploration, self.strategist, self.inspector)}
 
@@ -62,6 +63,8 @@ class Supporters:
                 r.stats.embedded = int(s.get("embedded", 0))
                 r.stats.fallbacks.update({k: int(v) for k, v in (s.get("fallbacks") or {}).items()
                                           if k in r.stats.fallbacks})
+                r.stats.modes = {k: {"asked": int(v.get("asked", 0)), "ok": int(v.get("ok", 0))}
+                                 for k, v in (s.get("modes") or {}).items()}
 
 
 def build_supporters(cfg: Mapping | None, *, task_name: str, seed: int) -> Supporters:

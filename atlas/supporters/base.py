@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from atlas.supporters.config import RoleConfig
 from atlas.supporters.openai_backend import ChatBackend, SupporterError
-from atlas.supporters.schemas import FALLBACK_CAUSES, RAW_CHARS
+from atlas.supporters.schemas import ANSWER_SCHEMAS, FALLBACK_CAUSES, RAW_CHARS
 
 log = logging.getLogger("atlas.supporters")
 
@@ -34,10 +34,20 @@ class RoleStats:
     llm_ok: int = 0
     embedded: int = 0
     fallbacks: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FALLBACK_CAUSES, 0))
+    #: per output mode the model was asked in: {"asked": n, "ok": n} (valid-answer rate)
+    modes: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def count_mode(self, mode: str | None, ok: bool) -> None:
+        if mode is None:
+            return
+        m = self.modes.setdefault(mode, {"asked": 0, "ok": 0})
+        m["asked"] += 1
+        m["ok"] += int(ok)
 
     def as_dict(self) -> dict:
         return {"backend": self.backend, "calls": self.calls, "llm_ok": self.llm_ok,
-                "embedded": self.embedded, "fallbacks": dict(self.fallbacks)}
+                "embedded": self.embedded, "fallbacks": dict(self.fallbacks),
+                "modes": {k: dict(v) for k, v in self.modes.items()}}
 
 
 class Role(Generic[Req, Resp]):
@@ -69,20 +79,28 @@ class Role(Generic[Req, Resp]):
             self.stats.embedded += 1
             out = self._rule(req)
         else:
+            self.backend.last_mode = None
             try:
                 system, user = self._prompt(req)
-                text = self.backend.complete(system, user)
+                text = self.backend.complete(system, user, schema=ANSWER_SCHEMAS.get(self.name),
+                                             name=f"{self.name}_answer")
                 try:
                     out = self._parse(text, req)
                 except ValidationError as exc:  # a parsed value the schema still rejects
                     raise SupporterError("malformed", str(exc)[:300], text) from exc
+                out = out.model_copy(  # type: ignore[attr-defined]
+                    update={"output_mode": self.backend.last_mode})
                 self.stats.llm_ok += 1
+                self.stats.count_mode(self.backend.last_mode, True)
             except SupporterError as exc:
                 self.stats.fallbacks[exc.cause] += 1
-                log.warning("supporter %s: %s answer unusable (%s): %s; using the embedded rule",
-                            self.name, self.cfg.model, exc.cause, exc.message[:300])
+                self.stats.count_mode(self.backend.last_mode, False)
+                log.warning("supporter %s: %s answer unusable (%s, mode %s): %s; using the "
+                            "embedded rule", self.name, self.cfg.model, exc.cause,
+                            self.backend.last_mode, exc.message[:300])
                 out = self._rule(req).model_copy(  # type: ignore[attr-defined]
-                    update={"fallback_cause": exc.cause, "raw": exc.raw[:RAW_CHARS]})
+                    update={"fallback_cause": exc.cause, "raw": exc.raw[:RAW_CHARS],
+                            "output_mode": self.backend.last_mode})
         log.info("supporter %s backend=%s fallback_cause=%s", self.name,
                  out.backend, out.fallback_cause)  # type: ignore[attr-defined]
         return out

@@ -30,8 +30,22 @@ class RoleConfig(BaseModel):
     max_tokens: int = Field(512, ge=16, le=32768)
     timeout_s: float = Field(60.0, gt=0.0, le=3600.0)
     max_retries: int = Field(1, ge=0, le=5)
-    json_mode: bool = False  # ask for response_format=json_object (Ollama, llama.cpp, OpenAI)
+    #: how the answer's JSON is requested (atlas/supporters/openai_backend.py): auto tries
+    #: json_schema (OpenAI/vLLM/Ollama), then json_object_schema (llama-cpp-python), then
+    #: text (free text, parsed), remembering per base_url what worked; or pin one mode
+    #: (json_object: JSON without a schema)
+    structured_output: Literal["auto", "json_schema", "json_object_schema", "json_object",
+                               "text"] = "auto"
     out_of_range: Literal["fallback", "clamp"] = "fallback"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_mode_was_replaced(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "json_mode" in data:
+            raise ValueError("json_mode was replaced by structured_output (auto | json_schema "
+                             "| json_object_schema | json_object | text); json_mode=true is "
+                             "structured_output=json_object")
+        return data
 
     @model_validator(mode="after")
     def _model_for_openai(self) -> RoleConfig:
@@ -97,6 +111,8 @@ def role_configs(cfg: Mapping | None) -> dict[str, RoleConfig]:
     raw = _plain(cfg) if cfg is not None else {}
     raw.pop("name", None)  # Hydra group label, if present
     shared = {k: v for k, v in raw.items() if k not in ROLES}
+    if "json_mode" in shared:
+        RoleConfig._json_mode_was_replaced(shared)  # raises with the replacement's name
     out: dict[str, RoleConfig] = {}
     for role, model in _ROLE_MODELS.items():
         block = raw.get(role) or {}

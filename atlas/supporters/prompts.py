@@ -40,6 +40,12 @@ def _fmt(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.4g}"
 
 
+def _dec(v: float) -> str:
+    """A plain decimal (0.00005, not 5e-05): small models misread exponents (SmolLM2 turned
+    lr=5e-05 into 0.005 in 5 of 5 answers)."""
+    return f"{v:.10f}".rstrip("0").rstrip(".") if v != 0 else "0"
+
+
 def exploration(req: ExplorationRequest, cfg: ExplorationConfig) -> tuple[str, str]:
     system, user = template("exploration")
     ranked = sorted(req.programs, key=lambda p: (p.passed, p.score or 0.0), reverse=True)
@@ -68,9 +74,9 @@ def strategist(req: StrategistRequest) -> tuple[str, str]:
                   median=_fmt(s.median), min=_fmt(s.min), valid_rate=f"{s.valid_rate:.2f}",
                   diversity=f"{req.diversity:.2f}", gates="; ".join(gates) or "none",
                   loss=_fmt(d.loss), accuracy=_fmt(d.accuracy), margin=_fmt(d.margin),
-                  beta=k.beta, lr=k.lr, epochs=k.epochs,
+                  beta=k.beta, lr=_dec(k.lr), epochs=k.epochs,
                   score_threshold="null" if k.score_threshold is None else k.score_threshold,
-                  beta_lo=b.beta[0], beta_hi=b.beta[1], lr_lo=b.lr[0], lr_hi=b.lr[1],
+                  beta_lo=b.beta[0], beta_hi=b.beta[1], lr_lo=_dec(b.lr[0]), lr_hi=_dec(b.lr[1]),
                   ep_lo=b.epochs[0], ep_hi=b.epochs[1])
     return system.substitute(values), user.substitute(values)
 

@@ -46,6 +46,9 @@ class _Response(_Model):
     backend: Backend = "embedded"
     fallback_cause: FallbackCause | None = None
     raw: str = Field("", description="the model's answer text, truncated; empty for rules")
+    output_mode: str | None = Field(None, description="how the model was asked for JSON "
+                                    "(json_schema, json_object_schema, json_object, text); "
+                                    "None when no model was asked")
 
     def to_record(self) -> dict:
         """JSON-ready dict for events.jsonl (non-finite floats already excluded by schema)."""
@@ -268,3 +271,30 @@ class InspectorVerdict(_Response):
         if self.veto and self.accepted:
             raise ValueError("a vetoed promotion cannot be accepted")
         return self
+
+
+# --------------------------------------------------------------------------- answer schemas
+
+def _nullable(kind: str) -> dict:
+    return {"anyOf": [{"type": kind}, {"type": "null"}]}
+
+
+def _object(props: dict[str, dict]) -> dict:
+    # OpenAI's strict form: every property required, no others (bounds are checked after)
+    return {"type": "object", "properties": props, "required": list(props),
+            "additionalProperties": False}
+
+
+#: the JSON each role's model must answer with, sent as a structured-output schema; the
+#: answer parsers (atlas/supporters/answers.py) still validate types and bounds
+ANSWER_SCHEMAS: dict[str, dict] = {
+    "exploration": _object({"critique": {"type": "string"},
+                            "patches": {"type": "array", "items": {"type": "string"}},
+                            "temperature": _nullable("number")}),
+    "strategist": _object({"beta": {"type": "number"}, "lr": {"type": "number"},
+                           "epochs": {"type": "integer"},
+                           "score_threshold": _nullable("number"),
+                           "rationale": {"type": "string"}}),
+    "inspector": _object({"veto": {"type": "boolean"}, "reason": {"type": "string"}}),
+}
+
