@@ -20,8 +20,9 @@ from atlas.dpo import (
     select_and_gate,
     token_kl,
 )
-from atlas.dpo.scoring import weighted_score
-from atlas.types import GateItem
+from atlas.dpo.gate import NO_ITEMS, hold_out_prompts
+from atlas.dpo.scoring import importance_gain, normalised_scores
+from atlas.types import Evaluation, GateItem, Program
 
 ITEMS = [
     GateItem(prompt="# bandit\ndef act(x):\n", completions=["    return 0\n", "    return argmax(x)\n",
@@ -93,17 +94,33 @@ def brute_kl(model, tok, items, cand: dict, ref_adapter: str | None) -> float:
     return sum(per_pair) / len(per_pair)
 
 
-def brute_score(model, tok, items, adapter_name: str | None) -> float:
-    per_item = []
+def brute_sums(model, tok, items, adapter_name: str | None) -> list[list[float]]:
+    """Per item, per completion sequence log-prob, one position at a time."""
+    out = []
     for item in items:
-        means = []
+        row = []
         for comp_text in item.completions:
             logits, n_p, comp = brute_logits(model, tok, item.prompt, comp_text, adapter_name)
-            lp = [float(torch.log_softmax(logits[n_p + k - 1], -1)[t]) for k, t in enumerate(comp)]
-            means.append(sum(lp) / len(lp))
-        z = [math.exp(m - max(means)) for m in means]
-        per_item.append(sum(w * s for w, s in zip(z, item.scores)) / sum(z))
-    return sum(per_item) / len(per_item)
+            row.append(sum(float(torch.log_softmax(logits[n_p + k - 1], -1)[t])
+                           for k, t in enumerate(comp)))
+        out.append(row)
+    return out
+
+
+def brute_score(model, tok, items, adapter_name: str | None) -> tuple[float, float]:
+    """(S(policy adapter), S(ref adapter)) by the definition: per informative item, the
+    likelihood-ratio-weighted mean of the min-max normalised scores; mean over items."""
+    pol, ref = brute_sums(model, tok, items, adapter_name), brute_sums(model, tok, items, REF)
+    s_pol, s_ref = [], []
+    for item, lp, lr in zip(items, pol, ref):
+        lo, hi = min(item.scores), max(item.scores)
+        if hi == lo:
+            continue
+        u = [(x - lo) / (hi - lo) for x in item.scores]
+        w = [math.exp(a - b) for a, b in zip(lp, lr)]
+        s_pol.append(sum(wi * ui for wi, ui in zip(w, u)) / sum(w))
+        s_ref.append(sum(u) / len(u))
+    return sum(s_pol) / len(s_pol), sum(s_ref) / len(s_ref)
 
 
 @pytest.mark.parametrize("reference", ["ref", "fixed", "state"])
@@ -126,57 +143,121 @@ def test_token_kl_equals_brute_force(reference):
     assert same(get_adapter_state(model, REF), ref_before)
 
 
-def test_inspector_score_hand_numbers_and_brute_force():
-    items = [GateItem("p", ["a", "b"], [1.0, 0.0], "a"), GateItem("q", ["c"], [0.3], "c")]
-    w = 1 / (1 + math.exp(-1))  # softmax([-1, -2])[0]
-    assert weighted_score([[-1.0, -2.0], [-4.0]], items) == pytest.approx((w + 0.3) / 2)
-    assert weighted_score([[-1.0, -2.0], [-4.0]], items, temperature=1e-6) == pytest.approx(0.65)
+def test_importance_gain_hand_numbers():
+    items = [GateItem("p", ["a", "b"], [1.0, 0.0], "a"), GateItem("q", ["c"], [0.3], "c"),
+             GateItem("r", ["d", "e", "f"], [2.0, 0.0, 1.0], "d")]
+    assert normalised_scores(items) == [[1.0, 0.0], None, [1.0, 0.0, 0.5]]
+    # item p: ratio 3:1 -> weights 0.75 / 0.25 -> S 0.75 vs S(ref) 0.5; item q carries no
+    # preference (one score) and is left out; item r: the policy equals the reference
+    est = importance_gain([[math.log(3.0) - 7.0, -7.0], [-1.0], [-2.0, -3.0, -4.0]],
+                          [[-7.0, -7.0], [-9.0], [-2.0, -3.0, -4.0]], items)
+    assert est.items == 2
+    assert est.score == pytest.approx((0.75 + 0.5) / 2)
+    assert est.ref_score == pytest.approx((0.5 + 0.5) / 2)
+    assert est.gain == pytest.approx(0.125)
+    # temperature 2 halves the log-ratio: weights sqrt(3):1
+    hot = importance_gain([[math.log(3.0), 0.0]], [[0.0, 0.0]], items[:1], temperature=2.0)
+    assert hot.gain == pytest.approx(math.sqrt(3) / (1 + math.sqrt(3)) - 0.5)
+    none = importance_gain([[-1.0]], [[-2.0]], items[1:2])
+    assert none.items == 0 and math.isnan(none.gain) and math.isnan(none.lower)
 
+
+def test_importance_gain_bound_is_paired_seeded_and_below_the_gain():
+    # 40 completions, half good half bad; the policy moved each by +-0.5 nats plus noise
+    g = torch.Generator().manual_seed(0)
+    scores = [1.0] * 20 + [0.0] * 20
+    ref = torch.randn(40, generator=g).tolist()
+    moved = [r + (0.5 if s else -0.5) + 0.3 * float(torch.randn(1, generator=g))
+             for r, s in zip(ref, scores)]
+    item = [GateItem("p", [str(i) for i in range(40)], scores, "0")]
+    est = importance_gain([moved], [ref], item, confidence=0.9, resamples=2000, seed=3)
+    assert est.gain > 0.1  # mass moved to the better half
+    assert est.gain - 3 * est.se < est.lower < est.gain and 0 < est.se < 0.1
+    assert importance_gain([moved], [ref], item, resamples=2000, seed=3) == est  # seeded
+    wider = importance_gain([moved], [ref], item, confidence=0.99, resamples=2000, seed=3)
+    assert wider.lower < est.lower
+    # the reference against itself: every resample's gain is exactly 0 (paired resamples)
+    same_est = importance_gain([ref], [ref], item, resamples=200)
+    assert same_est.gain == 0.0 and same_est.lower == 0.0 and same_est.se < 1e-12
+    with pytest.raises(ValueError, match="gate.confidence"):
+        importance_gain([ref], [ref], item, confidence=1.0)
+
+
+def test_inspector_score_equals_brute_force():
     model, tok = tiny_peft()
     set_adapter_state(model, REF, random_state(model, 4, 0.3))
-    got = inspector_score(model, tok, ITEMS, "ref", batch_size=2)
-    assert got == pytest.approx(brute_score(model, tok, ITEMS, REF), **SCORE_TOL)
-    got_fixed = inspector_score(model, tok, ITEMS, "fixed")
-    assert got_fixed == pytest.approx(brute_score(model, tok, ITEMS, None), **SCORE_TOL)
+    cand = random_state(model, 5, 0.3)
+    set_adapter_state(model, POLICY, cand)
+    exp_pol, exp_ref = brute_score(model, tok, ITEMS, POLICY)
+    got = inspector_score(model, tok, ITEMS, cand, "ref")
+    assert got.items == 2  # ITEMS[2] has one completion
+    assert got.score == pytest.approx(exp_pol, **SCORE_TOL)
+    assert got.ref_score == pytest.approx(exp_ref, **SCORE_TOL)
+    assert abs(got.gain) > 1e-3  # the policies really differ
+    assert inspector_score(model, tok, ITEMS, "ref", "ref").gain == pytest.approx(0.0, abs=1e-9)
 
 
 def test_policy_with_more_mass_on_the_better_completion_scores_higher():
     model, tok = tiny_peft()
     item = GateItem(prompt="def f():", completions=["    return 42", "    raise RuntimeError('x')"],
                     scores=[1.0, -1.0], preferred="    return 42")
-    before = inspector_score(model, tok, [item], "policy")
-    # move per-token mass from the worse completion to the better one (a contrastive nudge)
+    # move mass from the worse completion to the better one (a contrastive nudge)
     from atlas.dpo.batching import encode_texts
     from atlas.dpo.logprobs import sequence_logps
 
     params = [p for n, p in model.named_parameters() if f".{POLICY}." in n]
     opt = torch.optim.Adam(params, lr=2e-2)
     batch = encode_texts(tok, [item.prompt] * 2, item.completions, 64)
+    ref_good, ref_bad = sequence_logps(model, batch, "sum").tolist()  # policy == ref here
     for _ in range(20):
         opt.zero_grad()
         good, bad = sequence_logps(model, batch, "mean")
         (bad - good).backward()
         opt.step()
-    good, bad = sequence_logps(model, batch, "mean").tolist()
+    good, bad = sequence_logps(model, batch, "sum").tolist()
     trained = get_adapter_state(model, POLICY)
-    after = inspector_score(model, tok, [item], trained)
-    # S = 2 * sigmoid(good - bad) - 1 for scores (1, -1)
-    assert after == pytest.approx(2 / (1 + math.exp(bad - good)) - 1, rel=1e-5)
-    assert after > before + 0.15
-    assert inspector_score(model, tok, [item], "ref") == pytest.approx(before, abs=1e-6)
+    after = inspector_score(model, tok, [item], trained, "ref")
+    # S = sigmoid(log-ratio of good - log-ratio of bad) for normalised scores (1, 0)
+    margin = (good - ref_good) - (bad - ref_bad)
+    assert after.score == pytest.approx(1 / (1 + math.exp(-margin)), rel=1e-5)
+    assert after.ref_score == 0.5 and after.gain > 0.15
 
 
 # -- Eq. 4 and Eq. 5 on hand-made numbers -----------------------------------------------------
 NAMES = ["step_2", "step_4", "final"]
 
 
-def test_eq4_selection_and_eq5_accept():
-    gate = GateConfig(epsilon=0.0, delta=0.05, lam=1.0)
-    d = decide([0.5, 0.7, 0.6], [0.01, 0.2, 0.02], NAMES, ref_score=0.55, gate=gate)
-    # objectives 0.49, 0.50, 0.58 -> final
-    assert [c["objective"] for c in d.candidates] == pytest.approx([0.49, 0.5, 0.58])
+def test_eq4_normalised_selection_and_eq5_tests_the_lower_bound():
+    gate = GateConfig(epsilon=0.02, delta=0.05, lam=1.0)
+    d = decide([0.5, 0.7, 0.6], [0.01, 0.2, 0.02], NAMES, ref_score=0.55, gate=gate,
+               lowers=[-0.1, 0.1, 0.03], ses=[0.02, 0.03, 0.015])
+    # gains -0.05, 0.15, 0.05; G = 0.15, K = 0.2: objectives -1/3 - 0.05, 1 - 1, 1/3 - 0.1
+    assert d.gain_scale == pytest.approx(0.15) and d.kl_scale == pytest.approx(0.2)
+    assert [c["objective"] for c in d.candidates] == pytest.approx([-1 / 3 - 0.05, 0.0, 1 / 3 - 0.1])
     assert (d.accepted, d.reason, d.chosen) == (True, "accepted", "final")
     assert d.gain == pytest.approx(0.05) and d.kl == pytest.approx(0.02)
+    assert (d.lower_bound, d.se) == (0.03, 0.015)
+    row = d.to_dict()["candidates"][2]
+    assert (row["name"], row["lower"], row["se"]) == ("final", 0.03, 0.015)
+    # the point gain 0.05 clears epsilon 0.04 but the bound 0.03 does not: rejected
+    strict = decide([0.5, 0.7, 0.6], [0.01, 0.2, 0.02], NAMES, ref_score=0.55,
+                    gate=GateConfig(epsilon=0.04, delta=0.05), lowers=[-0.1, 0.1, 0.03])
+    assert (strict.accepted, strict.reason, strict.chosen) == (False, "rejected: no gain", "final")
+
+
+def test_eq4_lambda_trades_gain_against_kl_on_equal_footing():
+    # the largest gain and the largest KL each count 1: with lam 1 a snapshot with 60% of the
+    # gain at 30% of the KL (objective 0.3) beats the final one (objective 0)
+    scores, kls = [0.56, 0.6], [0.003, 0.01]
+    d = decide(scores, kls, ["step_1", "final"], 0.5, GateConfig(epsilon=0.0, lam=1.0))
+    assert d.chosen == "step_1"
+    assert [c["objective"] for c in d.candidates] == pytest.approx([0.6 - 0.3, 0.0])
+    # lam 0.5: the final one wins (1 - 0.5 = 0.5 > 0.6 - 0.15 = 0.45)
+    assert decide(scores, kls, ["step_1", "final"], 0.5, GateConfig(lam=0.5)).chosen == "final"
+    # scaling all KLs (or all gains) changes nothing: neither term dominates by its units
+    scaled = decide(scores, [k * 1e-3 for k in kls], ["step_1", "final"], 0.5, GateConfig(lam=1.0))
+    assert scaled.chosen == "step_1"
+    assert [c["objective"] for c in scaled.candidates] == pytest.approx([0.3, 0.0])
 
 
 def test_eq5_rejects_kl_too_large():
@@ -192,9 +273,11 @@ def test_eq5_rejects_no_gain_and_epsilon_boundary():
     assert (d.accepted, d.reason, d.chosen) == (False, "rejected: no gain", "final")
     exact = decide([0.5, 0.625, 0.75], [0.0, 0.0, 0.0], NAMES, ref_score=0.5,
                    gate=GateConfig(epsilon=0.25, delta=0.0, lam=1.0))  # exact in binary
-    assert exact.gain == 0.25 and exact.accepted  # gain == epsilon and KL == delta are enough
+    assert exact.gain == 0.25 and exact.lower_bound == 0.25 and exact.accepted
     both_fail = decide([0.1], [9.0], ["final"], ref_score=0.5, gate=GateConfig(delta=0.05))
     assert both_fail.reason == "rejected: no gain"
+    nan_bound = decide([0.9], [0.0], ["final"], 0.5, GateConfig(), lowers=[math.nan])
+    assert nan_bound.lower_bound == pytest.approx(0.4)  # no bound (on-line score): the gain
 
 
 def test_gate_disabled_promotes_phase_final_and_records_numbers():
@@ -203,6 +286,41 @@ def test_gate_disabled_promotes_phase_final_and_records_numbers():
     assert (d.accepted, d.reason, d.chosen, d.argmax) == (True, "accepted: gate disabled", "final",
                                                           "step_4")
     assert d.gain == pytest.approx(-0.7) and d.kl == 3.0 and d.to_dict()["enabled"] is False
+
+
+def test_gate_defaults_are_in_normalised_units():
+    g = GateConfig()
+    assert (g.epsilon, g.lam, g.confidence, g.holdout) == (0.02, 1.0, 0.9, 0.25)
+    with pytest.raises(ValueError, match="gate.holdout must be < 1"):
+        GateConfig(holdout=1.0)
+    with pytest.raises(ValueError, match="gate.confidence must be < 1"):
+        GateConfig(confidence=1.0)
+
+
+def _prog(i: int, prompt: str, passed: bool) -> Program:
+    ev = Evaluation(score=-0.4 if passed else -math.inf, passed=passed)
+    return Program(id=i, island=0, round=0, code="x", evaluation=ev, prompt=prompt,
+                   completion=f"c{i}")
+
+
+def test_hold_out_prompts_leaves_dk_prompts_and_prefers_informative_ones():
+    gate = GateConfig(holdout=0.25, subset_size=8)
+    # 8 prompts: p0..p5 informative (a pass and a fail), p6 all passed, p7 one completion
+    progs, i = [], 0
+    for k in range(8):
+        kinds = [True, False] if k < 6 else ([True, True] if k == 6 else [True])
+        for ok in kinds:
+            progs.append(_prog(i, f"p{k}", ok))
+            i += 1
+    held = hold_out_prompts(progs, gate, seed=1)
+    assert len(held) == 2 and held <= {f"p{k}" for k in range(6)}
+    assert hold_out_prompts(progs, gate, seed=1) == held  # deterministic (resume-exact)
+    assert len({frozenset(hold_out_prompts(progs, gate, seed=s)) for s in range(10)}) > 1
+    assert len(hold_out_prompts(progs, GateConfig(holdout=0.25, subset_size=1), 1)) == 1
+    # two prompts: one held out, one left for D_k; one prompt: nothing can be held out
+    assert len(hold_out_prompts(progs[:4], gate, seed=0)) == 1
+    assert hold_out_prompts(progs[:2], gate, seed=0) == set()
+    assert len(hold_out_prompts(progs, GateConfig(holdout=0.99), 0)) == 7  # D_k keeps one
 
 
 # -- the whole gate on a model ----------------------------------------------------------------
@@ -217,12 +335,15 @@ def test_select_and_gate_on_model_matches_parts_and_restores_adapters():
     gate = GateConfig(epsilon=-10.0, delta=1e-2, lam=1.0, batch_size=2)
     d = select_and_gate(model, tok, cands, ITEMS, gate)
     kls = [token_kl(model, tok, ITEMS, c.state, "ref") for c in cands]
-    scores = [inspector_score(model, tok, ITEMS, c.state) for c in cands]
+    est = [inspector_score(model, tok, ITEMS, c.state, "ref", gate=gate) for c in cands]
+    scores = [e.score for e in est]
     assert [c["kl"] for c in d.candidates] == pytest.approx(kls, **KL_TOL)
     assert [c["score"] for c in d.candidates] == pytest.approx(scores, **SCORE_TOL)
-    assert d.ref_score == pytest.approx(inspector_score(model, tok, ITEMS, "ref"), **SCORE_TOL)
+    assert [c["lower"] for c in d.candidates] == pytest.approx([e.lower for e in est], abs=1e-6)
+    assert d.ref_score == pytest.approx(est[0].ref_score, **SCORE_TOL) and d.items == 2
     assert kls[0] > gate.delta > kls[1]  # the far candidate breaks the trust region
-    expected = decide(scores, kls, ["step_1", "final"], d.ref_score, gate)
+    expected = decide(scores, kls, ["step_1", "final"], d.ref_score, gate,
+                      lowers=[e.lower for e in est])
     assert (d.chosen, d.reason) == (expected.chosen, expected.reason)
     assert same(get_adapter_state(model, POLICY), final) and same(get_adapter_state(model, REF), ref)
     assert model.active_adapter == POLICY
@@ -259,8 +380,9 @@ def test_gate_rejects_bad_input_with_field_names():
         inspector_score(model, tok, [GateItem("p", ["a", "b"], [1.0], "a")], "ref")
     with pytest.raises(ValueError, match=r"items\[0\]\.scores holds -inf"):
         inspector_score(model, tok, [GateItem("p", ["a"], [-math.inf], "a")], "ref")
-    with pytest.raises(ValueError, match="items: the gate needs"):
-        select_and_gate(model, tok, final, [], GateConfig())
+    nothing = select_and_gate(model, tok, final, [], GateConfig())  # no held-out prompt
+    assert (nothing.accepted, nothing.reason) == (False, NO_ITEMS)
+    assert select_and_gate(model, tok, final, [], GateConfig(), enabled=False).accepted
     with pytest.raises(ValueError, match="C_k is empty"):
         select_and_gate(model, tok, [], ITEMS, GateConfig())
     with pytest.raises(ValueError, match="gate.score_mode=online needs online_score"):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHES = {"agent": "atlas.bench.agent", "dpo": "atlas.bench.dpo", "pinn": "atlas.bench.pinn",
-           "supporters": "atlas.bench.supporters"}
+BENCHES = {"agent": "atlas.bench.agent", "dpo": "atlas.bench.dpo", "gate": "atlas.bench.gate",
+           "pinn": "atlas.bench.pinn", "supporters": "atlas.bench.supporters"}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,15 @@ then promotes the accepted candidate with ``promote`` or, through Lightning, wit
 
 from atlas.dpo.callbacks import PolicySnapshotCallback, ReferenceSwapCallback
 from atlas.dpo.config import DPOConfig, GateConfig
-from atlas.dpo.gate import GateDecision, decide, inspector_score, promote, select_and_gate, token_kl
+from atlas.dpo.gate import (
+    GateDecision,
+    decide,
+    hold_out_prompts,
+    inspector_score,
+    promote,
+    select_and_gate,
+    token_kl,
+)
 from atlas.dpo.loss import dpo_loss, evaluate_pairs
 from atlas.dpo.module import DPOModule
 from atlas.dpo.phase import PhaseResult, PolicyCandidate, train_phase
@@ -15,5 +23,5 @@ from atlas.dpo.phase import PhaseResult, PolicyCandidate, train_phase
 __all__ = [
     "DPOConfig", "DPOModule", "GateConfig", "GateDecision", "PhaseResult", "PolicyCandidate",
     "PolicySnapshotCallback", "ReferenceSwapCallback", "decide", "dpo_loss", "evaluate_pairs",
-    "inspector_score", "promote", "select_and_gate", "token_kl", "train_phase",
+    "hold_out_prompts", "inspector_score", "promote", "select_and_gate", "token_kl", "train_phase",
 ]

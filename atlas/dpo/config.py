@@ -135,14 +135,23 @@ SCORE_MODES = ("offline", "online")
 class GateConfig:
     """The Policy Inspector's numbers: Eq. 4 selection and the Eq. 5 trust-region gate."""
 
-    epsilon: float = 0.0
-    """Minimum inspector-score gain S(cand) - S(ref) to accept a promotion."""
+    epsilon: float = 0.02
+    """Minimum gain in normalised score units (share of each gate item's score range) that
+    the paired lower confidence bound of S(c*) - S(ref) must reach to accept a promotion."""
     delta: float = 0.05
     """KL trust region: accept only if KL(cand || ref) <= delta (nats per completion token)."""
     lam: float = 1.0
-    """lambda in Eq. 4: c* = argmax_c S(c) - lam * KL(c || ref)."""
+    """lambda in Eq. 4: c* = argmax_c gain(c) / G - lam * KL(c || ref) / K, G and K the
+    largest |gain| and KL over C_k (both terms span at most 1)."""
     subset_size: int = 8
-    """|G_k|: gate prompts drawn afresh each phase (by the caller)."""
+    """Cap on |G_k|: gate prompts drawn afresh each phase among the held-out ones."""
+    holdout: float = 0.25
+    """Share of a phase's prompts held out of D_k for G_k (at least one when the phase has
+    two or more prompts; with one prompt nothing is held out and the gate rejects)."""
+    confidence: float = 0.9
+    """One-sided level of the paired bootstrap lower bound on the gain."""
+    resamples: int = 1000
+    """Bootstrap resamples of each gate item's completions for that bound."""
     score_mode: str = "offline"
     """offline: re-weight already evaluated completions; online: each policy of C_k and the
     reference writes fresh programs for the gate prompts, scored in the sandbox."""
@@ -151,7 +160,8 @@ class GateConfig:
     online_temperature: float = 0.5
     """online only: sampling temperature of those completions."""
     temperature: float = 1.0
-    """Softmax temperature over length-normalised log-probs in the inspector score."""
+    """Divides the sequence log-likelihood ratio log pi(y) - log ref(y) in the inspector
+    score's importance weights (1: the exact ratio)."""
     batch_size: int = 8
     """Validated but no longer used: the gate's passes run each item's prompt once and each
     completion after it as its own unpadded row (``atlas.dpo.prefix``)."""
@@ -164,6 +174,13 @@ class GateConfig:
         self.delta = number(g, "delta", self.delta, low=0.0)
         self.lam = number(g, "lam", self.lam, low=0.0)
         self.subset_size = number(g, "subset_size", self.subset_size, low=1, integer=True)
+        self.holdout = number(g, "holdout", self.holdout, low=0.0, low_open=True)
+        if not self.holdout < 1.0:
+            raise ValueError(f"gate.holdout must be < 1 (D_k needs prompts too), got {self.holdout}")
+        self.confidence = number(g, "confidence", self.confidence, low=0.0, low_open=True)
+        if not self.confidence < 1.0:
+            raise ValueError(f"gate.confidence must be < 1, got {self.confidence}; e.g. 0.9")
+        self.resamples = number(g, "resamples", self.resamples, low=1, integer=True)
         if self.score_mode not in SCORE_MODES:
             raise ValueError(f"gate.score_mode must be one of {SCORE_MODES}, got {self.score_mode!r}")
         self.online_samples = number(g, "online_samples", self.online_samples, low=1,

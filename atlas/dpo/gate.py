@@ -1,12 +1,25 @@
 """The Policy Inspector's numeric gate: Eq. 3 KL, inspector score, Eq. 4 choice, Eq. 5 test.
 
 ``select_and_gate`` scores every candidate of C_k and the current reference on the phase's
-gate subset G_k, picks c* = argmax_c S(c) - lam * KL(c || ref) (Eq. 4) and accepts the
-promotion iff S(c*) - S(ref) >= epsilon and KL(c* || ref) <= delta (Eq. 5). With the gate
-disabled (EvoDPO, paper B.1) the phase-final policy is promoted every phase and the numbers
-are still computed and recorded. The decision reaches the reference either directly
-(``promote``) or through Lightning: ``ReferenceSwapCallback.queue_decision(decision, C_k)``
-and the next ``train_phase(..., pending_reference=callback)``.
+gate subset G_k (prompts held out of D_k by the caller), picks c* by Eq. 4 and accepts the
+promotion iff the paired lower confidence bound of S(c*) - S(ref) is >= epsilon and
+KL(c* || ref) <= delta (Eq. 5).
+
+Units. S is in *normalised score units*: per gate item, 0 is its worst evaluated completion
+and 1 its best; S(pi) is the self-normalised importance-sampling estimate of pi's expected
+normalised score over the item's completions, with the sequence likelihood ratio
+pi(y) / ref(y) as weight (``atlas.dpo.scoring.importance_gain``), so S(ref) is their plain
+mean and S(c) - S(ref) is the share of the score range the candidate's re-weighting moves.
+epsilon is in these units; the bound is a paired bootstrap over the items' completions.
+
+Eq. 4 with both terms on the same footing: c* = argmax_c gain(c) / G - lam * KL(c) / K,
+where G = max_c |gain(c)| and K = max_c KL(c) over C_k (each term spans at most 1, so neither
+dominates by construction; lam = 1 trades the largest gain against the largest KL).
+
+With the gate disabled (EvoDPO, paper B.1) the phase-final policy is promoted every phase and
+the numbers are still computed and recorded. The decision reaches the reference either
+directly (``promote``) or through Lightning: ``ReferenceSwapCallback.queue_decision(decision,
+C_k)`` and the next ``train_phase(..., pending_reference=callback)``.
 """
 
 from __future__ import annotations
@@ -20,7 +33,7 @@ import torch
 
 from atlas.agent.adapters import REF, set_adapter_state
 from atlas.dpo.config import GateConfig
-from atlas.dpo.scoring import PolicySpec, gate_pass, mean_kl, weighted_score
+from atlas.dpo.scoring import GainEstimate, PolicySpec, gate_pass, importance_gain, mean_kl
 from atlas.types import GateItem
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -30,6 +43,7 @@ ACCEPTED = "accepted"
 NO_GAIN = "rejected: no gain"
 KL_TOO_LARGE = "rejected: KL too large"
 DISABLED = "accepted: gate disabled"
+NO_ITEMS = "rejected: no held-out gate item"
 
 
 def token_kl(model, tokenizer, items: list[GateItem], candidate_state: PolicySpec,
@@ -45,13 +59,17 @@ def token_kl(model, tokenizer, items: list[GateItem], candidate_state: PolicySpe
     return mean_kl(res.kl[0])
 
 
-def inspector_score(model, tokenizer, items: list[GateItem], state_or_reference: PolicySpec, *,
-                    temperature: float = 1.0, batch_size: int = 8, max_length: int = 768) -> float:
-    """S(pi) on G_k (DESIGN.md): per item, weight its evaluated completions by the softmax of
-    pi's length-normalised log-probs, take the weighted mean task score; mean over items."""
-    res = gate_pass(model, tokenizer, items, [state_or_reference], kl_reference=None,
-                    need_scores=True, batch_size=batch_size, max_length=max_length)
-    return weighted_score(res.mean_logps[0], items, temperature)
+def inspector_score(model, tokenizer, items: list[GateItem], policy: PolicySpec,
+                    reference: PolicySpec = "ref", *, gate: GateConfig | None = None,
+                    seed: int = 0) -> GainEstimate:
+    """S(policy), S(reference), the gain and its paired lower bound on G_k (module docstring;
+    ``gate`` supplies temperature, confidence, resamples and max_length)."""
+    gate = GateConfig() if gate is None else gate
+    res = gate_pass(model, tokenizer, items, [policy], kl_reference=reference, need_scores=True,
+                    max_length=gate.max_length)
+    return importance_gain(res.sum_logps[0], res.ref_sum_logps, items,
+                           temperature=gate.temperature, confidence=gate.confidence,
+                           resamples=gate.resamples, seed=seed)
 
 
 @dataclass
@@ -59,11 +77,11 @@ class GateDecision:
     """The inspector's verdict for phase k, with every number that led to it."""
 
     accepted: bool
-    reason: str  # "accepted" | "rejected: no gain" | "rejected: KL too large" | "accepted: gate disabled"
+    reason: str  # ACCEPTED | NO_GAIN | KL_TOO_LARGE | DISABLED | NO_ITEMS
     chosen: str  # name of c* (the promoted candidate when accepted)
-    gain: float  # S(c*) - S(ref)
-    kl: float  # KL(c* || ref)
-    candidates: list[dict] = field(default_factory=list)  # name, step, score, kl, objective
+    gain: float  # S(c*) - S(ref), normalised score units
+    kl: float  # KL(c* || ref), nats per token
+    candidates: list[dict] = field(default_factory=list)  # name, step, score, gain, lower, se, kl, objective
     ref_score: float = math.nan
     epsilon: float = 0.0
     delta: float = 0.0
@@ -71,6 +89,12 @@ class GateDecision:
     score: float = math.nan  # S(c*)
     enabled: bool = True
     argmax: str = ""  # Eq. 4's choice (== chosen unless the gate is disabled)
+    lower_bound: float = math.nan  # paired lower confidence bound of c*'s gain (tested vs epsilon)
+    se: float = math.nan  # bootstrap standard deviation of c*'s gain
+    confidence: float = math.nan  # level of that bound
+    gain_scale: float = math.nan  # G in Eq. 4: max |gain| over C_k
+    kl_scale: float = math.nan  # K in Eq. 4: max KL over C_k
+    items: int = 0  # informative gate items S was measured on
     # per gate item, the index of the completion each policy ranks highest (the programs it
     # "prefers"): the Policy Inspector compares their per-component metrics (paper B.3.2)
     candidate_preferred: list[int] = field(default_factory=list)
@@ -99,29 +123,47 @@ class GateDecision:
         return clean(asdict(self))
 
 
+def _scale(values: Sequence[float]) -> float:
+    finite = [abs(v) for v in values if math.isfinite(v)]
+    top = max(finite, default=0.0)
+    return top if top > 0 else 1.0
+
+
 def decide(scores: Sequence[float], kls: Sequence[float], names: Sequence[str], ref_score: float,
-           gate: GateConfig, *, enabled: bool = True, steps: Sequence[int] | None = None
-           ) -> GateDecision:
+           gate: GateConfig, *, enabled: bool = True, steps: Sequence[int] | None = None,
+           lowers: Sequence[float] | None = None, ses: Sequence[float] | None = None,
+           items: int = 0) -> GateDecision:
     """Eq. 4 and Eq. 5 on numbers already computed (kept apart so they can be checked by hand).
 
-    Ties in Eq. 4 go to the earliest candidate. If both tests fail the reason is "no gain".
-    Disabled: the last candidate (the phase-final policy) is promoted regardless.
+    gain(c) = score(c) - ref_score; objective(c) = gain(c) / G - lam * KL(c) / K with
+    G = max |gain|, K = max KL over C_k (1 when that is 0). Ties go to the earliest
+    candidate. Accept iff lower(c*) >= epsilon and KL(c*) <= delta, where lower is the
+    gain's paired lower confidence bound (``lowers``; the gain itself when none is given,
+    e.g. the on-line score). If both tests fail the reason is "no gain". Disabled: the last
+    candidate (the phase-final policy) is promoted regardless.
     """
     if not names:
         raise ValueError("candidates: C_k is empty; pass at least the phase-final policy")
     if not (len(scores) == len(kls) == len(names)):
         raise ValueError(f"{len(names)} names, {len(scores)} scores, {len(kls)} KLs: must align")
-    objectives = [s - gate.lam * k for s, k in zip(scores, kls)]
+    gains = [s - ref_score for s in scores]
+    lowers = list(gains) if lowers is None else [g if math.isnan(lo) else lo
+                                                  for g, lo in zip(gains, lowers)]
+    if len(lowers) != len(names):
+        raise ValueError(f"{len(names)} names but {len(lowers)} lower bounds: must align")
+    ses = [math.nan] * len(names) if ses is None else list(ses)
+    g_scale, k_scale = _scale(gains), _scale(kls)
+    objectives = [g / g_scale - gate.lam * k / k_scale for g, k in zip(gains, kls)]
     finite = [i for i, o in enumerate(objectives) if not math.isnan(o)]
     best = max(finite, key=lambda i: (objectives[i], -i)) if finite else len(names) - 1
-    rows = [{"name": n, "step": None if steps is None else int(steps[i]), "score": s, "kl": k,
-             "objective": o} for i, (n, s, k, o) in enumerate(zip(names, scores, kls, objectives))]
+    rows = [{"name": n, "step": None if steps is None else int(steps[i]), "score": scores[i],
+             "gain": gains[i], "lower": lowers[i], "se": ses[i], "kl": kls[i],
+             "objective": objectives[i]} for i, n in enumerate(names)]
     pick = len(names) - 1 if not enabled else best
-    gain = scores[pick] - ref_score
-    kl = kls[pick]
+    gain, kl, lower = gains[pick], kls[pick], lowers[pick]
     if not enabled:
         accepted, reason = True, DISABLED
-    elif not gain >= gate.epsilon:  # NaN gain fails too
+    elif not lower >= gate.epsilon:  # NaN fails too
         accepted, reason = False, NO_GAIN
     elif not kl <= gate.delta:
         accepted, reason = False, KL_TOO_LARGE
@@ -130,14 +172,20 @@ def decide(scores: Sequence[float], kls: Sequence[float], names: Sequence[str], 
     return GateDecision(accepted=accepted, reason=reason, chosen=names[pick], gain=gain, kl=kl,
                         candidates=rows, ref_score=ref_score, epsilon=gate.epsilon,
                         delta=gate.delta, lam=gate.lam, score=scores[pick], enabled=enabled,
-                        argmax=names[best])
+                        argmax=names[best], lower_bound=lower, se=ses[pick],
+                        confidence=gate.confidence, gain_scale=g_scale, kl_scale=k_scale,
+                        items=items)
 
 
 def select_and_gate(model, tokenizer, candidates: list["PolicyCandidate"], items: list[GateItem],
                     gate: GateConfig, *, enabled: bool = True, reference: str = "adaptive",
-                    online_score: Callable[[PolicySpec, str], float] | None = None
-                    ) -> GateDecision:
+                    online_score: Callable[[PolicySpec, str], float] | None = None,
+                    seed: int = 0) -> GateDecision:
     """Score C_k and the reference on G_k, choose c* (Eq. 4), test it (Eq. 5).
+
+    ``items`` must be held out of the phase's D_k (the caller's duty; ``FineTuner`` does it).
+    ``seed``: the bootstrap's generator (pass the phase's seed: decisions are reproducible).
+    Without items and with the gate enabled nothing can be measured: rejected, NO_ITEMS.
 
     ``reference``: "adaptive" (the ``ref`` adapter) or "fixed" (adapters disabled). Leaves the
     policy adapter as it was on entry (the phase-final state) and never writes ``ref``.
@@ -156,21 +204,30 @@ def select_and_gate(model, tokenizer, candidates: list["PolicyCandidate"], items
     names = [c.name for c in candidates]
     if len(set(names)) != len(names):
         raise ValueError(f"candidates: names must be unique, got {names}")
-    if not items and not enabled:  # EvoDPO without a gate subset: promote, record nothing
-        return decide([math.nan] * len(names), [math.nan] * len(names), names, math.nan, gate,
-                      enabled=False, steps=[c.step for c in candidates])
+    if not items:  # nothing held out: EvoDPO promotes anyway, the gate cannot measure
+        d = decide([math.nan] * len(names), [math.nan] * len(names), names, math.nan, gate,
+                   enabled=enabled, steps=[c.step for c in candidates])
+        if enabled:
+            d.reason = NO_ITEMS
+        return d
     res = gate_pass(model, tokenizer, items, [c.state for c in candidates],
                     kl_reference="ref" if reference == "adaptive" else "fixed", need_scores=True,
                     batch_size=gate.batch_size, max_length=gate.max_length)
     kls = [mean_kl(k) for k in res.kl]
+    lowers: list[float] | None = None
+    ses: list[float] | None = None
+    n_items = len(items)
     if gate.score_mode == "online":
         scores = [online_score(c.state, c.name) for c in candidates]
         ref_score = online_score("ref" if reference == "adaptive" else "fixed", "reference")
     else:
-        scores = [weighted_score(m, items, gate.temperature) for m in res.mean_logps]
-        ref_score = weighted_score(res.ref_mean_logps, items, gate.temperature)
+        est = [importance_gain(lp, res.ref_sum_logps, items, temperature=gate.temperature,
+                               confidence=gate.confidence, resamples=gate.resamples, seed=seed)
+               for lp in res.sum_logps]
+        scores, lowers, ses = [e.score for e in est], [e.lower for e in est], [e.se for e in est]
+        ref_score, n_items = est[0].ref_score, est[0].items
     decision = decide(scores, kls, names, ref_score, gate, enabled=enabled,
-                      steps=[c.step for c in candidates])
+                      steps=[c.step for c in candidates], lowers=lowers, ses=ses, items=n_items)
     chosen = names.index(decision.chosen)
     decision.candidate_preferred = [_argmax(lp) for lp in res.mean_logps[chosen]]
     decision.reference_preferred = [_argmax(lp) for lp in res.ref_mean_logps]
@@ -188,3 +245,37 @@ def promote(model, state: dict[str, torch.Tensor]) -> None:
         raise TypeError("state: promote needs a non-empty adapter state dict "
                         "(GateDecision.promoted_state(C_k) or PolicyCandidate.state)")
     set_adapter_state(model, REF, state)
+
+
+def hold_out_prompts(programs: Sequence[Any], gate: GateConfig, seed: int) -> set[str]:
+    """The prompts of this phase held out of D_k for G_k (paper 2.2: the gate must not score
+    a policy on what D_k trained it on).
+
+    ``round(holdout * n)`` of the phase's n pairable prompts, at least 1 when n >= 2, at most
+    ``subset_size`` and never all of them (D_k keeps at least one); none when n < 2. Prompts
+    that can inform the gate (two or more completions whose scores differ, failures counting
+    at the floor) are drawn first, at random with ``seed``.
+    """
+    import random
+    from collections import defaultdict
+
+    groups: dict[str, list[Any]] = defaultdict(list)
+    for p in sorted(programs, key=lambda q: q.id):
+        if p.prompt and p.completion:
+            groups[p.prompt].append(p)
+    prompts = list(groups)
+    n = len(prompts)
+    if n < 2:
+        return set()
+    k = min(max(1, round(gate.holdout * n)), gate.subset_size, n - 1)
+
+    def informative(ps: list[Any]) -> bool:
+        vals = {round(float(q.score), 12) if q.passed and math.isfinite(q.score) else None
+                for q in ps}
+        return len(ps) >= 2 and len(vals) >= 2
+
+    rng = random.Random(seed)
+    rng.shuffle(prompts)
+    ordered = [x for x in prompts if informative(groups[x])] + \
+        [x for x in prompts if not informative(groups[x])]
+    return set(ordered[:k])

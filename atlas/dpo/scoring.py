@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -65,12 +65,15 @@ def check_items(items: Sequence[GateItem], need_scores: bool) -> None:
 
 @dataclass
 class GatePass:
-    """Numbers per policy (in the order given): per item, per completion mean log-probs;
-    per item, token-average KL(policy || reference) on the preferred completion."""
+    """Numbers per policy (in the order given): per item, per completion mean and summed
+    (sequence) log-probs; per item, token-average KL(policy || reference) on the preferred
+    completion. The reference's log-probs are given when a KL reference was run."""
 
     mean_logps: list[list[list[float]]]
     ref_mean_logps: list[list[float]] | None
     kl: list[list[float]] | None
+    sum_logps: list[list[list[float]]] = field(default_factory=list)
+    ref_sum_logps: list[list[float]] | None = None
 
 
 @contextlib.contextmanager
@@ -117,6 +120,8 @@ def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[Po
     n_pol = len(policies)
     mean = [[[math.nan] * len(it.completions) for it in items] for _ in range(n_pol)]
     ref_mean = [[math.nan] * len(it.completions) for it in items]
+    total = [[[math.nan] * len(it.completions) for it in items] for _ in range(n_pol)]
+    ref_total = [[math.nan] * len(it.completions) for it in items]
     kl = [[math.nan] * len(items) for _ in range(n_pol)]
 
     original = get_adapter_state(model, POLICY)
@@ -134,29 +139,34 @@ def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[Po
             ref_logsm = None
             if kl_reference is not None:
                 with _running(model, kl_reference, original):
-                    ref_logsm = _item_pass(model, group, ref_mean[i], pref)
+                    ref_logsm = _item_pass(model, group, ref_mean[i], pref, ref_total[i])
             for p, spec in enumerate(policies):
                 with _running(model, spec, original):
-                    logsm = _item_pass(model, group, mean[p][i], pref)
+                    logsm = _item_pass(model, group, mean[p][i], pref, total[p][i])
                 if ref_logsm is not None and logsm is not None and logsm.shape[0] > 0:
                     kl[p][i] = float((logsm.exp() * (logsm - ref_logsm)).sum(-1).mean())
     finally:
         set_adapter_state(model, POLICY, original)
         model.train(was_training)
-    return GatePass(mean_logps=mean, ref_mean_logps=ref_mean if kl_reference is not None else None,
-                    kl=kl if kl_reference is not None else None)
+    has_ref = kl_reference is not None
+    return GatePass(mean_logps=mean, ref_mean_logps=ref_mean if has_ref else None,
+                    kl=kl if has_ref else None, sum_logps=total,
+                    ref_sum_logps=ref_total if has_ref else None)
 
 
-def _item_pass(model, group: PromptGroup, mean_out: list[float], pref: int | None
-               ) -> torch.Tensor | None:
-    """One policy over one item: each completion's mean log-prob into ``mean_out`` (those
-    that are the item's completions) and, when ``pref`` is given, the log-softmax over the
-    vocabulary at the preferred completion's tokens (T, V)."""
+def _item_pass(model, group: PromptGroup, mean_out: list[float], pref: int | None,
+               sum_out: list[float] | None = None) -> torch.Tensor | None:
+    """One policy over one item: each completion's mean (and, into ``sum_out``, summed)
+    log-prob into ``mean_out`` (those that are the item's completions) and, when ``pref`` is
+    given, the log-softmax over the vocabulary at the preferred completion's tokens (T, V)."""
     pref_logsm = None
     for j, (logits, ids) in enumerate(completion_logits(model, group)):
         logsm = torch.log_softmax(logits, dim=-1)
         if j < len(mean_out):
-            mean_out[j] = float(logsm.gather(-1, ids[:, None]).mean())
+            token_lp = logsm.gather(-1, ids[:, None])
+            mean_out[j] = float(token_lp.mean())
+            if sum_out is not None:
+                sum_out[j] = float(token_lp.double().sum())
         if j == pref:
             pref_logsm = logsm
     return pref_logsm
@@ -179,3 +189,79 @@ def mean_kl(per_item: list[float]) -> float:
     """Average the per-pair token-average KL over pairs (items with no tokens are skipped)."""
     vals = [v for v in per_item if not math.isnan(v)]
     return sum(vals) / len(vals) if vals else math.nan
+
+
+@dataclass
+class GainEstimate:
+    """The inspector score of one policy against the reference on G_k, in normalised score
+    units (per gate item, 0 = its worst evaluated completion, 1 = its best).
+
+    ``score`` S(pi): per item, the self-normalised importance-sampling estimate of pi's
+    expected normalised score over the item's evaluated completions (weights
+    ``softmax((log pi(y) - log ref(y)) / T)``, sequence log-probs); mean over items.
+    ``ref_score`` S(ref): the same with ratio 1, i.e. the mean normalised score.
+    ``lower``: one-sided bootstrap lower bound of ``gain`` at ``confidence`` (completions
+    resampled within each item, the same resamples for pi and the reference: paired).
+    ``se``: the bootstrap standard deviation of ``gain``. ``items``: informative items (an
+    item whose completions all score alike carries no preference and is left out).
+    """
+
+    score: float
+    ref_score: float
+    gain: float
+    lower: float
+    se: float
+    items: int
+
+
+def normalised_scores(items: Sequence[GateItem]) -> list[list[float] | None]:
+    """Per item, its completions' scores mapped to [0, 1] (min -> 0, max -> 1); None for an
+    item whose completions all score alike."""
+    out: list[list[float] | None] = []
+    for item in items:
+        lo, hi = min(item.scores), max(item.scores)
+        out.append(None if not hi > lo else [(float(s) - lo) / (hi - lo) for s in item.scores])
+    return out
+
+
+def importance_gain(sum_logps: list[list[float]], ref_sum_logps: list[list[float]],
+                    items: Sequence[GateItem], *, temperature: float = 1.0,
+                    confidence: float = 0.9, resamples: int = 1000, seed: int = 0
+                    ) -> GainEstimate:
+    """S(pi), S(ref), their gain and its paired bootstrap lower bound (``GainEstimate``).
+
+    ``sum_logps`` / ``ref_sum_logps``: per item, per completion sequence log-probs of the
+    policy and of the reference (``GatePass.sum_logps[p]``, ``GatePass.ref_sum_logps``).
+    Deterministic for a given ``seed`` (the bootstrap's generator).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature} (gate.temperature)")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence} (gate.confidence)")
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples} (gate.resamples)")
+    gen = torch.Generator().manual_seed(int(seed))
+    s_pol, s_ref, boot = [], [], []
+    for lp, rlp, u in zip(sum_logps, ref_sum_logps, normalised_scores(items)):
+        if u is None:
+            continue
+        r = torch.tensor(lp, dtype=torch.float64) - torch.tensor(rlp, dtype=torch.float64)
+        uu = torch.tensor(u, dtype=torch.float64)
+        ok = torch.isfinite(r)
+        r, uu = r[ok] / temperature, uu[ok]
+        if r.numel() == 0:
+            continue
+        s_pol.append(float((torch.softmax(r, 0) * uu).sum()))
+        s_ref.append(float(uu.mean()))
+        idx = torch.randint(r.numel(), (resamples, r.numel()), generator=gen)
+        rb, ub = r[idx], uu[idx]
+        boot.append((torch.softmax(rb, 1) * ub).sum(1) - ub.mean(1))
+    if not s_pol:
+        nan = math.nan
+        return GainEstimate(nan, nan, nan, nan, nan, 0)
+    score, ref_score = sum(s_pol) / len(s_pol), sum(s_ref) / len(s_ref)
+    gains = torch.stack(boot).mean(0)
+    lower = float(torch.quantile(gains, 1.0 - confidence))
+    return GainEstimate(score=score, ref_score=ref_score, gain=score - ref_score,
+                        lower=lower, se=float(gains.std()) if resamples > 1 else 0.0,
+                        items=len(s_pol))

@@ -1,0 +1,209 @@
+"""``python -m atlas.bench gate``: does the Policy Inspector's gate discriminate?
+
+A controlled experiment on preference pairs recorded in a real run (the bandit CPU run shipped
+in ``atlas/bench/data``; ``--programs`` takes any run's ``programs.jsonl``). Each trial
+(seed t):
+1. holds a prompt out of D_k (default: the run's prompt with the most evaluated completions,
+   48 of which 29 failed: the other two prompts have 8 completions with 1-2 failures, too
+   few for any bound; ``--holdout loop`` uses the loop's ``hold_out_prompts``) and draws G_k
+   from a seeded random ``--gate-completions`` of its completions (``sample_gate_subset``);
+2. builds D_k from the other prompts with the loop's builder (``build_pairs``), shuffled
+   (seeded) and cut to ``--pairs`` (default run: all 5 pairs those prompts give);
+3. trains the policy from the same start twice, with the real default DPO settings
+   (``conf/dpo/default.yaml``, C_k with its snapshots): once on D_k ("correct"), once on
+   D_k with chosen and rejected swapped ("inverted");
+4. runs the gate at its default settings (``conf/gate/default.yaml``) on each.
+Printed: per trial and arm c*, S gain, its lower bound, bootstrap SE and KL; then both
+acceptance rates (targets: correct accepted >= 80%, inverted rejected >= 90%) and the
+measured noise (bootstrap SE of the gain) that epsilon is set against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).with_name("data") / "bandit_cpu_programs.jsonl"
+
+
+def load_programs(path: Path) -> list:
+    """The agent's programs of a run (every phase), as ``Program`` objects."""
+    from atlas.types import Program
+
+    rows = [Program.from_dict(json.loads(line)) for line in path.read_text().splitlines()
+            if line.strip()]
+    return rows
+
+
+def inverted(pairs: list) -> list:
+    """The same pairs with chosen and rejected swapped (a policy taught the wrong way round)."""
+    return [dataclasses.replace(p, chosen=p.rejected, rejected=p.chosen,
+                                chosen_score=p.rejected_score, rejected_score=p.chosen_score,
+                                chosen_id=p.rejected_id, rejected_id=p.chosen_id) for p in pairs]
+
+
+def held_out_richest(agent: list) -> set[str]:
+    """The prompt with the most evaluated completions (the only one of the shipped run whose
+    completions can inform a gate: 48 programs, 29 failed; the other two have 8 each with 1
+    and 2 failures)."""
+    counts: dict[str, int] = {}
+    for p in agent:
+        if p.prompt and p.completion:
+            counts[p.prompt] = counts.get(p.prompt, 0) + 1
+    return {max(counts, key=lambda x: (counts[x], x))}
+
+
+def trial_data(programs: list, db: Any, gate: Any, dpo: Any, seed: int, n_pairs: int,
+               holdout: str = "richest", gate_completions: int = 24
+               ) -> tuple[list, list, set[str]]:
+    """(D_k, G_k, held-out prompts) of trial ``seed``: the held-out prompts' programs never
+    reach D_k; D_k is built by the loop's builder from the rest, shuffled and cut to
+    ``n_pairs``; G_k (``sample_gate_subset``) keeps a seeded random ``gate_completions`` of
+    each held-out prompt's completions (0: all). ``holdout``: "richest" (the default, see
+    ``held_out_richest``) or "loop" (``hold_out_prompts`` with the gate's settings)."""
+    from atlas.dpo.gate import hold_out_prompts
+    from atlas.evolution.preferences import build_pairs, failure_floor, sample_gate_subset
+
+    agent = [p for p in programs if p.source == "agent"]
+    held = held_out_richest(agent) if holdout == "richest" else hold_out_prompts(agent, gate, seed)
+    train = [p for p in agent if p.prompt not in held]
+    pairs = build_pairs(db, train, top_k=dpo.top_k, max_pairs=dpo.max_pairs,
+                        score_threshold=None, seed=seed)
+    rng = random.Random(seed)
+    rng.shuffle(pairs)
+    pairs = pairs[:n_pairs]
+    gate_progs = [p for p in agent if p.prompt in held]
+    if gate_completions:
+        by_prompt: dict[str, list] = {}
+        for p in gate_progs:
+            by_prompt.setdefault(p.prompt, []).append(p)
+        gate_progs = [q for ps in by_prompt.values()
+                      for q in (rng.sample(ps, gate_completions) if len(ps) > gate_completions
+                                else ps)]
+    items = sample_gate_subset(gate_progs, gate.subset_size, seed=seed,
+                               failure_score=failure_floor(agent))
+    assert not {p.prompt for p in pairs} & {it.prompt for it in items}, "G_k leaked into D_k"
+    return pairs, items, held
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from omegaconf import OmegaConf
+
+    from atlas.agent.adapters import POLICY, REF, get_adapter_state, set_adapter_state
+    from atlas.agent.research_agent import ResearchAgent
+    from atlas.dpo import DPOConfig, GateConfig, select_and_gate, train_phase
+    from atlas.evolution.database import ProgramDatabase
+
+    torch.set_num_threads(args.threads)
+    model_cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml"))
+    dpo = DPOConfig.from_cfg(OmegaConf.load(ROOT / "conf" / "dpo" / "default.yaml"))
+    gate = GateConfig.from_cfg(OmegaConf.load(ROOT / "conf" / "gate" / "default.yaml"))
+    if args.max_length:
+        dpo = dataclasses.replace(dpo, max_length=args.max_length)
+        gate = dataclasses.replace(gate, max_length=args.max_length)
+    agent = ResearchAgent(model_cfg, seed=0)
+    start = {POLICY: get_adapter_state(agent.model, POLICY), REF: get_adapter_state(agent.model, REF)}
+    programs = load_programs(Path(args.programs))
+    db = ProgramDatabase.from_config(OmegaConf.load(ROOT / "conf" / "explore" / "default.yaml"),
+                                     seed=0)
+    for p in programs:
+        db.add(p)
+    rows: list[dict[str, Any]] = []
+    for t in range(args.first_seed, args.first_seed + args.trials):
+        pairs, items, held = trial_data(programs, db, gate, dpo, t, args.pairs, args.holdout,
+                                        args.gate_completions)
+        for arm, arm_pairs in (("correct", pairs), ("inverted", inverted(pairs))):
+            set_adapter_state(agent.model, POLICY, start[POLICY])
+            set_adapter_state(agent.model, REF, start[REF])
+            t0 = time.perf_counter()
+            res = train_phase(agent.model, agent.tokenizer, arm_pairs, dpo, "adaptive", seed=t)
+            t1 = time.perf_counter()
+            d = select_and_gate(agent.model, agent.tokenizer, res.candidates, items, gate,
+                                reference="adaptive", seed=t)
+            row = {"seed": t, "arm": arm, "accepted": d.accepted, "reason": d.reason,
+                   "chosen": d.chosen, "gain": d.gain, "lower": d.lower_bound, "se": d.se,
+                   "kl": d.kl, "score": d.score, "ref_score": d.ref_score,
+                   "pairs": len(arm_pairs), "kinds": sorted({p.kind for p in arm_pairs}),
+                   "gate_items": len(items), "gate_completions": sum(len(i.completions)
+                                                                    for i in items),
+                   "candidates": d.candidates, "dpo_s": t1 - t0,
+                   "gate_s": time.perf_counter() - t1}
+            rows.append(row)
+            print(f"seed {t} {arm:8s} {'ACCEPT' if d.accepted else 'reject'} c*={d.chosen:7s} "
+                  f"gain {d.gain:+.4f} lower {d.lower_bound:+.4f} se {d.se:.4f} KL {d.kl:.2e} "
+                  f"| {len(arm_pairs)} pairs, G_k {len(items)} prompts / "
+                  f"{row['gate_completions']} completions | DPO {t1 - t0:.0f} s, gate "
+                  f"{row['gate_s']:.0f} s", flush=True)
+    return {"rows": rows, "gate": dataclasses.asdict(gate), "dpo": dpo.to_dict(),
+            "model": args.model, "programs": str(args.programs)}
+
+
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    """Acceptance rates per arm and the measured noise (bootstrap SE of the gain)."""
+    rows = result["rows"]
+    out: dict[str, Any] = {}
+    for arm in ("correct", "inverted"):
+        mine = [r for r in rows if r["arm"] == arm]
+        if not mine:
+            continue
+        ses = [r["se"] for r in mine if r["se"] is not None and r["se"] == r["se"]]
+        out[arm] = {"trials": len(mine), "accepted": sum(r["accepted"] for r in mine),
+                    "rate": sum(r["accepted"] for r in mine) / len(mine),
+                    "median_gain": statistics.median(r["gain"] for r in mine),
+                    "median_se": statistics.median(ses) if ses else None}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m atlas.bench gate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2", help="conf/model/<name>.yaml: smollm2 or tiny")
+    ap.add_argument("--programs", default=str(DATA), help="a run's programs.jsonl")
+    ap.add_argument("--trials", type=int, default=10, help="trials per arm (seeds)")
+    ap.add_argument("--first-seed", type=int, default=0, help="seed of the first trial")
+    ap.add_argument("--pairs", type=int, default=12,
+                    help="pairs per trial (a seeded random subset of D_k; the shipped run's "
+                         "phases had 17 and 24)")
+    ap.add_argument("--holdout", choices=("richest", "loop"), default="richest",
+                    help="which prompts G_k holds out of D_k: richest (the prompt with the most "
+                         "evaluated completions) or loop (hold_out_prompts, as a run does)")
+    ap.add_argument("--gate-completions", type=int, default=24,
+                    help="completions of a held-out prompt drawn (seeded) into G_k; 0: all")
+    ap.add_argument("--max-length", type=int, default=0,
+                    help="override dpo/gate max_length (0: the defaults; tests only)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--json", default="", help="also write every row to this file")
+    args = ap.parse_args(argv)
+    from atlas.agent.precision import cpu_features, cpu_model
+
+    feats = cpu_features()
+    print(f"CPU: {cpu_model()} ({feats['capability']}, native bf16: "
+          f"{'yes' if feats['avx512_bf16'] or feats['amx_tile'] else 'no'}), "
+          f"{args.threads} threads; model {args.model}", flush=True)
+    t0 = time.perf_counter()
+    result = run(args)
+    s = summary(result)
+    result["summary"] = s
+    result["seconds"] = time.perf_counter() - t0
+    g = result["gate"]
+    print(f"\ngate: epsilon {g['epsilon']}, delta {g['delta']}, lam {g['lam']}, confidence "
+          f"{g['confidence']}, holdout {g['holdout']}; {args.trials} trials per arm, "
+          f"{result['seconds'] / 60:.1f} min")
+    for arm, target in (("correct", "accepted >= 80%"), ("inverted", "rejected >= 90%")):
+        if arm in s:
+            r = s[arm]
+            se = "n/a" if r["median_se"] is None else f"{r['median_se']:.4f}"
+            print(f"{arm}: accepted {r['accepted']}/{r['trials']} = {r['rate']:.0%} "
+                  f"(target: {target}); median gain {r['median_gain']:+.4f}, median bootstrap "
+                  f"SE {se}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1, default=str)
