@@ -95,6 +95,48 @@ class Runner:
         self.link.close()
 
 
+class Frozen:
+    """Directories a scorer shares with runners read-only in effect (e.g. a compilation
+    cache): their exact content is captured once and restored after every candidate, since
+    under bubblewrap a runner has the same uid and could otherwise write there."""
+
+    def __init__(self, dirs: list[str]) -> None:
+        self.dirs = [os.path.realpath(d) for d in dirs]
+        self.files: dict[str, bytes] = {}
+        for d in self.dirs:
+            os.chmod(d, 0o755)
+            for root, _, names in os.walk(d):
+                os.chmod(root, 0o755)
+                for name in names:
+                    path = os.path.join(root, name)
+                    os.chmod(path, 0o644)
+                    with open(path, "rb") as fh:
+                        self.files[path] = fh.read()
+
+    def restore(self) -> None:
+        for d in self.dirs:
+            for root, subdirs, names in os.walk(d, topdown=False):
+                for name in names:
+                    path = os.path.join(root, name)
+                    if path not in self.files:
+                        os.unlink(path)
+                for name in subdirs:
+                    path = os.path.join(root, name)
+                    if not any(f.startswith(path + "/") for f in self.files):
+                        shutil.rmtree(path, ignore_errors=True)
+        for path, data in self.files.items():
+            try:
+                with open(path, "rb") as fh:
+                    same = fh.read() == data
+            except OSError:
+                same = False
+            if not same:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as fh:
+                    fh.write(data)
+                os.chmod(path, 0o644)
+
+
 def _sweep(root: str, keep: set[str]) -> None:
     """Delete every entry under ``root`` except ``keep`` (a runner's leftovers)."""
     try:
@@ -146,6 +188,8 @@ class Worker:
             self.scorer = None
             self.spec = {"factory": init["factory"], "config": config, "legacy": True}
         self.spec.update(memory_mb=self.memory_mb, timeout_s=self.timeout_s)
+        shared = getattr(self.scorer, "shared_dirs", None)
+        self.frozen = Frozen(shared() if callable(shared) else [])
         self.spare: Runner | None = None
 
     def spawn(self) -> Runner:
@@ -194,7 +238,8 @@ class Worker:
             runner.kill()
             output = runner.sink.text()
             os.close(runner.out_r)
-            _sweep(self.scratch, {self.base})
+            _sweep(self.scratch, {self.base, *self.frozen.dirs})
+            self.frozen.restore()
             if self.scratch == "/tmp":
                 _sweep("/dev/shm", set())
         return ev, output

@@ -1,8 +1,8 @@
 """PINN task (paper 3.1, B.2.2): the agent writes the loss that trains a Burgers' PINN.
 
-Host half only: prompt, seed program, the round's viscosity. The worker half (training and
-scoring) is ``atlas.tasks.pinn.evaluator:make_evaluator``; importing this module does not
-import JAX.
+Host half only: prompt, seed program, the round's viscosity. In the sandbox, training (the
+candidate's code) runs in ``atlas.tasks.pinn.split:make_runner`` and scoring in
+``make_scorer``; importing this module does not import JAX.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class PinnTask(Task):
     """Agent-designed PINN loss for Burgers' equation under drifting viscosity."""
 
     name = "pinn"
-    evaluator_factory = "atlas.tasks.pinn.evaluator:make_evaluator"
+    evaluator_factory = "atlas.tasks.pinn.split:make_scorer"  # trusted: validation, rel. L2
+    runner_factory = "atlas.tasks.pinn.split:make_runner"  # untrusted: training
     # train_* (the candidate's own training terms), own_val_loss (the candidate's own loss),
     # candidate_jit and timings are not quality: never compared
     quality_metrics = (

@@ -43,18 +43,25 @@ FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive
 CHECK_EVERY = 50
 
 
-def _setup_jax(cfg: PinnConfig) -> None:
-    """CPU-only defaults that also work under bubblewrap (read-only FS, no network)."""
+def _setup_jax(cfg: PinnConfig, write: bool = True) -> None:
+    """CPU-only defaults that also work under bubblewrap (read-only FS, no network).
+
+    ``write=False`` (a candidate's runner) reads the persistent compilation cache that the
+    trusted scorer filled and never writes to it.
+    """
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
 
-    if cfg.compilation_cache_dir:  # optional: only if the directory is writable
+    cache = cfg.compilation_cache_dir
+    if cache:  # optional: only if the directory is usable
         try:
-            os.makedirs(cfg.compilation_cache_dir, exist_ok=True)
-            if os.access(cfg.compilation_cache_dir, os.W_OK):
-                jax.config.update("jax_compilation_cache_dir", cfg.compilation_cache_dir)
+            if write:
+                os.makedirs(cache, exist_ok=True)
+            if os.access(cache, os.W_OK if write else os.R_OK):
+                jax.config.update("jax_compilation_cache_dir", cache)
                 # the worker's functions compile in well under JAX's 1 s default threshold
-                jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+                jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                                  0.0 if write else 1e9)
         except OSError:
             pass
 
@@ -107,11 +114,12 @@ def _check_return(out: Any) -> None:
 class PinnEvaluator:
     """Callable ``(code, context) -> Evaluation``; one instance per worker process."""
 
-    fork_safe = False  # JAX runs threads: candidates run in this warm process, no fork
+    fork_safe = False  # JAX runs threads: a process that imported it must not fork
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: dict[str, Any], validation: bool = True,
+                 cache_write: bool = True) -> None:
         self.cfg = PinnConfig.from_dict(dict(config))
-        _setup_jax(self.cfg)
+        _setup_jax(self.cfg, cache_write)
         import jax
         import jax.numpy as jnp
 
@@ -125,7 +133,8 @@ class PinnEvaluator:
         self.grid = (jnp.asarray(tt.ravel(), jnp.float32), jnp.asarray(xx.ravel(), jnp.float32))
         t0 = time.perf_counter()
         self.trainer.warm_up(self._params(0), model.to_device(training_points(self.cfg, 0)),
-                             model.to_device(validation_points(self.cfg, 0, 0)), self.grid)
+                             model.to_device(validation_points(self.cfg, 0, 0))
+                             if validation else None, self.grid if validation else None)
         self.compile_seconds = time.perf_counter() - t0
         self.candidate_options = _supported_options(FAST_COMPILE)
         if self.cfg.compilation_cache_dir:
@@ -189,14 +198,16 @@ class PinnEvaluator:
         return (lambda r, i, b, e: vg(r, i, b, self._host_extras(e))), False
 
     # ------------------------------------------------------------------ main
-    def __call__(self, code: str, context: dict[str, Any]) -> Evaluation:
-        start = time.perf_counter()
+    def train(self, code: str, context: dict[str, Any]
+              ) -> tuple[Callable, list, np.ndarray, dict[str, float]]:
+        """Train a fresh network with the candidate's loss (runs candidate code).
+
+        Returns (the candidate's function, trained params, training statistics, metrics of
+        the training itself: timings, jit flag, the candidate's own training terms).
+        """
         jax, jnp, model, cfg = self.jax, self.jnp, self.model, self.cfg
         round_index = int(context.get("round", 0))
-        nu_value = float(context.get("viscosity", viscosity(round_index, cfg)))
-        if not nu_value > 0:
-            raise ValueError(f"context['viscosity'] must be > 0, got {nu_value!r}")
-        eval_key = int(context.get("eval_key", zlib.crc32(code.encode("utf-8"))))
+        nu_value = _viscosity(context, cfg)
         try:
             fn = load_candidate(code, ENTRY_POINT, {"jnp": jnp, "jax": jax, "math": math})
         except CandidateError:
@@ -235,13 +246,55 @@ class PinnEvaluator:
                                  f"the loss or its gradient was not finite at step {bad_step} "
                                  f"(nu={nu_value:.4g}); guard divisions and logs with an eps")
         train_stats = np.asarray(stats)
-        metrics = self._validate(fn, params, nu, train_stats, round_index, eval_key)
-        metrics.update(viscosity=nu_value, candidate_jit=float(jitted),
-                       candidate_compile_s=candidate_compile, train_s=train_seconds,
-                       steps=float(cfg.n_steps))
+        metrics = {"candidate_jit": float(jitted), "candidate_compile_s": candidate_compile,
+                   "train_s": train_seconds, "steps": float(cfg.n_steps)}
         for k, c in enumerate(model.COMPONENTS):
             metrics[f"train_{c}"] = float(train_stats[k, 0])
             metrics[f"train_{c}_max"] = float(train_stats[k, 5])
+        return fn, params, train_stats, metrics
+
+    def __call__(self, code: str, context: dict[str, Any]) -> Evaluation:
+        """Train and score in this process: for trusted code only (tests, benchmarks); the
+        sandbox splits this between ``PinnRunner`` and ``PinnScorer``."""
+        start = time.perf_counter()
+        fn, params, train_stats, train_metrics = self.train(code, context)
+        round_index, nu_value = int(context.get("round", 0)), _viscosity(context, self.cfg)
+        eval_key = int(context.get("eval_key", zlib.crc32(code.encode("utf-8"))))
+        metrics, vecs, extras = self.validation(params, nu_value, train_stats, round_index,
+                                                eval_key)
+        try:
+            out = fn(*vecs, self._host_extras(extras))
+            metrics["own_val_loss"] = float(np.asarray(out).reshape(()))
+        except Exception:  # noqa: BLE001 - a metric; training already succeeded
+            pass
+        metrics.update(train_metrics, viscosity=nu_value)
+        return self.finish(metrics, start)
+
+    def validation(self, params: list, nu_value: float, train_stats: np.ndarray,
+                   round_index: int, eval_key: int, secret_key: int | None = None
+                   ) -> tuple[dict[str, float], tuple, dict[str, Any]]:
+        """Fixed unweighted validation losses and rel. L2 vs Cole-Hopf from trained params
+        (no candidate code), plus the validation residuals and extras (at the final training
+        statistics) on which the candidate's own loss is the paper's score."""
+        jnp, model, cfg = self.jnp, self.model, self.cfg
+        nu = jnp.float32(nu_value)
+        val = model.to_device(validation_points(cfg, round_index, eval_key, secret_key))
+        n_steps = jnp.int32(cfg.n_steps)
+        vecs, _, val_stats = self.trainer.observe(params, val, nu, model.init_stats(),
+                                                  jnp.int32(0), n_steps)
+        mses = [float(m) for m in np.asarray(val_stats)[:, 0]]
+        u = np.asarray(self.trainer.predict(params, *self.grid), np.float64)
+        exact = self._exact_u(float(nu))
+        rel = float(np.linalg.norm(u - exact) / np.linalg.norm(exact))
+        metrics = {"val_pde": mses[0], "val_ic": mses[1], "val_bc": mses[2],
+                   "val_loss": sum(mses), "rel_l2": rel}
+        extras = self.trainer.extras(jnp.asarray(train_stats, jnp.float32), n_steps, n_steps,
+                                     nu, val)
+        return metrics, vecs, extras
+
+    def finish(self, metrics: dict[str, float], start: float) -> Evaluation:
+        """The score the config asks for, from complete metrics."""
+        cfg = self.cfg
         if cfg.score == "composite":
             score = -metrics["val_loss"]
         elif cfg.score == "rel_l2":
@@ -258,29 +311,12 @@ class PinnEvaluator:
         return Evaluation(score=float(score), passed=True, metrics=metrics,
                           seconds=time.perf_counter() - start)
 
-    def _validate(self, fn: Callable, params: list, nu: Any, train_stats: np.ndarray,
-                  round_index: int, eval_key: int) -> dict[str, float]:
-        """Fixed unweighted validation losses, rel. L2 vs Cole-Hopf, candidate's own loss."""
-        jnp, model, cfg = self.jnp, self.model, self.cfg
-        val = model.to_device(validation_points(cfg, round_index, eval_key))
-        n_steps = jnp.int32(cfg.n_steps)
-        vecs, _, val_stats = self.trainer.observe(params, val, nu, model.init_stats(),
-                                                  jnp.int32(0), n_steps)
-        mses = [float(m) for m in np.asarray(val_stats)[:, 0]]
-        u = np.asarray(self.trainer.predict(params, *self.grid), np.float64)
-        exact = self._exact_u(float(nu))
-        rel = float(np.linalg.norm(u - exact) / np.linalg.norm(exact))
-        metrics = {"val_pde": mses[0], "val_ic": mses[1], "val_bc": mses[2],
-                   "val_loss": sum(mses), "rel_l2": rel}
-        # the candidate's own loss on validation points (the paper's score), at the final
-        # training statistics; computed eagerly since the shapes differ from training
-        extras = self.trainer.extras(jnp.asarray(train_stats), n_steps, n_steps, nu, val)
-        try:
-            own = float(np.asarray(fn(*vecs, self._host_extras(extras))).reshape(()))
-            metrics["own_val_loss"] = own
-        except Exception:  # noqa: BLE001 - a metric; training already succeeded
-            pass
-        return metrics
+
+def _viscosity(context: dict[str, Any], cfg: PinnConfig) -> float:
+    nu_value = float(context.get("viscosity", viscosity(int(context.get("round", 0)), cfg)))
+    if not nu_value > 0:
+        raise ValueError(f"context['viscosity'] must be > 0, got {nu_value!r}")
+    return nu_value
 
 
 def make_evaluator(config: dict[str, Any]) -> PinnEvaluator:

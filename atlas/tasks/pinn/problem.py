@@ -152,10 +152,16 @@ def training_points(cfg: PinnConfig, round_index: int) -> PointSet:
     return sample_points(rng, cfg.n_collocation, cfg.n_initial, cfg.n_boundary)
 
 
-def validation_points(cfg: PinnConfig, round_index: int, eval_key: int) -> PointSet:
-    """Held-out points, independent of the training draw; ``eval_key`` resamples them."""
+def validation_points(cfg: PinnConfig, round_index: int, eval_key: int,
+                      secret_key: int | None = None) -> PointSet:
+    """Held-out points, independent of the training draw; ``eval_key`` resamples them.
+
+    ``secret_key`` (derived from the run's secret by the trusted scorer) makes them unknowable
+    to candidates, who can read this code and ``cfg.seed``.
+    """
     key = eval_key if cfg.val_resample == "per_eval" else 0
-    rng = np.random.default_rng([cfg.seed, round_index, 1, key])
+    rng = np.random.default_rng([cfg.seed, round_index, 1, key]
+                                + ([] if secret_key is None else [secret_key]))
     return sample_points(rng, cfg.n_val_collocation, cfg.n_val_initial, cfg.n_val_boundary)
 
 
