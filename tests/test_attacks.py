@@ -115,3 +115,35 @@ def test_legacy_task_score_out_of_range_is_tampered():
         good = "def policy(contexts, history, t, state):\n    return 0\n"
         ok = sb.evaluate(good, {})
         assert ok.passed and ok.score <= 0
+
+
+PINN_ATTACKS = sorted((ATTACKS / "pinn").glob("*.py"))
+PINN_SMALL = {"name": "pinn", "n_steps": 30, "n_collocation": 128, "n_initial": 32,
+              "n_boundary": 32, "n_val_collocation": 256, "n_val_initial": 64,
+              "n_val_boundary": 64, "width": 16, "depth": 2, "exact_nx": 64, "exact_nt": 21,
+              "val_resample": "per_round", "score": "paper", "timeout_s": 120}
+
+
+@pytest.mark.slow
+def test_pinn_attacks_get_a_failure_or_an_honest_score_and_leave_the_seed_alone():
+    pytest.importorskip("jax")
+    from atlas.tasks.pinn import PinnTask
+
+    task = PinnTask(**PINN_SMALL)
+    ctx = task.context(2)
+    mode = "bwrap" if probe_bwrap()[0] else "rlimits"
+    with Sandbox.for_task(task, workers=1, isolation=mode, memory_mb=3072) as sb:
+        seed = sb.evaluate(task.seed_program(), ctx)
+        assert seed.passed and seed.score <= 0, seed
+        for path in PINN_ATTACKS:
+            ev = sb.evaluate(path.read_text(), ctx)
+            if path.stem == "negative_own_loss":
+                assert ev.failure_kind == FailureKind.TAMPERED.value, ev
+            else:  # each trains with the seed's loss: exactly the seed's validation numbers
+                assert ev.passed, (path.stem, ev)
+                assert ev.metrics["val_loss"] == pytest.approx(seed.metrics["val_loss"],
+                                                               rel=1e-5), path.stem
+                assert ev.score == pytest.approx(seed.score, rel=1e-5), path.stem
+            after = sb.evaluate(task.seed_program(), ctx)
+            assert after.passed and after.score == seed.score, (path.stem, after)
+            assert after.metrics["val_loss"] == seed.metrics["val_loss"], path.stem

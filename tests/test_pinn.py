@@ -129,7 +129,8 @@ def test_task_from_yaml_and_contract():
     assert cfg["drift_rounds"] == compose_cfg().explore.rounds  # drifts over the whole run
     task = make_task(**cfg)
     assert isinstance(task, PinnTask) and task.name == "pinn"
-    assert task.evaluator_factory == "atlas.tasks.pinn.evaluator:make_evaluator"
+    assert task.evaluator_factory == "atlas.tasks.pinn.split:make_scorer"
+    assert task.runner_factory == "atlas.tasks.pinn.split:make_runner"
     assert task.settings == PinnConfig()  # yaml and dataclass defaults agree
     ctx = task.context(8)
     assert json.loads(json.dumps(ctx)) == ctx and ctx["viscosity"] == pytest.approx(0.01 / math.pi)
@@ -336,13 +337,15 @@ def test_evaluator_runs_under_bubblewrap_and_memory_limit(tmp_path):
 def test_benchmark_runs_all_loops_side_by_side(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "atlas.bench", "pinn", "--steps", "5",
-                           "--candidates", "2", "--json", str(out)],
+                           "--candidates", "2", "--gap", "1", "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
-    for loop in "abcd":
+    for loop in "abcdsw":
         assert len(data["times_s"][loop]) == 2 and min(data["times_s"][loop]) > 0
     assert all(math.isfinite(v) for v in data["a_scores"].values())
+    # the sandboxed scorer draws validation points from its own secret: finite, not equal
+    assert all(math.isfinite(v) for v in data["s_scores"].values())
     assert data["d_run_s"] > 0 and data["c_over_floor"] > 0
     for label in ("(a) ours", "(b) naive", "(c) PyTorch", "(d) fused", "floor:"):
         assert label in proc.stdout

@@ -11,13 +11,21 @@
     compiled per candidate; its compile and run seconds are reported apart, and the run
     alone (nothing dispatched per step, no compilation) bounds from below what any JAX loop
     of these 500 steps can cost on this machine.
-All run side by side in one process over the same candidates, points and init.
+(s) sandboxed as a run uses it (``Sandbox.for_task``, one worker): each candidate trains in a
+    fresh single-use runner process that loads the scorer's compilation cache, and the
+    trusted scorer validates the returned parameters; back to back, so every candidate also
+    waits for its runner's start (import + cache load), the worst case;
+(w) the same with ``--gap`` seconds between candidates (as the agent's generation leaves),
+    so the spare runner is warm when the candidate arrives: the evaluation call alone.
+(a)-(d) run side by side in one process over the same candidates, points and init; (s)/(w)
+in child processes (their CPU time is not counted: n/a).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -60,7 +68,9 @@ CANDIDATES: dict[str, str] = {
 LOOPS = {"a": "(a) ours: compiled once per worker",
          "b": "(b) naive: full jit per candidate, nested jax.grad",
          "c": "(c) PyTorch eager, autograd derivatives",
-         "d": "(d) fused scan per candidate, Taylor pass"}
+         "d": "(d) fused scan per candidate, Taylor pass",
+         "s": "(s) sandboxed, back to back: trusted scorer + fresh runner each",
+         "w": "(w) sandboxed, runner pre-warmed during a --gap"}
 
 
 def _set_threads(n: int) -> None:
@@ -151,7 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="cores the process may use (CPU affinity) and threads per library")
     ap.add_argument("--round", type=int, default=8, help="round (sets nu via the schedule)")
-    ap.add_argument("--only", default="a,b,c,d", help="subset of loops to run, e.g. a,c")
+    ap.add_argument("--only", default="a,b,c,d,s,w", help="subset of loops to run, e.g. a,c")
+    ap.add_argument("--gap", type=float, default=8.0,
+                    help="(w): seconds between candidates, as the agent's generation leaves")
     ap.add_argument("--json", default="", help="also write the results to this file")
     args = ap.parse_args(argv)
     if not 1 <= args.candidates <= len(CANDIDATES):
@@ -192,6 +204,25 @@ def main(argv: list[str] | None = None) -> None:
             times["a"].append(time.perf_counter() - t0)
             cpu["a"].append(time.process_time() - c0)
             extra["a_scores"][name] = result.score
+    for key in ("s", "w"):
+        if key not in loops:
+            continue
+        from atlas.sandbox import Sandbox
+
+        with Sandbox.for_task(task, workers=1, threads_per_worker=args.threads) as sb:
+            t0 = time.perf_counter()
+            first = sb.evaluate(CANDIDATES[names[0]], ctx)  # scorer compile + first runner
+            extra[f"{key}_worker_start_s"] = time.perf_counter() - t0
+            extra[f"{key}_isolation"] = sb.isolation
+            extra[f"{key}_scores"] = {names[0]: first.score}
+            for name in names:
+                if key == "w":
+                    time.sleep(args.gap)
+                t0 = time.perf_counter()
+                result = sb.evaluate(CANDIDATES[name], ctx)
+                times[key].append(time.perf_counter() - t0)
+                cpu[key].append(math.nan)
+                extra[f"{key}_scores"][name] = result.score
     for key, derivatives in (("b", "autodiff"), ("d", "taylor")):
         if key not in loops:
             continue
@@ -223,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     for k in LOOPS:
         if times[k]:
             med, mc = statistics.median(times[k]), statistics.median(cpu[k])
-            print(f"| {LOOPS[k]} | {med:.2f} | {min(times[k]):.2f} | {med / med_a:.1f}x | "
+            print(f"| {LOOPS[k]} | {med:.2f} | {min(times[k]):.2f} | {med / med_a:.2f}x | "
                   f"{mc:.2f} | {mc / cpu_a:.1f}x |")
     for k, label in (("b", "(b)"), ("d", "(d)")):
         if parts[k]:
@@ -243,6 +274,11 @@ def main(argv: list[str] | None = None) -> None:
         amort = extra["a_worker_compile_s"] / len(names)
         print(f"(a) one-off worker compilation: {extra['a_worker_compile_s']:.2f} s "
               f"({amort:.2f} s per candidate over these {len(names)}; amortised over a run)")
+    for k in ("s", "w"):
+        if f"{k}_worker_start_s" in extra:
+            print(f"({k}) worker start (scorer compile, cache fill, first runner) + first "
+                  f"candidate: {extra[f'{k}_worker_start_s']:.2f} s, isolation "
+                  f"{extra[f'{k}_isolation']}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"times_s": times, "cpu_s": cpu, **extra}, fh, indent=1)
