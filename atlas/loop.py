@@ -254,8 +254,8 @@ class EvolutionLoop:
         if r % every == 0:
             self._phase(phase, r, every)
 
-    def _explore_support(self, islands: list[int], r: int, phase: int, served: list[Program],
-                         last: bool) -> list[Program]:
+    def _explore_support(self, islands: list[int], r: int, phase: int,
+                         round_programs: list[Program], last: bool) -> list[Program]:
         """ATLAS: critiques for the next prompt, patches evaluated as candidates, temperatures.
 
         Budget: every patch evaluated is taken from the next round's agent samples
@@ -283,7 +283,8 @@ class EvolutionLoop:
             if advice.temperature is not None:
                 self.temperatures[island] = float(advice.temperature)
             parents = [p.id for p in self.db.top_k(island, 1)]
-            prompt = next((p.prompt for p in served if p.island == island and p.prompt), "")
+            prompt = next((p.prompt for p in round_programs if p.island == island and p.prompt),
+                          "")
             mine: list[Program] = []
             dropped = unwritable = 0
             for code in advice.patches:
