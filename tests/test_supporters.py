@@ -56,9 +56,12 @@ PINN = '''def pinn_loss_strategy(residuals, ic_err, bc_err, extras):
 
 
 def _explore_req(programs, task="bandit", entry="policy", temperature=0.9) -> ExplorationRequest:
+    from atlas.tasks import make_task
+
+    hints = tuple(make_task(task).supporter_hints)  # the task's own hints, as the loop sends
     return ExplorationRequest(task_name=task, island=0, entry_point=entry,
                               temperature=temperature, problem="p", signature=f"def {entry}():",
-                              programs=programs)
+                              programs=programs, task_hints=hints)
 
 
 def _strat_req(**kw) -> StrategistRequest:
@@ -123,6 +126,11 @@ def test_exploration_adds_smooth_huber_to_loss_strategies():
         _explore_req([ProgramView(code=PINN, score=-0.1, passed=True)], task="pinn",
                      entry="pinn_loss_strategy"))
     assert HELPER in adv.patches[0] and "Huber" in adv.critique
+    # the rule follows the task's hint, not its name: a loss-named task without it gets none
+    plain = _explore_req([ProgramView(code=PINN, score=-0.1, passed=True)], task="bandit",
+                         entry="pinn_loss_strategy")
+    adv = build_supporters(None, task_name="bandit", seed=0).exploration.advise(plain)
+    assert not any(HELPER in p for p in adv.patches) and "Huber" not in adv.critique
 
 
 @pytest.mark.parametrize("programs,t0,expected", [

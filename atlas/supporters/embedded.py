@@ -6,7 +6,7 @@ names itself in the critique/rationale/reason so a log reader can see why.
 
 Exploration: perturb numeric hyper-parameters found with ``ast`` in the island's best
 program (x0.5 and x2, as the paper's supporter moved the LinUCB window 50 -> 20/100), and,
-for loss-strategy programs (entry point or task name contains "loss"/"pinn") without any
+for loss-strategy programs (the task's ``supporter_hints`` hold "robust_loss") without any
 clipping, swap squared terms for a smooth Huber (paper B.3.2). Temperature: down a step when
 most recent programs fail, up a step when they pass but are all alike.
 
@@ -59,8 +59,8 @@ from atlas.supporters.schemas import (
 
 
 def _is_loss_strategy(req: ExplorationRequest) -> bool:
-    key = f"{req.task_name} {req.entry_point}".lower()
-    return "loss" in key or "pinn" in key
+    """The task asked for the Huber rewrite (``Task.supporter_hints``), not a name match."""
+    return "robust_loss" in req.task_hints
 
 
 def explore(req: ExplorationRequest, cfg: ExplorationConfig, rng: random.Random

@@ -52,7 +52,8 @@ def exploration_request(task: Any, island: int, programs: Sequence[Program], tem
     ids = {id(p) for p in chosen}
     others = [p for p in reversed(list(programs)) if id(p) not in ids][:recent]
     return ExplorationRequest.build(task.name, spec, island, chosen + others, temperature,
-                                    round=round)
+                                    round=round,
+                                    task_hints=tuple(getattr(task, "supporter_hints", ())))
 
 
 def code_diversity(programs: Sequence[Program]) -> float:

@@ -90,17 +90,20 @@ class ExplorationRequest(_Model):
     signature: str = ""
     entry_point: str
     hints: tuple[str, ...] = ()
+    task_hints: tuple[str, ...] = ()  # Task.supporter_hints: switch on task-specific rules
     programs: list[ProgramView] = Field(default_factory=list)
     temperature: float = Field(gt=0.0, description="the island's current sampling temperature")
 
     @classmethod
     def build(cls, task_name: str, spec: PromptSpec, island: int, programs: list[Program],
-              temperature: float, round: int = 0) -> ExplorationRequest:
+              temperature: float, round: int = 0,
+              task_hints: tuple[str, ...] = ()) -> ExplorationRequest:
         """A request from what the loop holds: the task's PromptSpec and stored Programs."""
         return cls(task_name=task_name, island=island, round=round, system=spec.system,
                    problem=spec.problem, signature=spec.signature,
                    entry_point=spec.entry_point, hints=tuple(spec.hints),
-                   programs=[ProgramView.of(p) for p in programs], temperature=temperature)
+                   programs=[ProgramView.of(p) for p in programs], temperature=temperature,
+                   task_hints=tuple(sorted(task_hints)))
 
 
 class ExplorationAdvice(_Response):

@@ -78,7 +78,14 @@ class Task(ABC):
       ``tampered`` failure, never a score (bandit: NMR <= 0, the oracle's regret is 0);
     - ``fork_safe``: whether the runner's module may be imported in the zygote that forks
       every runner (False for modules that start threads on import or use, e.g. JAX/XLA);
-    - ``score_label``: how reports and figures name the score (e.g. "NMR").
+    - ``score_label``: how reports and figures name the score (e.g. "NMR");
+    - ``supporter_hints``: optional tags that switch on task-specific supporter rules
+      (``"robust_loss"``: the embedded exploration rule may rewrite squared terms as a Huber
+      loss; PINN sets it). Unknown tags are ignored.
+
+    Config: ``Task(**cfg.task)`` receives the task's YAML fields (``name`` and Hydra's
+    ``_target_`` removed by ``make_task``); ``timeout_s`` in it sets ``self.timeout_s``
+    whether or not a subclass reads it. A subclass validates its own fields by name.
     """
 
     name: str
@@ -98,9 +105,18 @@ class Task(ABC):
     fork_safe: bool = True
     #: the score's name in reports and figures
     score_label: str = "score"
+    #: tags for task-specific supporter rules (see the class docstring)
+    supporter_hints: frozenset[str] = frozenset()
 
     def __init__(self, **config: Any) -> None:
         self.config = dict(config)
+        if "timeout_s" in self.config:  # the YAML's value, not the class default of 30 s
+            timeout = self.config["timeout_s"]
+            if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                    or not math.isfinite(timeout) or not timeout > 0):
+                raise ValueError(f"task.timeout_s={timeout!r} is invalid: use seconds > 0, "
+                                 f"e.g. task.timeout_s=30")
+            self.timeout_s = float(timeout)
 
     @abstractmethod
     def prompt_spec(self) -> PromptSpec: ...

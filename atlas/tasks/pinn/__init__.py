@@ -67,6 +67,7 @@ class PinnTask(Task):
     score_range = (-float("inf"), 0.0)  # every score mode is minus a non-negative loss
     fork_safe = False  # XLA holds threads: a forked child can deadlock
     score_label = "-validation loss"
+    supporter_hints = frozenset({"robust_loss"})  # embedded supporter: Huber rewrite (B.3.2)
 
     def __init__(self, **config: Any) -> None:
         self.settings = PinnConfig.from_dict(config)  # validates every field by name
