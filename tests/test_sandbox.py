@@ -287,3 +287,13 @@ def test_busy_workers_counts_candidates_being_scored():
         assert sb.busy_workers == 0 and budget() == usable_cores()
     fixed = agent_thread_budget(OmegaConf.create({"explore": {"agent_threads": 3}}), sb)
     assert fixed() == 3
+
+
+def test_sandbox_isolation_config_is_validated_by_name():
+    from atlas.config import ConfigError, validate
+    from tests.conftest import compose_cfg
+
+    assert compose_cfg().sandbox.isolation == "auto"
+    validate(compose_cfg(["sandbox.isolation=rlimits"]))
+    with pytest.raises(ConfigError, match=r"sandbox\.isolation='docker' is not one of"):
+        validate(compose_cfg(["sandbox.isolation=docker"]))

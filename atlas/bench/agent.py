@@ -121,8 +121,7 @@ def sandbox_row(samples: int = 8) -> dict[str, float] | str:
     try:
         task = make_task("bandit")
         code = task.seed_program()
-        with_sb = Sandbox(task.evaluator_factory, task.evaluator_config(), workers=2,
-                          timeout_s=float(task.timeout_s))
+        with_sb = Sandbox.for_task(task, workers=2)
         try:
             context = task.context(0)
             with_sb.evaluate(code, context)  # warm the workers

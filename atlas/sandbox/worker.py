@@ -185,6 +185,10 @@ class Worker:
             self.spec = {"factory": runner_factory,
                          "config": public() if callable(public) else {}}
         else:
+            if "secret" in inspect.signature(factory).parameters:
+                raise ValueError(f"evaluator_factory={init['factory']!r} is a scorer (it takes "
+                                 f"a secret) but no runner_factory was given: build the "
+                                 f"sandbox with Sandbox.for_task(task)")
             self.scorer = None
             self.spec = {"factory": init["factory"], "config": config, "legacy": True}
         self.spec.update(memory_mb=self.memory_mb, timeout_s=self.timeout_s)
