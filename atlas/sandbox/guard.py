@@ -57,9 +57,13 @@ class Guard:
     descriptors (protocol pipes) it may not touch at all.
     """
 
-    def __init__(self, workdir: str, protected_fds: Iterable[int] = ()) -> None:
+    def __init__(self, workdir: str, protected_fds: Iterable[int] = (),
+                 hidden: Iterable[str] = ()) -> None:
         self.workdir = os.path.realpath(workdir)
         self.protected_fds = frozenset(int(fd) for fd in protected_fds)
+        #: paths a program may not even read (the run folder and its secret): bubblewrap
+        #: masks them and the rlimits mode runs as nobody; this covers a non-root fallback
+        self.hidden = tuple(os.path.realpath(p) for p in hidden)
         self.violations: list[str] = []
         self._saved: list[tuple[Any, str, Any]] = []
 
@@ -84,6 +88,17 @@ class Guard:
         except (TypeError, ValueError):
             return True  # let the real call raise its own error
         return full == "/dev/null" or full == self.workdir or full.startswith(self.workdir + "/")
+
+    def _check_hidden(self, call: str, path: Any) -> None:
+        if not self.hidden or isinstance(path, int):
+            return
+        try:
+            full = os.path.realpath(os.fsdecode(path))
+        except (TypeError, ValueError):
+            return
+        if any(full == h or full.startswith(h + "/") for h in self.hidden):
+            raise self._violate(f"open({path!r})", "the run folder is not readable in the "
+                                                   "sandbox")
 
     def _check_path(self, call: str, path: Any) -> None:
         if not self._path_ok(path):
@@ -123,13 +138,16 @@ class Guard:
         def guarded_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
             if isinstance(file, int):
                 self._check_fd("open", file)
-            elif any(c in str(mode) for c in "wax+"):
-                self._check_path(f"open(mode={mode!r})", file)
+            else:
+                self._check_hidden("open", file)
+                if any(c in str(mode) for c in "wax+"):
+                    self._check_path(f"open(mode={mode!r})", file)
             return real(file, mode, *args, **kwargs)
         return guarded_open
 
     def _os_open_wrapper(self, real: Callable[..., Any]) -> Callable[..., Any]:
         def guarded_os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> Any:
+            self._check_hidden("os.open", path)
             if flags & _WRITE_FLAGS:
                 self._check_path("os.open", path)
             return real(path, flags, *args, **kwargs)
@@ -155,8 +173,10 @@ class Guard:
             def __init__(self, file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> None:
                 if isinstance(file, int):
                     guard._check_fd("FileIO", file)
-                elif any(c in str(mode) for c in "wax+"):
-                    guard._check_path(f"FileIO(mode={mode!r})", file)
+                else:
+                    guard._check_hidden("FileIO", file)
+                    if any(c in str(mode) for c in "wax+"):
+                        guard._check_path(f"FileIO(mode={mode!r})", file)
                 super().__init__(file, mode, *args, **kwargs)
 
         GuardedFileIO.__name__ = GuardedFileIO.__qualname__ = "FileIO"

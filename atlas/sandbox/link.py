@@ -36,8 +36,13 @@ class Link:
     def __init__(self, read_fd: int, write_fd: int, *, trusted: bool) -> None:
         self.read_fd, self.write_fd, self.trusted = read_fd, write_fd, trusted
         self._buf = protocol.FrameBuffer()
+        #: the runner's guard violations: once one is recorded (even if the program caught
+        #: the error), the next message is that failure instead of an answer
+        self.violations: list[str] = []
 
     def send(self, obj: dict[str, Any]) -> None:
+        if self.violations and "error" not in obj:
+            obj = {"error": FailureKind.EXCEPTION.value, "message": self.violations[0]}
         try:
             protocol.write_frame(self.write_fd, obj)
         except (BrokenPipeError, OSError) as exc:

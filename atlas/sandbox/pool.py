@@ -125,7 +125,7 @@ class _Slot:
             "type": "init", "factory": sb.evaluator_factory, "config": sb.evaluator_config,
             "memory_mb": sb.memory_mb, "timeout_s": sb.timeout_s,
             "max_output_bytes": sb.max_output_bytes, "tmp_root": self.tmp_root,
-            "runner_factory": sb.runner_factory, "secret": sb.secret})
+            "runner_factory": sb.runner_factory, "secret": sb.secret, "hide": sb.hide})
         reply = self._await_frame(time.monotonic() + STARTUP_TIMEOUT_S)
         if reply is None or reply.get("type") != "ready":
             errlog.seek(0)

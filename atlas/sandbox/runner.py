@@ -109,7 +109,9 @@ def _run_one(spec: dict[str, Any], link: Link) -> None:
     limit_candidate_process(int(spec["memory_mb"]), cpu_used + float(spec["timeout_s"]))
     install_seccomp()
     seed_candidate_rngs(code, context)
-    guard = Guard(workdir, protected_fds=(link.read_fd, link.write_fd))
+    guard = Guard(workdir, protected_fds=(link.read_fd, link.write_fd),
+                  hidden=spec.get("hide") or ())
+    link.violations = guard.violations
     reply: dict[str, Any] | None = None
     try:
         guard.install()

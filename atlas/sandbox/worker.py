@@ -191,7 +191,8 @@ class Worker:
                                  f"sandbox with Sandbox.for_task(task)")
             self.scorer = None
             self.spec = {"factory": init["factory"], "config": config, "legacy": True}
-        self.spec.update(memory_mb=self.memory_mb, timeout_s=self.timeout_s)
+        self.spec.update(memory_mb=self.memory_mb, timeout_s=self.timeout_s,
+                         hide=list(init.get("hide") or []))
         shared = getattr(self.scorer, "shared_dirs", None)
         self.frozen = Frozen(shared() if callable(shared) else [])
         self.spare: Runner | None = None
