@@ -297,3 +297,16 @@ def test_sandbox_isolation_config_is_validated_by_name():
     validate(compose_cfg(["sandbox.isolation=rlimits"]))
     with pytest.raises(ConfigError, match=r"sandbox\.isolation='docker' is not one of"):
         validate(compose_cfg(["sandbox.isolation=docker"]))
+
+
+def test_end_of_run_summary_names_a_degraded_isolation():
+    from atlas.train import summary
+
+    results = {"task": "bandit", "method": "evotune", "seed": 0, "initial_score": -0.4,
+               "final_score": -0.2, "improvement_pct": 50.0, "valid_rate_first_round": 1.0,
+               "valid_rate_last_round": 1.0, "valid_rate": 1.0, "phases": 1,
+               "phases_trained": 1, "promotions": 0, "accept_rate": 0.0, "candidates": 4,
+               "wall_seconds": 1.0, "isolation": "rlimits+guard",
+               "isolation_reason": "bubblewrap unusable: bubblewrap is not installed"}
+    assert "sandbox isolation rlimits+guard (degraded: bubblewrap unusable" in summary(results)
+    assert "degraded" not in summary({**results, "isolation": "bwrap", "isolation_reason": ""})
