@@ -9,6 +9,7 @@ promotion (copy into ``ref``) only when accepted and not vetoed.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 import time
@@ -20,6 +21,7 @@ from atlas.dpo import (
     DPOConfig,
     GateConfig,
     ReferenceSwapCallback,
+    hold_out_prompts,
     promote,
     select_and_gate,
     train_phase,
@@ -111,9 +113,17 @@ class FineTuner:
 
         record["strategist"] = self._consult_strategist(phase, phase_programs, stats)
         cfg = self.dpo_cfg
-        pairs = build_pairs(db, phase_programs, top_k=cfg.top_k, max_pairs=cfg.max_pairs,
+        # G_k's prompts are held out of D_k (the gate never scores a policy on what it was
+        # trained on); only when the gate decides (EvoDPO's ungated numbers are record-only)
+        held = hold_out_prompts(phase_programs, self.gate_cfg, seed=self.seed * 1000 + phase) \
+            if self.method.reference == "adaptive" and self.method.gate else set()
+        pairs = build_pairs(db, [p for p in phase_programs if p.prompt not in held],
+                            top_k=cfg.top_k, max_pairs=cfg.max_pairs,
                             score_threshold=cfg.score_threshold, seed=self.seed * 1000 + phase)
         record["pairs"] = len(pairs)
+        record["pair_prompts"] = len({p.prompt for p in pairs})
+        record["held_out_prompts"] = len(held)
+        record["dk_prompt_hashes"] = sorted({prompt_hash(p.prompt) for p in pairs})
         record["pair_kinds"] = {k: sum(1 for p in pairs if p.kind == k) for k in PAIR_KINDS}
         record["knobs"] = {"beta": cfg.beta, "lr": cfg.lr, "epochs": cfg.epochs,
                            "score_threshold": cfg.score_threshold}
@@ -135,13 +145,20 @@ class FineTuner:
         gate_record = None
         if self.method.reference == "adaptive":
             t2 = time.time()
-            items = sample_gate_subset(phase_programs, self.gate_cfg.subset_size,
-                                       seed=self.seed * 1000 + phase)
+            gated = bool(self.method.gate)
+            items = sample_gate_subset(
+                [p for p in phase_programs if p.prompt in held] if gated else phase_programs,
+                self.gate_cfg.subset_size, seed=self.seed * 1000 + phase,
+                failure_score=failure_floor(phase_programs))
             online = self._online_inspector(phase, items, phase_programs)
             decision = select_and_gate(self.agent.model, self.agent.tokenizer, result.candidates,
                                        items, self.gate_cfg, enabled=bool(self.method.gate),
-                                       reference="adaptive", online_score=online)
+                                       reference="adaptive", online_score=online,
+                                       seed=self.seed * 1000 + phase)
             gate_record = decision.to_dict()
+            gate_record["held_out"] = gated  # G_k's prompts are not in D_k
+            gate_record["gate_prompts"] = len(items)
+            gate_record["gk_prompt_hashes"] = sorted({prompt_hash(it.prompt) for it in items})
             if online is not None:
                 gate_record["online"] = online.records
             promoted, vetoed, verdict = decision.accepted, False, None
@@ -196,6 +213,11 @@ class FineTuner:
                 "rationale": getattr(advice, "rationale", ""),
                 "reasons": dict(getattr(advice, "reasons", {}) or {}),
                 "values": {k: getattr(updated, k) for k in ("beta", "lr", "epochs", "score_threshold")}}
+
+
+def prompt_hash(prompt: str) -> str:
+    """A short stable name of a prompt for events.jsonl (G_k's and D_k's prompts, compared)."""
+    return hashlib.sha1(prompt.encode()).hexdigest()[:10]
 
 
 def adapter_snapshot(agent: Any) -> dict[str, Any]:
