@@ -19,7 +19,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from atlas.fields import check_known_fields
-from atlas.tasks import task_class
+from atlas.tasks import make_task, task_class
 
 log = logging.getLogger("atlas.config")
 
@@ -193,9 +193,10 @@ def validate(cfg: DictConfig) -> None:
     _typed(cfg, "seed", int)
     for key in ("resume", "progress"):
         _typed(cfg, key, bool)
-    try:  # a built-in name, or a `_target_` that imports to a Task subclass
+    try:  # a built-in name or a `_target_` Task subclass, built once: it checks its fields
         task_class(OmegaConf.to_container(cfg.task, resolve=False))
-    except ValueError as exc:
+        make_task(**OmegaConf.to_container(cfg.task, resolve=True))
+    except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     _choice(cfg, "method.reference", ("fixed", "adaptive"))
     _choice(cfg, "model.source", ("smollm2", "tiny", "hf"))

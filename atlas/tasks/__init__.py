@@ -36,7 +36,7 @@ def task_target(config: Mapping[str, Any]) -> str:
     name = config.get("name")
     if name not in TASKS:
         raise ValueError(f"task.name={name!r} is unknown and the task config has no _target_; "
-                         f"built-in tasks: {sorted(TASKS)}; {_FIX}")
+                         f"known tasks: {sorted(TASKS)}; {_FIX}")
     return TASKS[name]
 
 
@@ -57,6 +57,7 @@ def task_class(config: Mapping[str, Any]) -> type[Task]:
 
 def make_task(name: str | None = None, **config: Any) -> Task:
     """Build a task from its config (``make_task(**cfg.task)`` or ``make_task("bandit")``)."""
+    from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
     config = {k: v for k, v in config.items()}
@@ -70,7 +71,13 @@ def make_task(name: str | None = None, **config: Any) -> Task:
         raise ValueError(f"task.name={task_name!r} but {target} is the task "
                          f"{cls.name!r}; set task.name={cls.name} in its YAML")
     # _convert_=all: the task receives plain dicts/lists, never OmegaConf nodes
-    return instantiate({"_target_": target, "_convert_": "all", **config})
+    try:
+        return instantiate({"_target_": target, "_convert_": "all", **config})
+    except InstantiationException as exc:
+        # Hydra wraps the task's own error; its message already names the field and the fix
+        if isinstance(exc.__cause__, (TypeError, ValueError)):
+            raise exc.__cause__ from None
+        raise
 
 
 __all__ = ["PromptSpec", "QualityMetric", "Task", "TASKS", "make_task", "task_class",

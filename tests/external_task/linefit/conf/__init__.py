@@ -1,0 +1,1 @@
+"""Config folder of the linefit task: ``hydra.searchpath=[pkg://linefit.conf]`` adds it."""
