@@ -20,7 +20,7 @@ from atlas.tasks.base import PromptSpec, QualityMetric, Task
 
 #: every config field with its default (conf/task/bandit.yaml documents each one)
 DEFAULTS: dict[str, Any] = {**BanditConfig().to_dict(), "env_seeds": [0, 1, 2, 3],
-                            "timeout_s": 10.0}
+                            "timeout_s": 20.0}
 
 
 def _plain(value: Any) -> Any:
