@@ -117,7 +117,7 @@ def test_bad_task_config_errors() -> None:
 
 def test_task_contract(task: BanditTask) -> None:
     assert isinstance(make_task("bandit"), BanditTask)
-    assert task.name == "bandit" and task.timeout_s == 10.0  # the seed takes ~1 s
+    assert task.name == "bandit" and task.timeout_s == 20.0  # a pipe round trip per policy step, on a busy machine
     cfg = task.evaluator_config()
     assert set(cfg) == set(DEFAULTS) and json.loads(json.dumps(cfg)) == cfg
     with open(CONF) as fh:
