@@ -142,6 +142,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   f"| {len(arm_pairs)} pairs, G_k {len(items)} prompts / "
                   f"{row['gate_completions']} completions | DPO {t1 - t0:.0f} s, gate "
                   f"{row['gate_s']:.0f} s", flush=True)
+            if args.json:  # partial results survive an interrupted bench
+                Path(args.json).write_text(json.dumps({"rows": rows}, default=str))
     return {"rows": rows, "gate": dataclasses.asdict(gate), "dpo": dpo.to_dict(),
             "model": args.model, "programs": str(args.programs)}
 
