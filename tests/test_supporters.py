@@ -679,3 +679,46 @@ def test_strategist_acts_on_cpu_run_telemetry():
     assert a2.changed == ["beta"] and a2.beta == pytest.approx(0.2)
     assert "diversity" in a2.reasons["beta"]
 
+
+
+def test_strategist_on_the_recorded_cpu_run():
+    """The programs a real CPU bandit run wrote (atlas/bench/data, 2 phases of 4 rounds): phase
+    1 (9 seed copies passed, 78% distinct) calls for nothing; phase 2 (23 of 32 passed, 37.5%
+    distinct: the agent repeats itself) raises beta, with its reason."""
+    from pathlib import Path
+    from statistics import median
+
+    def score_stats(programs):  # atlas.fine_tuning.score_stats, without importing torch
+        scores = sorted(p.score for p in programs if p.passed)
+        return {"best": scores[-1], "median": median(scores), "min": scores[0],
+                "valid_rate": len(scores) / len(programs), "n": len(programs)}
+
+    path = Path(sreq.__file__).parents[1] / "bench" / "data" / "bandit_cpu_programs.jsonl"
+    progs = []
+    for r in map(json.loads, path.read_text().splitlines()):
+        ev = r["evaluation"]
+        progs.append(Program(
+            id=r["id"], island=r["island"], round=r["round"], code=r["code"],
+            evaluation=Evaluation(score=-math.inf if ev["score"] is None else ev["score"],
+                                  passed=ev["passed"], failure_kind=ev.get("failure_kind", "ok")),
+            prompt=r.get("prompt") or "", completion=r.get("completion") or "",
+            source=r.get("source", "agent")))
+
+    class Dpo:
+        beta, lr, epochs, score_threshold, bounds = 0.1, 5e-5, 1, None, {}
+
+    strat = build_supporters(None, task_name="bandit", seed=0).strategist
+    history: list[dict] = []
+    changed = []
+    for phase, (a, b) in enumerate([(1, 4), (5, 8)], 1):
+        pp = [p for p in progs if a <= p.round <= b]
+        req = sreq.strategist_request(phase, Dpo(), pp,
+                                      score_stats([p for p in pp if p.source != "seed"]),
+                                      history, gate_cfg={"epsilon": 0.0, "delta": 0.05})
+        adv = strat.advise(req)
+        changed.append((round(req.diversity, 3), adv.changed))
+        # what that run recorded after each phase: D_k size and mean DPO accuracy
+        history.append({"phase": phase, "skipped": False, "pairs": (24, 17)[phase - 1],
+                        "dpo": {"accuracy": (0.917, 0.889)[phase - 1]}})
+    assert changed == [(0.781, []), (0.375, ["beta"])]
+    assert "diversity 0.38" in adv.reasons["beta"] and adv.beta == pytest.approx(0.2)
