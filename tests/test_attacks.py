@@ -139,6 +139,8 @@ def test_pinn_attacks_get_a_failure_or_an_honest_score_and_leave_the_seed_alone(
             ev = sb.evaluate(path.read_text(), ctx)
             if path.stem == "negative_own_loss":
                 assert ev.failure_kind == FailureKind.TAMPERED.value, ev
+            elif path.stem == "leftover_files" and not ev.passed:  # the guard saw the writes
+                assert "may only write inside its working directory" in ev.message, ev
             else:  # each trains with the seed's loss: exactly the seed's validation numbers
                 assert ev.passed, (path.stem, ev)
                 assert ev.metrics["val_loss"] == pytest.approx(seed.metrics["val_loss"],
