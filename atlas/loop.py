@@ -43,7 +43,7 @@ from atlas.evolution.prompts import prefill_of
 from atlas.fine_tuning import FineTuner, adapter_snapshot
 from atlas.results import summarise
 from atlas.sandbox import Sandbox
-from atlas.sandbox.secret import run_secret
+from atlas.sandbox.secret import run_secret, sweep_secret_file
 from atlas.supporters import build_supporters
 from atlas.supporters import requests as supporter_requests
 from atlas.supporters.patching import as_completion
@@ -120,7 +120,7 @@ class EvolutionLoop:
                                    precision=self.precision)
         ex = cfg.explore
         self.db = ProgramDatabase.from_config(ex, seed=int(cfg.seed))
-        secret_file = cfg.sandbox.secret_file
+        secret_file = cfg.sandbox.secret_file or sweep_secret_file()
         self.sandbox = Sandbox.for_task(
             self.task, secret=run_secret(self.run_dir, secret_file), workers=int(ex.workers),
             isolation=str(cfg.sandbox.isolation),

@@ -49,7 +49,11 @@ KILL_SIGNAL_ENV = "ATLAS_RESUME_TEST_KILL_SIGNAL"  # SIGKILL (default) or SIGTER
 
 FAST = ["experiment=test", "method=atlas", "seed=0", "explore.rounds=4", "explore.phase_every=1",
         "task.T=300", "task.env_seeds=[0,1]", "dpo.max_length=512", "gate.max_length=512",
-        "method.skip_without_improvement=false", "progress=false"]
+        "method.skip_without_improvement=false", "progress=false",
+        # two prompts per phase so the gate can hold one out of D_k (gate.holdout), and an
+        # epsilon below any gain so the tiny model's phases promote: these tests are about
+        # resuming a promoted reference, not about the gate's judgement (tests/test_gate.py)
+        "explore.islands_per_round=2", "gate.epsilon=-1.0"]
 
 # body of the sliding-window LinUCB the bandit seed program is (continues its prefill)
 _BODY = """
@@ -203,7 +207,9 @@ def test_resumed_run_equals_uninterrupted_run(fast_runs: dict[str, Any]) -> None
     clean, resumed = comparable(fast_runs["clean"]), comparable(fast_runs["killed"])
     _rounds_once(resumed["events"], 4)
     trained = [e for e in resumed["events"] if e["event"] == "phase" and not e.get("skipped")]
-    assert [e["phase"] for e in trained] == [1, 2, 3, 4]  # trained before and after the kill
+    # phases 1-2 trained before the kill, phase 3 (killed in its DPO) after it; phase 4 may
+    # find no pair once supporter programs have taken its round's agent samples (one budget)
+    assert [e["phase"] for e in trained][:3] == [1, 2, 3]
     assert any(e["promoted"] for e in trained) and resumed["results"]["promotions"] >= 1
     assert any(p["source"] == "supporter" for p in resumed["programs"])
     assert resumed["results"]["valid_rate"] not in (None, 0.0, 1.0)
@@ -363,8 +369,7 @@ def test_unseeded_candidate_randomness_scores_the_same_in_fresh_workers() -> Non
             "    return int(np.random.randint(0, 5)) if random.random() < 0.9 else 0\n")
     scores = []
     for _ in range(2):  # two sandboxes: two worker processes with fresh entropy
-        with Sandbox(task.evaluator_factory, task.evaluator_config(), workers=1,
-                     timeout_s=30.0) as sb:
+        with Sandbox.for_task(task, secret="ab" * 32, workers=1) as sb:
             ev = sb.evaluate(code, task.context(1))
         assert ev.passed, ev.message
         scores.append(ev.score)

@@ -36,9 +36,7 @@ def run_secret(run_dir: str | os.PathLike[str], source: str | None = None) -> st
     if source:
         src = Path(source).expanduser()
         if not src.exists():
-            fd = os.open(src, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(secrets.token_hex(32) + "\n")
+            _create_shared(src)
         value = _read(src, "fix sandbox.secret_file or point it to a new path")
     else:
         value = secrets.token_hex(32)
@@ -47,6 +45,40 @@ def run_secret(run_dir: str | os.PathLike[str], source: str | None = None) -> st
     with os.fdopen(fd, "w") as fh:
         fh.write(value + "\n")
     return value
+
+
+def _create_shared(path: Path) -> None:
+    """Create a shared secret file atomically: the jobs of a sweep (SLURM: at once) may race."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_hex(32) + "\n")
+    try:
+        os.link(tmp, path)  # atomic, and fails if another job created it first
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def sweep_secret_file() -> str | None:
+    """``<sweep dir>/.task_secret`` when running under a Hydra multirun, else None.
+
+    Why: the runs of one sweep are compared with each other (methods on the same seeds), so
+    by default they share one secret and face the same hidden environments; a single run
+    draws its own.
+    """
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+    except (ImportError, ValueError):  # not under Hydra (tests call run() directly)
+        return None
+    if hc.mode != RunMode.MULTIRUN:
+        return None
+    return str(Path(hc.sweep.dir).resolve() / SECRET_FILE)
 
 
 def derive_seed(secret: str, *parts: object) -> int:
