@@ -168,7 +168,9 @@ def test_seed_program_band_metrics_and_speed(evaluator, task: BanditTask) -> Non
                 "mean_reward", "optimal_rate", "nmr_std"):
         assert math.isfinite(ev.metrics[key]), key
     assert ev.score == pytest.approx(np.mean([ev.metrics[f"nmr_seed{s}"] for s in range(4)]))
-    assert elapsed < 5.0  # ~0.35 s on a quiet core; loose for a shared machine
+    # the seed must fit well inside the candidate time limit (2.6-3.9 s in process on the
+    # AVX2 EPYC; the sandbox adds a pipe round trip per step): speed lives in benchmarks
+    assert elapsed < task.timeout_s / 2
     assert evaluator(task.seed_program(), {"round": 1}).score == ev.score  # fixed envs
 
 
