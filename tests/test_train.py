@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -47,7 +46,12 @@ def test_tiny_run_writes_results_events_and_programs(method: str, tmp_path: Path
                                 cfg.explore.islands_per_round)
     assert checked["method"] == method and results["seed"] == 0
     assert results["phases"] == cfg.explore.rounds // cfg.explore.phase_every
-    assert math.isclose(results["initial_score"], -0.375, abs_tol=0.01)  # the bandit seed program
+    # the initial score is the seed program's, scored on this run's hidden environments (a
+    # fresh task secret per single run moves it by a few hundredths around -0.375)
+    seeds = {p["evaluation"]["score"] for p in read_jsonl(tmp_path / "programs.jsonl")
+             if p["source"] == "seed"}  # one copy per island, all scored alike
+    assert seeds == {results["initial_score"]}
+    assert -0.45 < results["initial_score"] < -0.3
 
 
 def test_unknown_task_fails_before_loading_anything(tmp_path: Path) -> None:
