@@ -169,6 +169,13 @@ def test_exploration_without_programs_gives_a_critique_and_no_patches():
      lambda k: k.lr == pytest.approx(1e-4)),
     ({"gate_decisions": [GateDecision(accepted=False, gain=-0.1, kl=0.04)] * 2}, [],
      lambda k: k.lr == 5e-5),  # KL > delta/2: the policy moved, a bigger step is no cure
+    # the gate tests a bound on the gain: its reason, not gain < epsilon, says "no gain"
+    ({"gate_epsilon": 0.02, "gate_decisions": [GateDecision(
+        accepted=False, reason="rejected: no gain", gain=0.03, kl=0.01)] * 2}, ["lr"],
+     lambda k: k.lr == pytest.approx(1e-4)),
+    ({"gate_epsilon": 0.02, "gate_decisions": [GateDecision(
+        accepted=False, reason="rejected: no held-out gate item", gain=0.0, kl=0.0)] * 2}, [],
+     lambda k: k.lr == 5e-5),
     ({"dpo": DpoMetrics(accuracy=1.0)}, ["epochs"], lambda k: k.epochs == 1 and k.beta == 0.1),
     ({"dpo": DpoMetrics(accuracy=1.0), "knobs": Knobs(beta=0.1, lr=5e-5, epochs=1)}, ["beta"],
      lambda k: k.epochs == 1 and k.beta == pytest.approx(0.15)),

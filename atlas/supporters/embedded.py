@@ -50,6 +50,7 @@ from atlas.supporters.schemas import (
     TEMPERATURE_BOUNDS,
     ExplorationAdvice,
     ExplorationRequest,
+    GateDecision,
     InspectorRequest,
     InspectorVerdict,
     Knobs,
@@ -204,11 +205,20 @@ def _lr(req: StrategistRequest, cfg: StrategistConfig, new: dict, why: dict) -> 
                      "the rejected programs): lr halved")
     elif (cfg.reject_streak > 0 and len(streak) == cfg.reject_streak and delta is not None
           and all(not g.accepted and g.kl is not None and g.kl <= delta / 2
-                  and (g.gain is None or g.gain < req.gate_epsilon) for g in streak)
+                  and _no_gain(g, req.gate_epsilon) for g in streak)
           and new["lr"] < hi):
         new["lr"] = min(new["lr"] * 2.0, hi)
         why["lr"] = (f"last {cfg.reject_streak} gates rejected for no gain with KL <= delta/2 "
                      "(the policy hardly moves): lr doubled")
+
+
+def _no_gain(g: GateDecision, epsilon: float) -> bool:
+    """Was gate ``g`` rejected for no gain? Its own reason says so (the gate tests a confidence
+    bound on the gain, so a gain above epsilon can still be "no gain"); a decision without a
+    reason falls back to comparing the gain with epsilon."""
+    if g.reason:
+        return "no gain" in g.reason
+    return g.gain is None or g.gain < epsilon
 
 
 def _epochs(req: StrategistRequest, cfg: StrategistConfig, new: dict, why: dict) -> None:
