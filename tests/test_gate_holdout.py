@@ -45,32 +45,34 @@ def test_bench_trial_data_holds_the_gate_prompt_out_and_inverts_pairs() -> None:
     programs = bench.load_programs(bench.DATA)
     db = ProgramDatabase.from_config(OmegaConf.load(ROOT / "conf" / "explore" / "default.yaml"),
                                      seed=0)
-    for p in programs:
-        db.add(p)
     gate, dpo = GateConfig(), DPOConfig()
-    pairs, items, held = bench.trial_data(programs, db, gate, dpo, 0, 12)
-    assert len(held) == 1 and [it.prompt for it in items] == list(held)
-    assert len(items[0].completions) == 24  # a seeded subset of its 48 completions
-    assert len(pairs) == 5 and not {p.prompt for p in pairs} & held  # the shipped run's 5
-    other = bench.trial_data(programs, db, gate, dpo, 1, 12)
-    assert other[1][0].completions != items[0].completions  # G_k differs by seed
+    pairs, items, held = bench.trial_data(programs, db, gate, dpo, 0, 24)
+    # the loop's hold-out over the two shipped runs' 16 prompts: a quarter, informative first
+    assert len(held) == 4 and {it.prompt for it in items} <= held
+    assert len(pairs) == 24 and not {p.prompt for p in pairs} & held
+    assert {p.kind for p in pairs} == {"passed_vs_passed", "passed_vs_failed", "supporter_vs_agent"}
+    assert len({p.id // 1_000_000 for p in programs}) == 2  # two runs, ids kept apart
+    other = bench.trial_data(programs, db, gate, dpo, 1, 24)
+    assert other[2] != held  # G_k differs by seed
     inv = bench.inverted(pairs)
     assert [(p.chosen, p.rejected) for p in inv] == [(p.rejected, p.chosen) for p in pairs]
     assert [p.chosen_score for p in inv] == [p.rejected_score for p in pairs]
-    loop = bench.trial_data(programs, db, gate, dpo, 1, 12, holdout="loop", gate_completions=0)
-    assert not {p.prompt for p in loop[0]} & loop[2] and len(loop[2]) == 1
+    rich = bench.trial_data(programs, db, gate, dpo, 1, 12, holdout="richest", gate_completions=8)
+    assert len(rich[2]) == 1 and len(rich[1][0].completions) == 8 and len(rich[0]) == 12
+    assert not {p.prompt for p in rich[0]} & rich[2]
 
 
 def test_bench_runs_end_to_end_on_the_tiny_model(tmp_path: Path, capsys) -> None:
     out = tmp_path / "gate.json"
-    bench.main(["--model", "tiny", "--trials", "1", "--pairs", "2", "--gate-completions", "8",
+    bench.main(["--model", "tiny", "--trials", "1", "--pairs", "2", "--gate-completions", "3",
                 "--max-length", "128", "--json", str(out)])
     text = capsys.readouterr().out
     assert "correct: accepted" in text and "inverted: accepted" in text
     result = json.loads(out.read_text())
     rows = result["rows"]
     assert [r["arm"] for r in rows] == ["correct", "inverted"]
-    assert all(r["pairs"] == 2 and r["gate_completions"] == 8 for r in rows)
+    assert all(r["pairs"] == 2 and r["gate_items"] == 4 for r in rows)  # the loop's hold-out
+    assert all(r["gate_items"] * 2 <= r["gate_completions"] <= r["gate_items"] * 3 for r in rows)
     # lr 5e-5 for 1 step barely moves the tiny model: no gain clears epsilon
     assert all(abs(r["gain"]) < 0.02 and not r["accepted"] for r in rows)
     assert result["summary"]["correct"]["rate"] == 0.0

@@ -1,21 +1,23 @@
 """``python -m atlas.bench gate``: does the Policy Inspector's gate discriminate?
 
-A controlled experiment on preference pairs recorded in a real run (the bandit CPU run shipped
-in ``atlas/bench/data``; ``--programs`` takes any run's ``programs.jsonl``). Each trial
-(seed t):
-1. holds a prompt out of D_k (default: the run's prompt with the most evaluated completions,
-   48 of which 29 failed: the other two prompts have 8 completions with 1-2 failures, too
-   few for any bound; ``--holdout loop`` uses the loop's ``hold_out_prompts``) and draws G_k
-   from a seeded random ``--gate-completions`` of its completions (``sample_gate_subset``);
-2. builds D_k from the other prompts with the loop's builder (``build_pairs``), shuffled
-   (seeded) and cut to ``--pairs`` (default run: all 5 pairs those prompts give);
+A controlled experiment on programs recorded in real runs: by default the two bandit CPU runs
+of the README (``docs/runs/cpu_bandit_s0``: EvoTune and ATLAS, seed 0, 16 prompts, 134
+evaluated completions, shipped in ``atlas/bench/data``); ``--programs`` takes any runs'
+``programs.jsonl``. Each trial (seed t):
+1. holds prompts out of D_k as a run does (``hold_out_prompts`` with the default gate
+   settings: a quarter of the prompts, informative ones first) and draws G_k from their
+   completions (``sample_gate_subset``, at most ``subset_size`` prompts);
+2. builds D_k from the other prompts with the loop's builder (``build_pairs``), phase by phase
+   of each run as the loop does, shuffled (seeded) and cut to ``--pairs`` (default 24 =
+   ``dpo.max_pairs``, a full phase);
 3. trains the policy from the same start twice, with the real default DPO settings
    (``conf/dpo/default.yaml``, C_k with its snapshots): once on D_k ("correct"), once on
    D_k with chosen and rejected swapped ("inverted");
 4. runs the gate at its default settings (``conf/gate/default.yaml``) on each.
 Printed: per trial and arm c*, S gain, its lower bound, bootstrap SE and KL; then both
 acceptance rates (targets: correct accepted >= 80%, inverted rejected >= 90%) and the
-measured noise (bootstrap SE of the gain) that epsilon is set against.
+measured noise (bootstrap SE of the gain) that epsilon is set against. ``--lr`` trains both
+arms with another learning rate (the gate's power against how far the policy moves).
 """
 
 from __future__ import annotations
@@ -26,19 +28,30 @@ import json
 import random
 import statistics
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = Path(__file__).with_name("data") / "bandit_cpu_programs.jsonl"
+DATA_DIR = Path(__file__).with_name("data")
+DATA = [DATA_DIR / "cpu_bandit_s0_evotune_programs.jsonl",
+        DATA_DIR / "cpu_bandit_s0_atlas_programs.jsonl"]
+_RUN_OFFSET = 1_000_000  # program ids and islands of run i are shifted by i * this
 
 
-def load_programs(path: Path) -> list:
-    """The agent's programs of a run (every phase), as ``Program`` objects."""
+def load_programs(paths: Path | list[Path]) -> list:
+    """The programs of one or more runs as ``Program`` objects; ids and islands of the i-th
+    run are shifted by ``i * 1e6`` so that runs never share a program or an island."""
     from atlas.types import Program
 
-    rows = [Program.from_dict(json.loads(line)) for line in path.read_text().splitlines()
-            if line.strip()]
+    rows = []
+    for i, path in enumerate([paths] if isinstance(paths, (str, Path)) else paths):
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                p = Program.from_dict(json.loads(line))
+                p.id += i * _RUN_OFFSET
+                p.island += i * _RUN_OFFSET
+                rows.append(p)
     return rows
 
 
@@ -50,9 +63,8 @@ def inverted(pairs: list) -> list:
 
 
 def held_out_richest(agent: list) -> set[str]:
-    """The prompt with the most evaluated completions (the only one of the shipped run whose
-    completions can inform a gate: 48 programs, 29 failed; the other two have 8 each with 1
-    and 2 failures)."""
+    """The prompt with the most evaluated completions (one rich gate item instead of the
+    loop's several small ones)."""
     counts: dict[str, int] = {}
     for p in agent:
         if p.prompt and p.completion:
@@ -61,21 +73,26 @@ def held_out_richest(agent: list) -> set[str]:
 
 
 def trial_data(programs: list, db: Any, gate: Any, dpo: Any, seed: int, n_pairs: int,
-               holdout: str = "richest", gate_completions: int = 24
+               holdout: str = "loop", gate_completions: int = 0
                ) -> tuple[list, list, set[str]]:
     """(D_k, G_k, held-out prompts) of trial ``seed``: the held-out prompts' programs never
-    reach D_k; D_k is built by the loop's builder from the rest, shuffled and cut to
-    ``n_pairs``; G_k (``sample_gate_subset``) keeps a seeded random ``gate_completions`` of
-    each held-out prompt's completions (0: all). ``holdout``: "richest" (the default, see
-    ``held_out_richest``) or "loop" (``hold_out_prompts`` with the gate's settings)."""
+    reach D_k; D_k is built by the loop's builder from the rest, one (run, phase) at a time,
+    shuffled and cut to ``n_pairs``; G_k (``sample_gate_subset``) keeps a seeded random
+    ``gate_completions`` of each held-out prompt's completions (0: all). ``holdout``: "loop"
+    (``hold_out_prompts`` with the gate's settings, as a run does) or "richest"."""
     from atlas.dpo.gate import hold_out_prompts
     from atlas.evolution.preferences import build_pairs, failure_floor, sample_gate_subset
 
-    agent = [p for p in programs if p.source == "agent"]
+    pairable = [p for p in programs if p.source in ("agent", "supporter")]
+    agent = [p for p in pairable if p.source == "agent"]
     held = held_out_richest(agent) if holdout == "richest" else hold_out_prompts(agent, gate, seed)
-    train = [p for p in agent if p.prompt not in held]
-    pairs = build_pairs(db, train, top_k=dpo.top_k, max_pairs=dpo.max_pairs,
-                        score_threshold=None, seed=seed)
+    phases: dict[tuple[int, int], list] = defaultdict(list)
+    for p in pairable:
+        if p.prompt not in held:
+            phases[(p.id // _RUN_OFFSET, p.phase)].append(p)
+    pairs = [pr for key in sorted(phases)
+             for pr in build_pairs(db, phases[key], top_k=dpo.top_k, max_pairs=dpo.max_pairs,
+                                   score_threshold=None, seed=seed)]
     rng = random.Random(seed)
     rng.shuffle(pairs)
     pairs = pairs[:n_pairs]
@@ -111,11 +128,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         gate = dataclasses.replace(gate, max_length=args.max_length)
     agent = ResearchAgent(model_cfg, seed=0)
     start = {POLICY: get_adapter_state(agent.model, POLICY), REF: get_adapter_state(agent.model, REF)}
-    programs = load_programs(Path(args.programs))
+    programs = load_programs([Path(p) for p in args.programs])
+    # select_top_k only: the recorded programs keep the clusters their runs assigned
     db = ProgramDatabase.from_config(OmegaConf.load(ROOT / "conf" / "explore" / "default.yaml"),
                                      seed=0)
-    for p in programs:
-        db.add(p)
+    if args.lr:
+        dpo = dataclasses.replace(dpo, lr=args.lr)
     rows: list[dict[str, Any]] = []
     for t in range(args.first_seed, args.first_seed + args.trials):
         pairs, items, held = trial_data(programs, db, gate, dpo, t, args.pairs, args.holdout,
@@ -168,17 +186,20 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m atlas.bench gate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2", help="conf/model/<name>.yaml: smollm2 or tiny")
-    ap.add_argument("--programs", default=str(DATA), help="a run's programs.jsonl")
+    ap.add_argument("--programs", nargs="+", default=[str(p) for p in DATA],
+                    help="runs' programs.jsonl (default: the README's EvoTune and ATLAS bandit "
+                         "runs, seed 0)")
     ap.add_argument("--trials", type=int, default=10, help="trials per arm (seeds)")
     ap.add_argument("--first-seed", type=int, default=0, help="seed of the first trial")
-    ap.add_argument("--pairs", type=int, default=12,
-                    help="pairs per trial (a seeded random subset of D_k; the shipped run's "
-                         "phases had 17 and 24)")
-    ap.add_argument("--holdout", choices=("richest", "loop"), default="richest",
-                    help="which prompts G_k holds out of D_k: richest (the prompt with the most "
-                         "evaluated completions) or loop (hold_out_prompts, as a run does)")
-    ap.add_argument("--gate-completions", type=int, default=24,
+    ap.add_argument("--pairs", type=int, default=24,
+                    help="pairs per trial (a seeded random subset of D_k; 24 = dpo.max_pairs)")
+    ap.add_argument("--holdout", choices=("richest", "loop"), default="loop",
+                    help="which prompts G_k holds out of D_k: loop (hold_out_prompts, as a run "
+                         "does) or richest (the prompt with the most evaluated completions)")
+    ap.add_argument("--gate-completions", type=int, default=0,
                     help="completions of a held-out prompt drawn (seeded) into G_k; 0: all")
+    ap.add_argument("--lr", type=float, default=0.0,
+                    help="DPO learning rate of both arms (0: dpo.lr of conf/dpo/default.yaml)")
     ap.add_argument("--max-length", type=int, default=0,
                     help="override dpo/gate max_length (0: the defaults; tests only)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
