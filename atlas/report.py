@@ -3,6 +3,13 @@
 Everything is recomputed from the run folders' ``events.jsonl`` / ``programs.jsonl`` (via
 ``atlas.results.summarise``), so a table can be rebuilt from an archived sweep without
 re-running anything, including runs that crashed before writing ``results.json``.
+
+For a seed study it adds (statistics in ``atlas.stats``): each method's mean with a 95%
+Student-t interval, paired differences between methods on the same seeds (bootstrap and t
+95% intervals, the exact signed-rank p and the smallest p that test can give with that many
+seeds), both for the best of any source and the agent's own best, and the agent's
+valid-program rate per phase. ``--out`` receives every table as Markdown (``report.md``),
+CSV and JSON (``report.json``), plus the Figure 2 PNGs, so a study's tables can be committed.
 """
 
 from __future__ import annotations
@@ -16,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from atlas import stats
 from atlas.results import KNOBS, summarise
-from atlas.telemetry import EVENTS, read_jsonl
+from atlas.telemetry import EVENTS, PROGRAMS, dumps, read_jsonl
 
 METHOD_ORDER = ("evotune", "evodpo", "atlas")
 
@@ -45,7 +53,19 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     end = next((e for e in reversed(events) if e["event"] == "end"), None)
     meta["wall_seconds"] = end["results"].get("wall_seconds") if end else None
     meta["complete"] = end is not None
-    return summarise(run_dir, meta)
+    out = summarise(run_dir, meta)
+    out["valid_by_phase"] = valid_by_phase(read_jsonl(run_dir / PROGRAMS))
+    return out
+
+
+def valid_by_phase(programs: list[dict[str, Any]]) -> dict[int, float]:
+    """Share of the agent's programs that passed, per phase (phase k: the programs phase k
+    trains on, written by the policy after k-1 fine-tunings)."""
+    seen: dict[int, list[bool]] = defaultdict(list)
+    for p in programs:
+        if p.get("source") == "agent":
+            seen[int(p.get("phase", 0))].append(bool(p["evaluation"].get("passed")))
+    return {k: sum(v) / len(v) for k, v in sorted(seen.items()) if v}
 
 
 def score_label(task_cfg: dict[str, Any]) -> str:
@@ -121,11 +141,202 @@ def table3(runs: list[dict[str, Any]], per_trial: bool = False) -> str:
     return "\n".join(lines)
 
 
+# -- the seed study: intervals, paired differences, valid rate per phase ---------------------
+
+#: (results key, column name): the best of any source and the agent's own, as scores and as %
+STUDY_METRICS = (("final_score", "final (any source)"), ("improvement_pct", "improv. % (any)"),
+                 ("final_agent", "final (agent)"), ("improvement_agent_pct", "improv. % (agent)"))
+
+
+def _methods(rs: dict[str, Any]) -> list[str]:
+    return sorted(rs, key=lambda m: (METHOD_ORDER + (m,)).index(m))
+
+
+def study_means(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per task, method and metric: n seeds, mean, std and the 95% t interval of the mean."""
+    rows = []
+    for (task, method), rs in _group(runs).items():
+        for key, _ in STUDY_METRICS:
+            ci = stats.t_interval([r.get(key) for r in rs])
+            rows.append({"task": task, "method": method, "metric": key, **ci})
+    return rows
+
+
+def study_paired(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per task and metric, A - B for each pair of methods (later in METHOD_ORDER minus
+    earlier), over the seeds both ran: the seeds face the same hidden environments."""
+    by_task: dict[str, dict[str, dict[int, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
+    for r in runs:
+        by_task[r["task"]][r["method"]][int(r["seed"])] = r
+    rows = []
+    for task, methods in sorted(by_task.items()):
+        order = _methods(methods)
+        for key, _ in STUDY_METRICS:
+            for j, a in enumerate(order):
+                for b in order[:j]:
+                    res = stats.paired({s: r.get(key) for s, r in methods[a].items()},
+                                       {s: r.get(key) for s, r in methods[b].items()})
+                    rows.append({"task": task, "metric": key, "a": a, "b": b, **res})
+    return rows
+
+
+def study_valid(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per task, method and phase: the agent's valid-program rate, mean and t interval."""
+    rows = []
+    for (task, method), rs in _group(runs).items():
+        phases = sorted({k for r in rs for k in r.get("valid_by_phase", {})})
+        for k in phases:
+            ci = stats.t_interval([r["valid_by_phase"].get(k) for r in rs])
+            rows.append({"task": task, "method": method, "phase": k, **ci})
+    return rows
+
+
+def _g(v: Any, fmt: str = ".4g") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return format(v, fmt)
+
+
+def _ci(row: dict[str, Any], lo: str = "lo", hi: str = "hi") -> str:
+    return f"[{_g(row[lo])}, {_g(row[hi])}]" if not math.isnan(row[lo]) else "-"
+
+
+def study_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The study's tables as (title, header, rows of cells): printed, and written as
+    Markdown and CSV by ``write_outputs``."""
+    labels = {m: lab for m, lab in STUDY_METRICS}
+    means = [[r["task"], r["method"], labels[r["metric"]], str(r["n"]), _g(r["mean"]),
+              _g(r["std"], ".2g"), _ci(r)] for r in study_means(runs)]
+    paired_rows = study_paired(runs)
+    p_floor = sorted({r["p_min"] for r in paired_rows if r["n"]})
+    paired = [[r["task"], labels[r["metric"]], f"{r['a']} - {r['b']}", str(r["n"]),
+               _g(r["mean"]), _ci(r, "boot_lo", "boot_hi"), _ci(r, "t_lo", "t_hi"),
+               f"{r['wins']}/{r['losses']}", _g(r["p_signed_rank"], ".3g"), _g(r["p_min"], ".3g")]
+              for r in paired_rows]
+    valid = [[r["task"], r["method"], str(r["phase"]), str(r["n"]), _g(r["mean"], ".3f"), _ci(r)]
+             for r in study_valid(runs)]
+    floor = ", ".join(_g(p, ".4g") for p in p_floor) or "-"
+    return [
+        ("Means with 95% Student-t intervals over seeds (mean +- t(0.975, n-1) s/sqrt(n))",
+         ["task", "method", "metric", "n", "mean", "std", "95% CI (t)"], means),
+        ("Paired differences A - B on the same seeds (same hidden environments): bootstrap "
+         f"percentile 95% CI ({stats.RESAMPLES} resamples) and paired t 95% CI; wins/losses: "
+         "seeds with A > B / A < B; exact two-sided Wilcoxon signed-rank p and the smallest p "
+         f"it can give with n non-zero pairs ({floor} here): no p below that floor exists, so "
+         "these are not claims of significance at 0.05",
+         ["task", "metric", "A - B", "n", "mean diff", "95% CI (bootstrap)", "95% CI (t)",
+          "wins/losses", "p (signed-rank)", "min p"], paired),
+        ("Valid-program rate of the agent per phase (phase k: written by the policy after k-1 "
+         "fine-tunings), mean over seeds with 95% t CI",
+         ["task", "method", "phase", "n", "valid rate", "95% CI (t)"], valid),
+    ]
+
+
+def _text(title: str, header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([title, line(header), *(line(r) for r in rows)])
+
+
+def _markdown(title: str, header: list[str], rows: list[list[str]]) -> str:
+    esc = lambda c: c.replace("|", "\\|")  # noqa: E731
+    return "\n".join([f"**{title}**", "", "| " + " | ".join(header) + " |",
+                       "|" + "---|" * len(header),
+                       *("| " + " | ".join(esc(c) for c in r) + " |" for r in rows)])
+
+
+def classic_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """Tables 2, 3 and 5 as (title, header, rows) for the Markdown/CSV files (the printed
+    versions are ``table2`` and ``table3``)."""
+    t2 = []
+    for (task, method), rs in _group(runs).items():
+        cells = [task, method, str(len(rs))]
+        for key in ("initial_score", "final_score", "improvement_pct", "final_agent",
+                    "improvement_agent_pct"):
+            m, sd, _ = _mean_std([r.get(key) for r in rs])
+            cells.append(f"{_g(m)} +- {_g(sd, '.2g')}")
+        cells.append(",".join(sorted({str(r["candidates"]) for r in rs})))
+        t2.append(cells)
+    t3, t5 = [], []
+    for (task, method), rs in _group(runs).items():
+        cells = [task, method]
+        for k in KNOBS:
+            m, _, _ = _mean_std([r["intervention_rates"][k] for r in rs])
+            cells.append("-" if math.isnan(m) else f"{100 * m:.1f}%")
+        m, _, _ = _mean_std([r["accept_rate"] for r in rs])
+        t3.append(cells + ["-" if math.isnan(m) else f"{100 * m:.1f}%"])
+        for r in sorted(rs, key=lambda r: r["seed"]):
+            n = r["phases_trained"]
+            t5.append([task, method, str(r["seed"]), *(f"{r['interventions'][k]}/{n}" for k in KNOBS),
+                       f"{r['promotions']}/{n}" if r["accept_rate"] is not None else "-"])
+    return [
+        ("Table 2: best score, mean +- std over seeds (final: any source; agent: the agent's own)",
+         ["task", "method", "seeds", "initial", "final", "improv. %", "final agent",
+          "agent improv. %", "candidates"], t2),
+        ("Table 3: strategist intervention rate per knob and inspector accept rate, mean over seeds",
+         ["task", "method", *KNOBS, "accept_rate"], t3),
+        ("Table 5: per trial (interventions / trained phases, promotions / trained phases)",
+         ["task", "method", "seed", *KNOBS, "accept_rate"], t5),
+    ]
+
+
+CSV_NAMES = ("table2", "table3", "table5", "means_ci", "paired", "valid_by_phase")
+
+
+def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]) -> list[Path]:
+    """``report.md`` (every table), one CSV per table and ``report.json`` (per-run records
+    and the study's numbers unrounded) into ``out_dir``."""
+    import csv
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tables = classic_tables(runs) + study_tables(runs)
+    written = []
+    for name, (_, header, rows) in zip(CSV_NAMES, tables):
+        path = out_dir / f"{name}.csv"
+        with path.open("w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(header)
+            w.writerows(rows)
+        written.append(path)
+    md = ["# Study report", "",
+          f"{len(runs)} runs; regenerate with `python -m atlas.report <run folders> --out <this folder>`.",
+          ""]
+    for table in tables:
+        md += [_markdown(*table), ""]
+    md += [f"![{f.stem}]({f.name})" for f in figures if f.parent.resolve() == out_dir.resolve()]
+    (out_dir / "report.md").write_text("\n".join(md) + "\n")
+    written.append(out_dir / "report.md")
+    keep = ("task", "method", "seed", "complete", "wall_seconds", "score_label", "candidates",
+            "initial_score", "final_score", "improvement_pct", "final_agent",
+            "improvement_agent_pct", "valid_rate", "valid_by_phase", "best_by_round",
+            "best_by_round_agent", "phases", "phases_trained", "promotions", "accept_rate",
+            "interventions")
+    doc = {"runs": [{k: r.get(k) for k in keep} | {"run": Path(r["run_dir"]).name} for r in runs],
+           "means": study_means(runs), "paired": study_paired(runs), "valid_by_phase": study_valid(runs)}
+    (out_dir / "report.json").write_text(dumps(doc) + "\n")
+    written.append(out_dir / "report.json")
+    return written
+
+
+def _band(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per column: mean over the finite rows and its 95% t interval (NaN where n < 2)."""
+    from scipy.stats import t
+
+    n = np.sum(np.isfinite(arr), axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.nanmean(np.where(np.isfinite(arr), arr, np.nan), axis=0) if arr.size else arr
+        std = np.array([np.nanstd(c, ddof=1) if k > 1 else np.nan for c, k in zip(arr.T, n)])
+        half = np.where(n > 1, t.ppf(0.975, np.maximum(n - 1, 1)) * std / np.sqrt(np.maximum(n, 1)),
+                        np.nan)
+    return mean, mean - half, mean + half
+
+
 def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """Best-so-far score per round, mean and std band over seeds, one PNG per task: solid
-    lines are the best of any source, dashed lines the agent's own programs (and the seed).
-    A score labelled "-X" that is never positive is drawn as X on a log axis (lower is
-    better), e.g. PINN's "-validation loss"."""
+    """Best-so-far score per round, one PNG per task with two panels: the best of any source
+    (agent, supporter, seed) and the agent's own programs (and the seed). Each method: the
+    mean over seeds and its 95% t band. A score labelled "-X" that is never positive is drawn
+    as X on a log axis (lower is better), e.g. PINN's "-validation loss"."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -143,9 +354,10 @@ def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         values = [v for rs in methods.values() for r in rs for v in r["best_by_round"]
                   if v is not None]
         negated = label.startswith("-") and bool(values) and max(values) < 0
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for ci, method in enumerate(sorted(methods, key=lambda m: (METHOD_ORDER + (m,)).index(m))):
-            for key, style in (("best_by_round", "-"), ("best_by_round_agent", "--")):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+        for ax, key, who in ((axes[0], "best_by_round", "any source"),
+                             (axes[1], "best_by_round_agent", "agent only")):
+            for ci, method in enumerate(_methods(methods)):
                 curves = [r.get(key) for r in methods[method] if r.get(key)]
                 if not curves:
                     continue
@@ -153,22 +365,22 @@ def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
                 arr = np.full((len(curves), length), np.nan)
                 for i, c in enumerate(curves):
                     arr[i, : len(c)] = [np.nan if v is None else v for v in c]
-                y = -arr if negated else arr
-                mean, std = np.nanmean(y, axis=0), np.nanstd(y, axis=0)
+                mean, lo, hi = _band(-arr if negated else arr)
                 x = np.arange(length)
-                who = "any source" if style == "-" else "agent only"
-                ax.plot(x, mean, style, color=f"C{ci}",
-                        label=f"{method}, {who} (n={len(curves)})")
-                if style == "-":
-                    ax.fill_between(x, mean - std, mean + std, alpha=0.2, color=f"C{ci}")
+                color = f"C{METHOD_ORDER.index(method) if method in METHOD_ORDER else 3 + ci}"
+                ax.plot(x, mean, "-", color=color, label=f"{method} (n={len(curves)})")
+                if negated:  # a band reaching <= 0 cannot be drawn on the log axis
+                    lo = np.where(lo > 0, lo, np.nan)
+                ax.fill_between(x, lo, hi, alpha=0.2, color=color, linewidth=0)
+            ax.set_title(f"{task}: best so far, {who}")
+            ax.set_xlabel("round")
+            ax.legend(fontsize=8)
         if negated:
-            ax.set_yscale("log")
-            ax.set_ylabel(f"{label[1:].strip()} (lower is better)")
+            axes[0].set_yscale("log")
+            axes[0].set_ylabel(f"{label[1:].strip()} (lower is better)")
         else:
-            ax.set_ylabel(f"best {label} (higher is better)")
-        ax.set_xlabel("round")
-        ax.set_title(f"Figure 2: {task}")
-        ax.legend()
+            axes[0].set_ylabel(f"best {label} (higher is better)")
+        fig.suptitle(f"Figure 2: {task}, mean over seeds with 95% t band")
         fig.tight_layout()
         path = out_dir / f"figure2_{task}.png"
         fig.savefig(path, dpi=120)
@@ -180,7 +392,8 @@ def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m atlas.report", description=__doc__)
     parser.add_argument("dirs", nargs="+", type=Path, help="multirun or run folders")
-    parser.add_argument("--out", type=Path, default=None, help="where PNGs go (default: first dir)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where the PNGs, report.md, the CSVs and report.json go (default: first dir)")
     args = parser.parse_args(argv)
     for d in args.dirs:
         if not d.exists():
@@ -203,7 +416,11 @@ def main(argv: list[str] | None = None) -> None:
     print(table2(runs), end="\n\n")
     print(table3(runs), end="\n\n")
     print(table3(runs, per_trial=True), end="\n\n")
-    for path in figure2(runs, args.out or args.dirs[0]):
+    for table in study_tables(runs):
+        print(_text(*table), end="\n\n")
+    out = args.out or args.dirs[0]
+    figures = figure2(runs, out)
+    for path in figures + write_outputs(runs, out, figures):
         print(f"wrote {path}")
 
 

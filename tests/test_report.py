@@ -165,6 +165,113 @@ def test_report_errors_name_the_folder_and_the_fix(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "could be read" in proc.stderr and "no config event" in proc.stderr
 
 
+# -- a synthetic seed study: intervals, paired differences, files ---------------------------
+
+T4 = 2.7764451051977987  # t(0.975, df=4)
+EVOTUNE_FINALS = [-0.50, -0.45, -0.55, -0.40, -0.60]
+ATLAS_GAIN = [0.10, 0.05, 0.20, 0.15, 0.05]      # the agent's own best over EvoTune's, per seed
+EVODPO_GAIN = [0.01, 0.02, 0.03, -0.05, 0.04]
+
+
+@pytest.fixture
+def study_runs(tmp_path: Path) -> Path:
+    """3 methods x 5 seeds of bandit, all from -0.6. Per seed: round 1 writes -0.65 (below the seed) and a
+    failed program (EvoTune seed 4: three failed), round 2 the final. ATLAS seed 0 also has a
+    supporter program at -0.2: its any-source final is -0.2, its agent-only final -0.4."""
+    root = tmp_path / "multirun" / "study"
+    for seed in range(5):
+        for method, gain in (("evotune", 0.0), ("evodpo", EVODPO_GAIN[seed]),
+                             ("atlas", ATLAS_GAIN[seed])):
+            failed = [None, None, None] if (method, seed) == ("evotune", 4) else [None]
+            run = write_run(root, "bandit", method, seed, -0.6,
+                            [[-0.65, *failed], [EVOTUNE_FINALS[seed] + gain]], [])
+            if (method, seed) == ("atlas", 0):
+                with (run / PROGRAMS).open("a") as fh:
+                    fh.write(json.dumps(_program(99, 2, -0.2, "supporter")) + "\n")
+    return root
+
+
+def _t_ci(xs: list[float]) -> tuple[float, float]:
+    n, mean = len(xs), sum(xs) / len(xs)
+    half = T4 * math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def test_study_statistics_by_hand_and_the_files_written(study_runs: Path, tmp_path: Path) -> None:
+    import csv
+
+    out = tmp_path / "study"
+    text = _cli("atlas.report", str(study_runs), "--out", str(out)).stdout
+    assert "15 runs (0 incomplete)" in text
+    doc = json.loads((out / "report.json").read_text())
+    means = {(r["method"], r["metric"]): r for r in doc["means"]}
+    # EvoTune's finals: mean -0.5, s = sqrt(0.025/4) = 0.0790569, half = 2.77645 * s / sqrt(5) = 0.0981622
+    evo = means[("evotune", "final_score")]
+    assert evo["n"] == 5 and evo["mean"] == pytest.approx(-0.5)
+    assert (evo["lo"], evo["hi"]) == pytest.approx((-0.5981622, -0.4018378), abs=1e-6)
+    # ATLAS's agent-only and any-source finals differ only on seed 0 (-0.4 vs -0.2)
+    assert means[("atlas", "final_agent")]["mean"] == pytest.approx(-0.5 + 0.11)
+    assert means[("atlas", "final_score")]["mean"] == pytest.approx(-0.5 + 0.15)
+
+    paired = {(r["metric"], r["a"], r["b"]): r for r in doc["paired"]}
+    # agent only, ATLAS - EvoTune: diffs 0.10 0.05 0.20 0.15 0.05 -> mean 0.11,
+    # s = sqrt(0.017/4) = 0.0651920, t CI 0.11 -+ 0.0809466; all 5 positive -> p = 2/32
+    agent = paired[("final_agent", "atlas", "evotune")]
+    assert agent["n"] == 5 and agent["diffs"] == pytest.approx(ATLAS_GAIN)
+    assert agent["mean"] == pytest.approx(0.11)
+    assert (agent["t_lo"], agent["t_hi"]) == pytest.approx((0.0290534, 0.1909466), abs=1e-6)
+    assert (agent["t_lo"], agent["t_hi"]) == pytest.approx(_t_ci(ATLAS_GAIN))
+    assert 0.05 <= agent["boot_lo"] < 0.11 < agent["boot_hi"] <= 0.20
+    assert agent["p_signed_rank"] == pytest.approx(0.0625) and agent["p_min"] == 0.0625
+    assert (agent["wins"], agent["losses"]) == (5, 0)
+    # any source: seed 0's diff is 0.30 (the supporter's -0.2) -> mean 0.15, s = sqrt(0.045/4)
+    anysrc = paired[("final_score", "atlas", "evotune")]
+    assert anysrc["mean"] == pytest.approx(0.15)
+    assert (anysrc["t_lo"], anysrc["t_hi"]) == pytest.approx((0.0183016, 0.2816984), abs=1e-6)
+    # EvoDPO - EvoTune: diffs 0.01 0.02 0.03 -0.05 0.04 (|d| ranks 1 2 3 5 4) -> W+ = 10 of 15 -> p = 20/32
+    dpo = paired[("final_score", "evodpo", "evotune")]
+    assert dpo["mean"] == pytest.approx(0.01) and dpo["p_signed_rank"] == pytest.approx(0.625)
+    assert (dpo["wins"], dpo["losses"]) == (4, 1)
+    # improvement %: (final - (-0.6)) / 0.6 * 100, so its diffs are the final diffs / 0.006
+    imp = paired[("improvement_agent_pct", "atlas", "evotune")]
+    assert imp["mean"] == pytest.approx(0.11 / 0.006)
+    assert {(r["a"], r["b"]) for r in doc["paired"]} == {
+        ("evodpo", "evotune"), ("atlas", "evotune"), ("atlas", "evodpo")}
+
+    # valid rate per phase (the agent's programs): phase 1 is 1/2 except EvoTune seed 4 (1/4)
+    valid = {(r["method"], r["phase"]): r for r in doc["valid_by_phase"]}
+    v1 = valid[("evotune", 1)]
+    assert v1["mean"] == pytest.approx(0.45)
+    assert (v1["lo"], v1["hi"]) == pytest.approx(_t_ci([0.5, 0.5, 0.5, 0.5, 0.25]))
+    assert valid[("atlas", 2)]["mean"] == 1.0 and valid[("atlas", 1)]["mean"] == 0.5
+
+    # the printed tables say the 5-seed floor instead of claiming p < 0.05
+    assert "smallest p it can give with n non-zero pairs (0.0625 here)" in text
+    row = next(line.split() for line in text.splitlines()
+               if "final (agent)" in line and "atlas - evotune" in line)
+    assert row[-2:] == ["0.0625", "0.0625"]
+
+    # the files: CSV per table, report.md with every table and the figure, report.json
+    for name in ("table2", "table3", "table5", "means_ci", "paired", "valid_by_phase"):
+        with (out / f"{name}.csv").open() as fh:
+            rows = list(csv.reader(fh))
+        assert len(rows) > 1, name
+    with (out / "paired.csv").open() as fh:
+        prow = next(r for r in csv.DictReader(fh)
+                    if r["metric"] == "final (agent)" and r["A - B"] == "atlas - evotune")
+    assert prow["n"] == "5" and prow["mean diff"] == "0.11" and prow["p (signed-rank)"] == "0.0625"
+    with (out / "table5.csv").open() as fh:
+        assert len(list(csv.DictReader(fh))) == 15  # one row per trial
+    md = (out / "report.md").read_text()
+    for title in ("Table 2", "Table 3", "Table 5", "Means with 95% Student-t", "Paired differences",
+                  "Valid-program rate"):
+        assert f"**{title}" in md
+    assert "| bandit | atlas | final (agent) | 5 | -0.39 |" in md
+    assert "![figure2_bandit](figure2_bandit.png)" in md
+    assert (out / "figure2_bandit.png").read_bytes()[:8] == PNG_MAGIC
+    assert {r["run"] for r in doc["runs"]} == {f"bandit_{m}_s{s}" for m in METHODS for s in range(5)}
+
+
 # -- the real sweep: CLI, notebook, export --------------------------------------------------
 
 def test_report_on_a_real_sweep_matches_each_runs_results(sweep: Path, tmp_path: Path) -> None:

@@ -341,8 +341,10 @@ class Sandbox:
             raise ValueError(f"score_range={score_range!r} is invalid: use (low, high), low <= high")
         self.runner_factory, self.score_range, self.fork_safe = runner_factory, (lo, hi), fork_safe
         self.secret = secret if secret is not None else secrets.token_hex(32)
+        # absolute: the runner's guard resolves them after it chdirs into its workdir, so a
+        # relative path (sandbox.secret_file=docs/...) would mask the wrong file
         #: paths masked inside bubblewrap (the run folder holding the secret, the secret file)
-        self.hide = [str(p) for p in (hide or [])]
+        self.hide = [os.path.abspath(p) for p in (hide or [])]
         #: what is really active ("bwrap" or "rlimits+guard") and, if degraded, why
         self.isolation, self.isolation_reason = resolve_isolation(isolation)
         self._slots: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
