@@ -130,12 +130,17 @@ def _unknown(node: Mapping[str, Any], known: dict[str, Any], path: str) -> None:
 def check_known_keys(cfg: DictConfig) -> None:
     """ConfigError naming the first key that no option of ``conf/`` defines.
 
-    A task with ``_target_`` may come from another package's config folder: its class checks
-    its own fields (``Task(**cfg.task)`` fails naming an unknown one), not this schema.
+    A task or logger with its own ``_target_`` may come from another package's config folder:
+    its class checks its own fields (``Task(**cfg.task)`` fails naming an unknown one), not
+    this schema.
     """
+    from atlas.loggers import WANDB_TARGET
+
     node = OmegaConf.to_container(cfg, resolve=False)
     if isinstance(node.get("task"), Mapping) and "_target_" in node["task"]:
         node = {k: v for k, v in node.items() if k != "task"}
+    if node.get("logger", {}).get("_target_", WANDB_TARGET) != WANDB_TARGET:
+        node = {k: v for k, v in node.items() if k != "logger"}  # its factory checks its fields
     _unknown(node, schema(), "")
 
 

@@ -6,9 +6,7 @@ a summary. The algorithm lives in ``atlas.loop``.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from atlas.config import validate
 from atlas.interrupt import Terminated, stop_on_sigterm
+from atlas.loggers import finish_logger, make_logger
 from atlas.runfolder import prepare
 
 log = logging.getLogger("atlas.train")
@@ -25,47 +24,6 @@ log = logging.getLogger("atlas.train")
 # "_<overrides>" when a sweep job has overrides beyond task/method/seed, else "" (run folder names)
 if not OmegaConf.has_resolver("atlas.suffix"):
     OmegaConf.register_new_resolver("atlas.suffix", lambda s: f"_{s}" if s else "")
-
-
-def make_logger(cfg: DictConfig, run_dir: Path) -> Any:
-    """Lightning's W&B logger, offline unless configured otherwise; one W&B run per job,
-    grouped by the sweep folder so a multirun shows up as one group."""
-    if cfg.logger.name == "none":
-        return None
-    os.environ.setdefault("WANDB_MODE", str(cfg.logger.mode))
-    os.environ.setdefault("WANDB_SILENT", "true")
-    from lightning.pytorch.loggers import WandbLogger
-
-    group = cfg.logger.group or _sweep_group()
-    # the run folder fixes the W&B run id, so a resumed job continues its W&B run
-    run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
-    return WandbLogger(project=cfg.logger.project, entity=cfg.logger.entity, group=group,
-                       name=run_dir.name, save_dir=str(run_dir), job_type=cfg.method.name,
-                       config=OmegaConf.to_container(cfg, resolve=True), id=run_id,
-                       resume="allow", offline=os.environ["WANDB_MODE"] == "offline")
-
-
-def _sweep_group() -> str | None:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        hc = HydraConfig.get()
-        if hc.mode == RunMode.MULTIRUN:
-            return Path(hc.sweep.dir).name
-    except ValueError:  # not running under Hydra (tests call run() directly)
-        pass
-    return None
-
-
-def finish_logger(logger: Any, status: str = "success") -> None:
-    """Close this job's W&B run. Hydra's basic launcher runs a sweep's jobs one after another
-    in ONE process: without ``wandb.finish`` the next job would log into this job's run."""
-    if logger is not None:
-        import wandb
-
-        logger.finalize(status)
-        wandb.finish(exit_code=0 if status == "success" else 1)
 
 
 def summary(results: dict[str, Any]) -> str:

@@ -179,3 +179,19 @@ def test_cli_config_errors_are_one_line_without_a_traceback(tmp_path) -> None:
                                "key added with `+explore.roundz=...` is read by nothing)")
                for line in out.stderr.splitlines()), out.stderr
     assert not (tmp_path / "run" / "events.jsonl").exists()
+
+
+def test_logger_is_built_from_its_target_and_a_bad_target_names_the_field(tmp_path) -> None:
+    """logger=wandb instantiates its `_target_` factory; logger=none builds nothing; an
+    unimportable `_target_` fails naming `logger._target_` (tests/test_wandb.py runs the W&B
+    path end to end, tests/test_task_contract.py a package's own CSV logger)."""
+    from atlas.loggers import make_logger
+
+    none = compose_cfg(["experiment=test"], run_dir=tmp_path)
+    assert none.logger.name == "none" and make_logger(none, tmp_path) is None
+    wb = compose_cfg(["experiment=test", "logger=wandb"], run_dir=tmp_path)
+    assert wb.logger._target_ == "atlas.loggers.wandb_logger"
+    bad = compose_cfg(["experiment=test", "logger=wandb", "logger._target_=nopkg.Logger"],
+                      run_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"logger._target_='nopkg.Logger' cannot be imported"):
+        make_logger(bad, tmp_path)

@@ -152,8 +152,12 @@ def test_external_task_trains_end_to_end(tmp_path: Path) -> None:
     proc = _train(tmp_path, "experiment=test", "method=atlas", "progress=false",
                   "explore.rounds=1", "explore.phase_every=1", "explore.samples_per_prompt=2",
                   "task.noise=0.25", "task.problems=3", f"hydra.run.dir={run_dir}",
-                  f"sandbox.secret_file={tmp_path / 'secret'}")
+                  f"sandbox.secret_file={tmp_path / 'secret'}",
+                  "logger=csv")  # the package's own logger (linefit/conf/logger/csv.yaml)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # the logger came from the package's config folder, built by _target_: its CSV has rounds
+    metrics = (run_dir / "csv" / "version_0" / "metrics.csv").read_text().splitlines()
+    assert "round/best" in metrics[0].split(",") and len(metrics) >= 3
     results = json.loads((run_dir / "results.json").read_text())
     assert results["task"] == "linefit" and results["score_label"] == "-MSE"
     expected = _seed_score(secret, problems=3, points=64, noise=0.25)

@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("evotune", "evodpo", "atlas")
 SEEDS = (0, 1)
 SWEEP_NAME = "wb_sweep"
-# experiment=test sets logger.name=none, so logger.name=wandb is needed besides logger=wandb
-SWEEP_OVERRIDES = ["experiment=test", "logger=wandb", "logger.name=wandb",
+# experiment=test picks logger=none; the command line's logger=wandb wins
+SWEEP_OVERRIDES = ["experiment=test", "logger=wandb",
                    f"method={','.join(METHODS)}", f"seed={','.join(map(str, SEEDS))}",
                    "explore.rounds=2", "explore.phase_every=1", "progress=false",
                    # a 4x cheaper bandit evaluation: the sweep takes ~25 s instead of ~80 s
