@@ -67,9 +67,10 @@ def test_bandit_attack_gets_a_failure_or_an_honest_score(bandit, path):
     sb, task, seed_score, honest, secret_path, secret = bandit
     code = path.read_text().replace("SECRET_PATH", str(secret_path))
     code = code.replace("SECRET_VALUE", secret)
-    ev = sb.evaluate(code, {"round": 1})
-    assert not ev.passed or ev.score == honest, (path.stem, ev)
-    assert ev.failure_kind != FailureKind.OK.value or ev.passed
+    for _ in range(2):  # the second run would find whatever the first left for it
+        ev = sb.evaluate(code, {"round": 1})
+        assert not ev.passed or ev.score == honest, (path.stem, ev)
+        assert ev.failure_kind != FailureKind.OK.value or ev.passed
     after = sb.evaluate(task.seed_program(), {"round": 1})
     assert after.passed and after.score == seed_score, (path.stem, after)
     probe = sb.evaluate(PROBE, {"round": 1})
@@ -86,6 +87,43 @@ def test_exotic_returns_are_classified(bandit):
     assert kinds == {"nan_return": "wrong_return", "huge_int": "wrong_return",
                      "bool_return": "wrong_return", "exotic_index_eq": "wrong_return",
                      "exotic_numpy_subclass": "wrong_return"}
+
+
+def test_malformed_frames_are_tampered_not_a_scorer_crash(bandit):
+    sb = bandit[0]
+    ev = sb.evaluate((ATTACKS / "bandit" / "deep_json_nesting.py").read_text(), {"round": 1})
+    assert ev.failure_kind == FailureKind.TAMPERED.value, ev
+
+
+BINPACKING_ATTACKS = sorted((ATTACKS / "binpacking").glob("*.py"))
+
+
+@pytest.fixture(scope="module", params=MODES)
+def binpacking(request, tmp_path_factory):
+    from atlas.tasks.binpacking import BinPackingTask
+
+    run_dir = tmp_path_factory.mktemp("attack-run-bp")
+    secret = run_secret(run_dir)
+    task = BinPackingTask(weibull_count=2, weibull_items=300, audit_steps=16)
+    with Sandbox.for_task(task, secret=secret, workers=1, isolation=request.param,
+                          hide=[str(run_dir)]) as sb:
+        seed = sb.evaluate(task.seed_program(), task.context(1))
+        assert seed.passed and seed.score < 0, seed
+        yield sb, task, seed.score
+
+
+@pytest.mark.parametrize("path", BINPACKING_ATTACKS, ids=lambda p: p.stem)
+def test_binpacking_attack_gets_a_failure_or_an_honest_score(binpacking, path):
+    """Every binpacking attack falls back to best fit (the seed): its honest score is the
+    seed's; a better one means it packed with knowledge an online priority cannot have."""
+    sb, task, seed_score = binpacking
+    code = path.read_text()
+    for _ in range(2):
+        ev = sb.evaluate(code, task.context(1))
+        assert not ev.passed or ev.score == seed_score, (path.stem, ev)
+        assert ev.failure_kind != FailureKind.OK.value or ev.passed
+    after = sb.evaluate(task.seed_program(), task.context(1))
+    assert after.passed and after.score == seed_score, (path.stem, after)
 
 
 def test_secret_is_stable_per_run_folder_and_hidden_environments_differ(tmp_path):
