@@ -67,9 +67,9 @@ def test_bandit_attack_gets_a_failure_or_an_honest_score(bandit, path):
     sb, task, seed_score, honest, secret_path, secret = bandit
     code = path.read_text().replace("SECRET_PATH", str(secret_path))
     code = code.replace("SECRET_VALUE", secret)
-    for _ in range(2):  # the second run would find whatever the first left for it
+    for run in range(2):  # the second run would find whatever the first left for it
         ev = sb.evaluate(code, {"round": 1})
-        assert not ev.passed or ev.score == honest, (path.stem, ev)
+        assert not ev.passed or ev.score == honest, (path.stem, run, ev)
         assert ev.failure_kind != FailureKind.OK.value or ev.passed
     after = sb.evaluate(task.seed_program(), {"round": 1})
     assert after.passed and after.score == seed_score, (path.stem, after)

@@ -41,7 +41,10 @@ def _leaked():
     return found
 
 
+_SEEN = []  # once per process: the environments are played in lockstep in one runner
+
+
 def policy(contexts, history, t, state):
-    if "leaked" not in state:
-        state["leaked"] = _leaked()
-    return 1 if state["leaked"] else 0
+    if not _SEEN:
+        _SEEN.append(_leaked())
+    return 1 if _SEEN[0] else 0
