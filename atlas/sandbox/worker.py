@@ -217,6 +217,9 @@ class Worker:
     def evaluate(self, code: str, context: dict[str, Any]) -> tuple[Evaluation, str]:
         runner, self.spare = self.spare or self.spawn(), None
         workdir = tempfile.mkdtemp(prefix="cand-", dir=self.scratch)
+        # under bubblewrap a runner has this process's uid: what it adds to our own directory
+        # (kept by the sweep below) goes too, where Landlock is missing
+        ours = {os.path.join(self.base, n) for n in os.listdir(self.base)}
         try:
             runner.link.recv()  # "ready": the task's runner has warmed up
             nonce = secrets.token_hex(16)
@@ -244,6 +247,7 @@ class Worker:
             output = runner.sink.text()
             os.close(runner.out_r)
             _sweep(self.scratch, {self.base, *self.frozen.dirs})
+            _sweep(self.base, ours)
             self.frozen.restore()
             if self.scratch == "/tmp":
                 _sweep("/dev/shm", set())
