@@ -126,6 +126,17 @@ def test_binpacking_attack_gets_a_failure_or_an_honest_score(binpacking, path):
     assert after.passed and after.score == seed_score, (path.stem, after)
 
 
+@pytest.mark.xfail(strict=True, reason="known hole: the Weibull instances are public (task "
+                   "config), so a pure priority can carry an offline packing of them; needs "
+                   "instances derived from the run secret in the scorer, as bandit's envs are")
+@pytest.mark.parametrize("path", sorted((ATTACKS / "binpacking_known").glob("*.py")),
+                         ids=lambda p: p.stem)
+def test_binpacking_known_hole_public_instances(binpacking, path):
+    sb, task, seed_score = binpacking
+    ev = sb.evaluate(path.read_text(), task.context(1))
+    assert not ev.passed or ev.score == seed_score, (path.stem, ev)
+
+
 def test_secret_is_stable_per_run_folder_and_hidden_environments_differ(tmp_path):
     first = run_secret(tmp_path / "a")
     assert run_secret(tmp_path / "a") == first
