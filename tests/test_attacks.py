@@ -198,3 +198,26 @@ def test_pinn_attacks_get_a_failure_or_an_honest_score_and_leave_the_seed_alone(
             after = sb.evaluate(task.seed_program(), ctx)
             assert after.passed and after.score == seed.score, (path.stem, after)
             assert after.metrics["val_loss"] == seed.metrics["val_loss"], path.stem
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="known hole: training runs in the candidate's process, "
+                   "so a program can change how it is trained (here 4x the steps); the scorer "
+                   "only sees parameters. Needs the loss exported (jax.export) and trained in "
+                   "a process that runs no candidate Python")
+def test_pinn_known_hole_training_in_the_candidate_process():
+    pytest.importorskip("jax")
+    from atlas.tasks.pinn import PinnTask
+
+    task = PinnTask(**PINN_SMALL)
+    ctx = task.context(2)
+    mode = "bwrap" if probe_bwrap()[0] else "rlimits"
+    with Sandbox.for_task(task, workers=1, isolation=mode, memory_mb=3072) as sb:
+        seed = sb.evaluate(task.seed_program(), ctx)
+        assert seed.passed, seed
+        for path in sorted((ATTACKS / "pinn_known").glob("*.py")):
+            ev = sb.evaluate(path.read_text(), ctx)
+            after = sb.evaluate(task.seed_program(), ctx)
+            assert after.passed and after.score == seed.score, (path.stem, after)
+            assert not ev.passed or ev.metrics["val_loss"] == pytest.approx(
+                seed.metrics["val_loss"], rel=1e-5), (path.stem, ev)
