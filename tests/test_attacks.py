@@ -89,9 +89,11 @@ def test_exotic_returns_are_classified(bandit):
                      "exotic_numpy_subclass": "wrong_return"}
 
 
-def test_malformed_frames_are_tampered_not_a_scorer_crash(bandit):
+@pytest.mark.parametrize("name", ["deep_json_nesting", "out_of_order_done", "error_kind_ok",
+                                  "error_kind_unhashable", "nan_infinity_tokens"])
+def test_malformed_frames_are_tampered_not_a_scorer_crash(bandit, name):
     sb = bandit[0]
-    ev = sb.evaluate((ATTACKS / "bandit" / "deep_json_nesting.py").read_text(), {"round": 1})
+    ev = sb.evaluate((ATTACKS / "bandit" / f"{name}.py").read_text(), {"round": 1})
     assert ev.failure_kind == FailureKind.TAMPERED.value, ev
 
 
