@@ -77,6 +77,33 @@ def test_bandit_attack_gets_a_failure_or_an_honest_score(bandit, path):
     assert probe.passed, (path.stem, probe.message)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_hidden_paths_stay_unreadable_when_permissions_allow(mode):
+    """The rlimits mode without root runs the candidate as the secret's owner: model that by
+    making the run folder and the secret world-readable; the secret must still not be read."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="atlas-attack-"))  # every parent traversable
+    run_dir = base / "run"
+    secret = run_secret(run_dir)
+    for p in (base, run_dir):
+        os.chmod(p, 0o755)
+    os.chmod(run_dir / SECRET_FILE, 0o644)
+    task = BanditTask(T=50, env_seeds=[0, 1])
+    code = (ATTACKS / "bandit" / "secret_unguarded.py").read_text()
+    code = code.replace("SECRET_PATH", str(run_dir / SECRET_FILE)).replace("SECRET_VALUE",
+                                                                          secret)
+    try:
+        with Sandbox.for_task(task, secret=secret, workers=1, isolation=mode,
+                              hide=[str(run_dir)]) as sb:
+            arm0 = sb.evaluate(ARM0, {"round": 1})
+            ev = sb.evaluate(code, {"round": 1})
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert arm0.passed and ev.passed and ev.score == arm0.score, ev
+
+
 def test_exotic_returns_are_classified(bandit):
     sb = bandit[0]
     kinds = {p.stem: sb.evaluate(p.read_text(), {"round": 1}).failure_kind

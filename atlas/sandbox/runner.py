@@ -110,7 +110,7 @@ def _run_one(spec: dict[str, Any], link: Link) -> None:
     cpu_used = sum(os.times()[:2])
     limit_candidate_process(int(spec["memory_mb"]), cpu_used + float(spec["timeout_s"]))
     install_seccomp()
-    restrict_writes(workdir)  # after seccomp: it needs no_new_privs
+    restrict_writes(workdir, spec.get("hide") or ())  # after seccomp: needs no_new_privs
     seed_candidate_rngs(code, context)
     guard = Guard(workdir, protected_fds=(link.read_fd, link.write_fd),
                   hidden=spec.get("hide") or ())
