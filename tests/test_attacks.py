@@ -1,10 +1,13 @@
 """Regression corpus of attacks on the sandbox's trusted/untrusted split (issue 12).
 
 Each program in ``tests/attacks/<task>/`` attacks one part of the design (frame walking to the
-environment or the channel, forged frames, patched scorer modules, lingering threads,
-leftover files, exotic return values, rebuilt or stolen environments). Every one must end as
-a failure or an honest score, and afterwards the seed program's score on the same worker must
-be exactly what it was, and a probe must find none of the files the attack planted.
+environment or the channel, forged, malformed and out-of-order frames, patched scorer
+modules, lingering threads, leftover files and kernel objects, exotic return values, rebuilt
+or stolen environments, future items in binpacking). Every one must end as a failure or an
+honest score, twice in a row (a channel attack scores differently when its second run finds
+what the first left), and afterwards the seed program's score on the same worker must be
+exactly what it was, and a probe must find none of the files the attack planted.
+``tests/attacks/*_known/`` hold holes not fixed yet, as strict xfails.
 """
 
 from __future__ import annotations
