@@ -1,10 +1,13 @@
 """Regression corpus of attacks on the sandbox's trusted/untrusted split (issue 12).
 
 Each program in ``tests/attacks/<task>/`` attacks one part of the design (frame walking to the
-environment or the channel, forged frames, patched scorer modules, lingering threads,
-leftover files, exotic return values, rebuilt or stolen environments). Every one must end as
-a failure or an honest score, and afterwards the seed program's score on the same worker must
-be exactly what it was, and a probe must find none of the files the attack planted.
+environment or the channel, forged, malformed and out-of-order frames, patched scorer
+modules, lingering threads, leftover files and kernel objects, exotic return values, rebuilt
+or stolen environments, future items in binpacking). Every one must end as a failure or an
+honest score, twice in a row (a channel attack scores differently when its second run finds
+what the first left), and afterwards the seed program's score on the same worker must be
+exactly what it was, and a probe must find none of the files the attack planted.
+``tests/attacks/*_known/`` hold holes not fixed yet, as strict xfails.
 """
 
 from __future__ import annotations
@@ -67,13 +70,41 @@ def test_bandit_attack_gets_a_failure_or_an_honest_score(bandit, path):
     sb, task, seed_score, honest, secret_path, secret = bandit
     code = path.read_text().replace("SECRET_PATH", str(secret_path))
     code = code.replace("SECRET_VALUE", secret)
-    ev = sb.evaluate(code, {"round": 1})
-    assert not ev.passed or ev.score == honest, (path.stem, ev)
-    assert ev.failure_kind != FailureKind.OK.value or ev.passed
+    for run in range(2):  # the second run would find whatever the first left for it
+        ev = sb.evaluate(code, {"round": 1})
+        assert not ev.passed or ev.score == honest, (path.stem, run, ev)
+        assert ev.failure_kind != FailureKind.OK.value or ev.passed
     after = sb.evaluate(task.seed_program(), {"round": 1})
     assert after.passed and after.score == seed_score, (path.stem, after)
     probe = sb.evaluate(PROBE, {"round": 1})
     assert probe.passed, (path.stem, probe.message)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_hidden_paths_stay_unreadable_when_permissions_allow(mode):
+    """The rlimits mode without root runs the candidate as the secret's owner: model that by
+    making the run folder and the secret world-readable; the secret must still not be read."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="atlas-attack-"))  # every parent traversable
+    run_dir = base / "run"
+    secret = run_secret(run_dir)
+    for p in (base, run_dir):
+        os.chmod(p, 0o755)
+    os.chmod(run_dir / SECRET_FILE, 0o644)
+    task = BanditTask(T=50, env_seeds=[0, 1])
+    code = (ATTACKS / "bandit" / "secret_unguarded.py").read_text()
+    code = code.replace("SECRET_PATH", str(run_dir / SECRET_FILE)).replace("SECRET_VALUE",
+                                                                          secret)
+    try:
+        with Sandbox.for_task(task, secret=secret, workers=1, isolation=mode,
+                              hide=[str(run_dir)]) as sb:
+            arm0 = sb.evaluate(ARM0, {"round": 1})
+            ev = sb.evaluate(code, {"round": 1})
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert arm0.passed and ev.passed and ev.score == arm0.score, ev
 
 
 def test_exotic_returns_are_classified(bandit):
@@ -86,6 +117,56 @@ def test_exotic_returns_are_classified(bandit):
     assert kinds == {"nan_return": "wrong_return", "huge_int": "wrong_return",
                      "bool_return": "wrong_return", "exotic_index_eq": "wrong_return",
                      "exotic_numpy_subclass": "wrong_return"}
+
+
+@pytest.mark.parametrize("name", ["deep_json_nesting", "out_of_order_done", "error_kind_ok",
+                                  "error_kind_unhashable", "nan_infinity_tokens"])
+def test_malformed_frames_are_tampered_not_a_scorer_crash(bandit, name):
+    sb = bandit[0]
+    ev = sb.evaluate((ATTACKS / "bandit" / f"{name}.py").read_text(), {"round": 1})
+    assert ev.failure_kind == FailureKind.TAMPERED.value, ev
+
+
+BINPACKING_ATTACKS = sorted((ATTACKS / "binpacking").glob("*.py"))
+
+
+@pytest.fixture(scope="module", params=MODES)
+def binpacking(request, tmp_path_factory):
+    from atlas.tasks.binpacking import BinPackingTask
+
+    run_dir = tmp_path_factory.mktemp("attack-run-bp")
+    secret = run_secret(run_dir)
+    task = BinPackingTask(weibull_count=2, weibull_items=300, audit_steps=16)
+    with Sandbox.for_task(task, secret=secret, workers=1, isolation=request.param,
+                          hide=[str(run_dir)]) as sb:
+        seed = sb.evaluate(task.seed_program(), task.context(1))
+        assert seed.passed and seed.score < 0, seed
+        yield sb, task, seed.score
+
+
+@pytest.mark.parametrize("path", BINPACKING_ATTACKS, ids=lambda p: p.stem)
+def test_binpacking_attack_gets_a_failure_or_an_honest_score(binpacking, path):
+    """Every binpacking attack falls back to best fit (the seed): its honest score is the
+    seed's; a better one means it packed with knowledge an online priority cannot have."""
+    sb, task, seed_score = binpacking
+    code = path.read_text()
+    for _ in range(2):
+        ev = sb.evaluate(code, task.context(1))
+        assert not ev.passed or ev.score == seed_score, (path.stem, ev)
+        assert ev.failure_kind != FailureKind.OK.value or ev.passed
+    after = sb.evaluate(task.seed_program(), task.context(1))
+    assert after.passed and after.score == seed_score, (path.stem, after)
+
+
+@pytest.mark.xfail(strict=True, reason="known hole: the Weibull instances are public (task "
+                   "config), so a pure priority can carry an offline packing of them; needs "
+                   "instances derived from the run secret in the scorer, as bandit's envs are")
+@pytest.mark.parametrize("path", sorted((ATTACKS / "binpacking_known").glob("*.py")),
+                         ids=lambda p: p.stem)
+def test_binpacking_known_hole_public_instances(binpacking, path):
+    sb, task, seed_score = binpacking
+    ev = sb.evaluate(path.read_text(), task.context(1))
+    assert not ev.passed or ev.score == seed_score, (path.stem, ev)
 
 
 def test_secret_is_stable_per_run_folder_and_hidden_environments_differ(tmp_path):
@@ -149,3 +230,26 @@ def test_pinn_attacks_get_a_failure_or_an_honest_score_and_leave_the_seed_alone(
             after = sb.evaluate(task.seed_program(), ctx)
             assert after.passed and after.score == seed.score, (path.stem, after)
             assert after.metrics["val_loss"] == seed.metrics["val_loss"], path.stem
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="known hole: training runs in the candidate's process, "
+                   "so a program can change how it is trained (here 4x the steps); the scorer "
+                   "only sees parameters. Needs the loss exported (jax.export) and trained in "
+                   "a process that runs no candidate Python")
+def test_pinn_known_hole_training_in_the_candidate_process():
+    pytest.importorskip("jax")
+    from atlas.tasks.pinn import PinnTask
+
+    task = PinnTask(**PINN_SMALL)
+    ctx = task.context(2)
+    mode = "bwrap" if probe_bwrap()[0] else "rlimits"
+    with Sandbox.for_task(task, workers=1, isolation=mode, memory_mb=3072) as sb:
+        seed = sb.evaluate(task.seed_program(), ctx)
+        assert seed.passed, seed
+        for path in sorted((ATTACKS / "pinn_known").glob("*.py")):
+            ev = sb.evaluate(path.read_text(), ctx)
+            after = sb.evaluate(task.seed_program(), ctx)
+            assert after.passed and after.score == seed.score, (path.stem, after)
+            assert not ev.passed or ev.metrics["val_loss"] == pytest.approx(
+                seed.metrics["val_loss"], rel=1e-5), (path.stem, ev)

@@ -62,7 +62,8 @@ class Guard:
         self.workdir = os.path.realpath(workdir)
         self.protected_fds = frozenset(int(fd) for fd in protected_fds)
         #: paths a program may not even read (the run folder and its secret): bubblewrap
-        #: masks them and the rlimits mode runs as nobody; this covers a non-root fallback
+        #: masks them, the rlimits mode runs as nobody, Landlock denies reads of them; this
+        #: turns a plain open() into a clear failure
         self.hidden = tuple(os.path.realpath(p) for p in hidden)
         self.violations: list[str] = []
         self._saved: list[tuple[Any, str, Any]] = []

@@ -74,7 +74,10 @@ def _decode_body(header: bytes, read: Any) -> dict[str, Any]:
     body = read(size)
     if body is None or len(body) != size:
         raise ProtocolError("truncated frame")
-    obj = json.loads(body.decode("utf-8"))
+    try:
+        obj = json.loads(body.decode("utf-8"))
+    except RecursionError:  # deeply nested lists: not a ValueError, would crash the reader
+        raise ProtocolError("a frame nested too deeply") from None
     if not isinstance(obj, dict):
         raise ProtocolError("a frame must hold a JSON object")
     return obj

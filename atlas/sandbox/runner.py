@@ -8,9 +8,10 @@ runner module) and then forks one runner per candidate on request.
 
 A runner: (1) builds the task's runner (trusted task code: imports, JAX compilation) and says
 ``ready``; (2) receives the candidate's code and a fresh working directory; (3) drops root,
-takes rlimits, seccomp and the guard, runs the candidate through the task's runner, and
-exits. It is killed after that one candidate, so nothing it did (threads, patched modules,
-files in its directory) can reach another candidate.
+takes rlimits, seccomp, Landlock (writes only in its directory) and the guard, runs the
+candidate through the task's runner, and exits. It is killed after that one candidate, so
+nothing it did (threads, patched modules, files in its directory) can reach another
+candidate.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, NoReturn
 from atlas.sandbox.candidate import CandidateError
 from atlas.sandbox.guard import Guard
 from atlas.sandbox.isolation import limit_candidate_process, set_process_name
+from atlas.sandbox.landlock import restrict_writes
 from atlas.sandbox.link import Link
 from atlas.sandbox.seccomp import install_seccomp
 from atlas.types import Evaluation, FailureKind
@@ -108,6 +110,7 @@ def _run_one(spec: dict[str, Any], link: Link) -> None:
     cpu_used = sum(os.times()[:2])
     limit_candidate_process(int(spec["memory_mb"]), cpu_used + float(spec["timeout_s"]))
     install_seccomp()
+    restrict_writes(workdir, spec.get("hide") or ())  # after seccomp: needs no_new_privs
     seed_candidate_rngs(code, context)
     guard = Guard(workdir, protected_fds=(link.read_fd, link.write_fd),
                   hidden=spec.get("hide") or ())

@@ -6,7 +6,9 @@ holds for the process and everything it starts. It makes process creation (fork 
 ``os.system``, ``subprocess``), ``exec``, sockets (network), ``ptrace`` / cross-process memory
 access, signals to any thread or process (``kill``, ``tkill``, ``tgkill``,
 ``rt_sigqueueinfo``, ``rt_tgsigqueueinfo``, ``pidfd_send_signal``, ``pidfd_open``), ``bpf``,
-``io_uring_setup``, ``mount`` and namespace tricks (``unshare``, ``setns``) fail with ``EPERM``, while threads (``clone`` with
+``io_uring_setup``, ``mount``, namespace tricks (``unshare``, ``setns``) and kernel objects
+that outlive the process (SysV IPC, POSIX message queues, keyrings: a channel to the next
+candidate) fail with ``EPERM``, while threads (``clone`` with
 ``CLONE_THREAD``, which numpy, BLAS and XLA need) keep working. This also contains fork bombs
 when we run as root, where ``RLIMIT_NPROC`` does not bind.
 
@@ -43,6 +45,13 @@ _ARCHES: dict[str, tuple[int, dict[str, int], int, int]] = {
         "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129,
         "rt_tgsigqueueinfo": 297, "pidfd_send_signal": 424, "unshare": 272, "setns": 308, "io_uring_setup": 425,
         "bpf": 321, "mount": 165, "pidfd_open": 434,
+        # kernel objects that outlive the process (a channel to the next candidate): SysV
+        # IPC, POSIX message queues, keyrings
+        "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65,
+        "semctl": 66, "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70,
+        "msgctl": 71, "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242,
+        "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245, "add_key": 248,
+        "request_key": 249, "keyctl": 250,
     }, 56, 435),
     "aarch64": (0xC00000B7, {
         "execve": 221, "execveat": 281, "socket": 198, "socketpair": 199, "ptrace": 117,
@@ -51,6 +60,11 @@ _ARCHES: dict[str, tuple[int, dict[str, int], int, int]] = {
         "pidfd_send_signal": 424,
         "unshare": 97, "setns": 268, "io_uring_setup": 425, "bpf": 280, "mount": 40,
         "pidfd_open": 434,
+        "mq_open": 180, "mq_unlink": 181, "mq_timedsend": 182, "mq_timedreceive": 183,
+        "mq_notify": 184, "mq_getsetattr": 185, "msgget": 186, "msgctl": 187, "msgrcv": 188,
+        "msgsnd": 189, "semget": 190, "semctl": 191, "semtimedop": 192, "semop": 193,
+        "shmget": 194, "shmctl": 195, "shmat": 196, "shmdt": 197, "add_key": 217,
+        "request_key": 218, "keyctl": 219,
     }, 220, 435),
 }
 

@@ -214,21 +214,57 @@ class Worker:
         return Runner(pid, Link(from_r, to_w, trusted=True), out_r,
                       OutputSink(out_r, self.max_output))
 
+    def _start(self, runner: Runner, code: str, context: dict[str, Any]) -> str:
+        """Wait for ``runner`` to be ready and hand it the program; the request's nonce."""
+        workdir = tempfile.mkdtemp(prefix="cand-", dir=self.scratch)
+        runner.link.recv()  # "ready": the task's runner has warmed up
+        nonce = secrets.token_hex(16)
+        runner.link.send({"code": code, "context": context, "workdir": workdir, "nonce": nonce})
+        return nonce
+
+    def _end(self, runner: Runner, ours: set[str]) -> str:
+        """Kill ``runner`` and wipe everything it could have left; its output."""
+        runner.kill()
+        output = runner.sink.text()
+        try:
+            os.close(runner.out_r)
+        except OSError:  # already ended (a fresh runner failed to start)
+            pass
+        _sweep(self.scratch, {self.base, *self.frozen.dirs})
+        _sweep(self.base, ours)
+        self.frozen.restore()
+        if self.scratch == "/tmp":
+            _sweep("/dev/shm", set())
+        return output
+
     def evaluate(self, code: str, context: dict[str, Any]) -> tuple[Evaluation, str]:
         runner, self.spare = self.spare or self.spawn(), None
-        workdir = tempfile.mkdtemp(prefix="cand-", dir=self.scratch)
+        # under bubblewrap a runner has this process's uid: what it adds to our own directory
+        # (kept by the sweep of the scratch) goes too, where Landlock is missing
+        ours = {os.path.join(self.base, n) for n in os.listdir(self.base)}
+        outputs: list[str] = []
+
+        def fresh() -> Link:
+            """End the candidate's runner and start the same program in a new one that knows
+            nothing the first learned (a scorer's audit: ``score(..., fresh=)``); its link."""
+            nonlocal runner
+            outputs.append(self._end(runner, ours))
+            runner = self.spawn()
+            self._start(runner, code, context)
+            return runner.link
+
         try:
-            runner.link.recv()  # "ready": the task's runner has warmed up
-            nonce = secrets.token_hex(16)
-            runner.link.send({"code": code, "context": context, "workdir": workdir,
-                              "nonce": nonce})
+            nonce = self._start(runner, code, context)
             if self.scorer is None:  # legacy: blind writes cannot pass without the nonce
                 reply = runner.link.recv()
                 if reply.get("nonce") != nonce:
                     raise protocol.ProtocolError("a legacy result without the request's nonce")
                 ev = protocol.validate_evaluation(reply.get("evaluation"))
             else:
-                ev = self.scorer.score(code, context, runner.link)
+                if "fresh" in inspect.signature(self.scorer.score).parameters:
+                    ev = self.scorer.score(code, context, runner.link, fresh=fresh)
+                else:
+                    ev = self.scorer.score(code, context, runner.link)
                 if not isinstance(ev, Evaluation):
                     raise TypeError(f"the scorer returned {type(ev).__name__}, not an "
                                     f"Evaluation (a task bug)")
@@ -240,14 +276,8 @@ class Worker:
             ev = Evaluation.failure(FailureKind.TAMPERED, f"the program's answer could not be "
                                     f"scored ({type(exc).__name__}: {exc})"[:1500])
         finally:
-            runner.kill()
-            output = runner.sink.text()
-            os.close(runner.out_r)
-            _sweep(self.scratch, {self.base, *self.frozen.dirs})
-            self.frozen.restore()
-            if self.scratch == "/tmp":
-                _sweep("/dev/shm", set())
-        return ev, output
+            outputs.append(self._end(runner, ours))
+        return ev, "".join(outputs)
 
     def serve(self) -> None:
         self.spare = self.spawn()

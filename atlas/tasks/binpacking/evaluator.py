@@ -11,10 +11,11 @@ Split (why it is fast and still checked): the untrusted runner packs a whole ins
 own process (one message per instance, not per item) and returns the assignment, item ->
 bin. The trusted scorer replays it with the same float arithmetic: every item must go to a
 bin it fits in at that moment (a valid packing), and it counts the bins itself. Then it
-audits ``audit_steps`` steps drawn from the run secret and the code: it sends the state it
-replayed before each step and the runner must answer the same bin by calling ``priority``
-again, so an assignment that no ``priority`` call produced (an offline packing, a forged
-one) fails. ``make_evaluator`` plays both halves in one process for trusted code (baselines).
+audits ``audit_steps`` steps drawn from the run secret and the code: it starts the program
+in a fresh runner that never saw an instance, sends it the state it replayed before each
+step (one at a time, in packing order) and that runner must answer the same bin by calling
+``priority``, so an assignment that no online ``priority`` call produced (an offline packing,
+a forged one, one that peeked at future items and memorised its answers) fails. ``make_evaluator`` plays both halves in one process for trusted code (baselines).
 """
 
 from __future__ import annotations
@@ -186,7 +187,16 @@ class BinPackingScorer:
         digest = hashlib.sha256(code.encode()).hexdigest()[:16]
         return derive_seed(self.secret or "00", "binpacking-audit", digest)
 
-    def score(self, code: str, context: dict[str, Any], link: Link) -> Evaluation:
+    def score(self, code: str, context: dict[str, Any], link: Link,
+              fresh: Callable[[], Link] | None = None) -> Evaluation:
+        """Pack every instance in the candidate's runner, replay and count; then audit.
+
+        The audit runs in a *fresh* runner (``fresh()``, from the worker) that never saw an
+        instance, one question at a time in packing order: the packing runner holds whole
+        instances, so its ``priority`` can see future items (the caller's frame) and remember
+        what it answered; re-asking that process would only check its memory. A fresh one can
+        only answer from the state it is shown, as an online priority must.
+        """
         start = time.perf_counter()
         plan = audit_plan(self.instances, self.audit_steps, self._audit_seed(code))
         used: list[int] = []
@@ -206,12 +216,16 @@ class BinPackingScorer:
                 questions.append({"k": k, "i": i, "item": item, "bins": valid,
                                   "_valid": [j for j, b in enumerate(remaining) if b >= item]})
         if questions:
-            link.send({"audit": [{"item": q["item"], "bins": q["bins"]} for q in questions]})
-            answer = link.recv().get("choice")
-            if (type(answer) is not list or len(answer) != len(questions)
-                    or not all(type(c) is int for c in answer)):
-                raise CandidateError(FailureKind.TAMPERED, f"the runner answered the audit "
-                                     f"with {repr(answer)[:60]}, not {len(questions)} indices")
+            if fresh is not None:
+                link = fresh()
+            answer = []
+            for q in questions:  # (instance, item) order: no answer sees a later state
+                link.send({"audit": [{"item": q["item"], "bins": q["bins"]}]})
+                got = link.recv().get("choice")
+                if type(got) is not list or len(got) != 1 or type(got[0]) is not int:
+                    raise CandidateError(FailureKind.TAMPERED, f"the runner answered the "
+                                         f"audit with {repr(got)[:60]}, not one index")
+                answer.append(got[0])
             for q, c in zip(questions, answer):
                 if not 0 <= c < len(q["_valid"]) or q["_valid"][c] != assigns[q["k"]][q["i"]]:
                     raise CandidateError(
