@@ -158,15 +158,18 @@ def test_binpacking_attack_gets_a_failure_or_an_honest_score(binpacking, path):
     assert after.passed and after.score == seed_score, (path.stem, after)
 
 
-@pytest.mark.xfail(strict=True, reason="known hole: the Weibull instances are public (task "
-                   "config), so a pure priority can carry an offline packing of them; needs "
-                   "instances derived from the run secret in the scorer, as bandit's envs are")
-@pytest.mark.parametrize("path", sorted((ATTACKS / "binpacking_known").glob("*.py")),
-                         ids=lambda p: p.stem)
-def test_binpacking_known_hole_public_instances(binpacking, path):
-    sb, task, seed_score = binpacking
-    ev = sb.evaluate(path.read_text(), task.context(1))
-    assert not ev.passed or ev.score == seed_score, (path.stem, ev)
+def test_binpacking_scored_instances_are_drawn_from_the_secret():
+    """The generated set a run scores is not the public draw a program can rebuild from the
+    config (public_instances_offline carries an offline packing of that one), and it follows
+    the secret: same secret, same set; another secret, another set."""
+    from atlas.tasks.binpacking import BinPackingTask
+
+    task = BinPackingTask(weibull_count=2, weibull_items=300)
+    public = task.scored_instances(None)
+    a, b = task.scored_instances("ab" * 32), task.scored_instances("cd" * 32)
+    assert [i.items for i in a] == [i.items for i in task.scored_instances("ab" * 32)]
+    assert all(x.items != y.items for x, y in zip(a, public))
+    assert all(x.items != y.items for x, y in zip(a, b))
 
 
 def test_secret_is_stable_per_run_folder_and_hidden_environments_differ(tmp_path):

@@ -138,7 +138,7 @@ def test_sandbox_scores_checks_and_audits() -> None:
         seed, rnd, nan, scalar = sb.evaluate_many(
             [task.seed_program(), RANDOM, NAN, SCALAR], task.context(0))
     assert seed.passed, seed.message
-    expected, metrics = score_priority(best_fit, task.instances)
+    expected, metrics = score_priority(best_fit, task.scored_instances(SECRET))
     assert seed.score == pytest.approx(expected, abs=1e-12) and seed.score < 0
     assert seed.metrics["bins_used"] == metrics["bins_used"]
     assert seed.metrics["audited_steps"] == 8

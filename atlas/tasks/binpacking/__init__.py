@@ -1,8 +1,9 @@
 """Online 1-D bin packing (FunSearch, Nature 2023): the agent writes ``priority(item, bins)``.
 
-Host half: validates the config, builds the instance set once (generated Weibull sets, or an
-OR-Library file) and ships it to the scorer inside the evaluator config, so the sandboxed
-scorer never needs to read the user's file. Scoring: ``evaluator.py``; baselines (first fit,
+Host half: validates the config. An OR-Library file is read here and shipped to the scorer
+inside the evaluator config (the sandboxed scorer never reads the user's file); generated
+Weibull sets are drawn by the scorer from the run secret, so that no candidate can regenerate
+the scored set from the public config and carry an offline packing of it. Scoring: ``evaluator.py``; baselines (first fit,
 best fit, FunSearch's published heuristic): ``python -m atlas.tasks.binpacking.baselines``.
 """
 
@@ -63,24 +64,40 @@ class BinPackingTask(Task):
                              f"sets) or the path of an OR-Library file, e.g. "
                              f"task.instances=/data/binpack3.txt")
         super().__init__(**merged)
-        self.instances: list[Instance] = (
-            weibull_instances(merged["weibull_count"], merged["weibull_items"],
-                              shape=merged["weibull_shape"], scale=merged["weibull_scale"],
-                              capacity=merged["weibull_capacity"], seed=merged["weibull_seed"])
-            if source == "weibull" else read_orlib(source))
+        #: an OR-Library file's instances (public by nature); None for generated Weibull sets,
+        #: which the scorer draws from the run secret (``scored_instances``)
+        self.instances: list[Instance] | None = (
+            None if source == "weibull" else read_orlib(source))
+
+    def weibull_params(self) -> dict[str, Any]:
+        """The generated sets' parameters (``weibull_instances`` keywords)."""
+        c = self.config
+        return {"count": c["weibull_count"], "n_items": c["weibull_items"],
+                "shape": c["weibull_shape"], "scale": c["weibull_scale"],
+                "capacity": c["weibull_capacity"], "seed": c["weibull_seed"]}
+
+    def scored_instances(self, secret: str | None) -> list[Instance]:
+        """The instances a run with ``secret`` scores: the file's, or the Weibull sets drawn
+        from the secret (None: the public draw of the baselines command)."""
+        if self.instances is not None:
+            return self.instances
+        return weibull_instances(**self.weibull_params(), secret=secret)
 
     def instance_set_label(self) -> str:
         """How reports name the instance set (e.g. 'Weibull 5 x 5000')."""
-        if self.config["instances"] == "weibull":
+        if self.instances is None:
             return f"Weibull {self.config['weibull_count']} x {self.config['weibull_items']}"
         return f"{self.config['instances']} ({len(self.instances)} instances)"
 
     def evaluator_config(self) -> dict[str, Any]:
+        if self.instances is None:  # the scorer draws them from the run secret
+            return {"weibull": self.weibull_params(), "audit_steps": self.config["audit_steps"]}
         return {"instances": [i.to_json() for i in self.instances],
                 "audit_steps": self.config["audit_steps"]}
 
     def prompt_spec(self) -> PromptSpec:
-        cap = self.instances[0].capacity
+        cap = (float(self.config["weibull_capacity"]) if self.instances is None
+               else self.instances[0].capacity)
         return PromptSpec(
             system="You are a research agent in combinatorial optimisation and online "
                    "bin packing.",

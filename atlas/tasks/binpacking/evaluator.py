@@ -30,7 +30,12 @@ import numpy as np
 from atlas.sandbox.candidate import CandidateError, load_candidate
 from atlas.sandbox.link import Link
 from atlas.sandbox.secret import derive_seed
-from atlas.tasks.binpacking.instances import Instance, check_instance, excess_pct
+from atlas.tasks.binpacking.instances import (
+    Instance,
+    check_instance,
+    excess_pct,
+    weibull_instances,
+)
 from atlas.types import Evaluation, FailureKind
 
 Priority = Callable[[float, np.ndarray], Any]
@@ -163,8 +168,16 @@ def metrics_of(instances: Sequence[Instance], used: Sequence[int]) -> dict[str, 
     return out
 
 
-def load_instances(config: dict[str, Any]) -> list[Instance]:
-    """The instance set the host task put into the evaluator config, checked again."""
+def load_instances(config: dict[str, Any], secret: str | None = None) -> list[Instance]:
+    """The instance set the host task put into the evaluator config, checked again; generated
+    Weibull sets (``config["weibull"]``) are drawn here from the run secret, which the scorer
+    needs for them: without it the set would be the public draw a program can rebuild."""
+    if "weibull" in config:
+        if not secret:
+            raise ValueError("binpacking scorer: generated Weibull instances are drawn from the "
+                             "run secret and none was given (build the sandbox with "
+                             "Sandbox.for_task(task, secret=...))")
+        return weibull_instances(**config["weibull"], secret=secret)
     data = config.get("instances")
     if not isinstance(data, list) or not data:
         raise ValueError("binpacking evaluator config needs 'instances': a non-empty list "
@@ -176,7 +189,7 @@ class BinPackingScorer:
     """Trusted half: sends items, replays and counts the returned packing, audits choices."""
 
     def __init__(self, config: dict[str, Any], secret: str | None = None) -> None:
-        self.instances = load_instances(config)
+        self.instances = load_instances(config, secret)
         self.audit_steps = int(config.get("audit_steps", 0))
         self.secret = secret
 
@@ -276,8 +289,10 @@ def score_priority(priority: Priority, instances: Sequence[Instance]
 
 
 def make_evaluator(config: dict[str, Any]) -> Callable[[str, dict[str, Any]], Evaluation]:
-    """Both halves in one process, for trusted programs only (baselines, tests)."""
-    instances = load_instances(config)
+    """Both halves in one process, for trusted programs only (baselines, tests); generated
+    sets are the public draw here (no secret: nothing untrusted runs)."""
+    instances = (weibull_instances(**config["weibull"]) if "weibull" in config
+                 else load_instances(config))
 
     def evaluate(code: str, context: dict[str, Any]) -> Evaluation:
         start = time.perf_counter()

@@ -1,9 +1,10 @@
-# A *pure* priority that knows the test set: the Weibull instances are public (task config:
+# A *pure* priority that knows the public draw: the Weibull recipe and seed are public (task config:
 # weibull_seed, sizes, count; FunSearch's recipe), so the program regenerates them, plans an
 # offline first-fit-decreasing packing of each, and answers every (item, bins) from a table
 # keyed by what the state shows (the item, the number of untouched bins, the count and total
 # of the partly filled ones). Being a function of its arguments only, it passes any audit,
-# fresh runner or not. Honest fallback (state not in the table): best fit.
+# fresh runner or not. Contained since the scorer draws the scored set from the run secret: the
+# table never matches and the program scores its honest fallback, best fit.
 import numpy as np
 
 _TABLE = {}
