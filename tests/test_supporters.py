@@ -729,3 +729,26 @@ def test_strategist_on_the_recorded_cpu_run():
                         "dpo": {"accuracy": (0.917, 0.889)[phase - 1]}})
     assert changed == [(0.781, []), (0.375, ["beta"])]
     assert "diversity 0.38" in adv.reasons["beta"] and adv.beta == pytest.approx(0.2)
+
+
+def test_a_chat_backend_from_another_package_is_built_by_import_path(monkeypatch):
+    """supporters.<role>.backend may name any chat backend class (built by Hydra's instantiate):
+    linefit.chat.Scripted answers the strategist; atlas parses, bounds and counts the answer
+    like an LLM server's, labels it with the backend's name, and a role it cannot answer falls
+    back to the rule with its cause counted."""
+    from tests.test_task_contract import EXTERNAL
+
+    monkeypatch.syspath_prepend(str(EXTERNAL))
+    sup = build_supporters({"backend": "linefit.chat.Scripted"}, task_name="bandit", seed=0)
+    adv = sup.strategist.advise(_strat_req())
+    assert adv.backend == "linefit.chat.Scripted" and adv.fallback_cause is None
+    assert adv.knobs.beta == 0.2 and adv.changed == ["beta"] and adv.output_mode == "scripted"
+    # no scripted inspector answer: the rule decides, and the cause is counted
+    verdict = sup.inspector.review(InspectorRequest(phase=1, gate=_gate(True)))
+    assert verdict.backend == "embedded" and verdict.fallback_cause == "unreachable"
+    stats = sup.stats()
+    assert stats["strategist"]["llm_ok"] == 1 and stats["inspector"]["fallbacks"]["unreachable"] == 1
+    with pytest.raises(ValueError, match=r"supporters.strategist.backend='nopkg.Chat' cannot be built"):
+        build_supporters({"strategist": {"backend": "nopkg.Chat"}}, task_name="bandit", seed=0)
+    with pytest.raises(ValueError, match="not embedded, openai or the import path"):
+        role_configs({"backend": "open ai"})

@@ -50,6 +50,34 @@ class RoleStats:
                 "modes": {k: dict(v) for k, v in self.modes.items()}}
 
 
+#: backend names -> the chat backend class they build; any other name is an import path
+BACKENDS: dict[str, str] = {"openai": "atlas.supporters.openai_backend.ChatBackend"}
+
+
+def make_backend(cfg: RoleConfig, role: str, seed: int) -> ChatBackend | None:
+    """The role's chat backend (None: the embedded rules), built with Hydra's ``instantiate``
+    from ``BACKENDS`` or the import path in ``backend``. A backend is any class taking
+    ``(role_config, seed=...)`` with ``complete(system, user, schema=None, name="answer") ->
+    str`` (the model's answer text; raise ``SupporterError(cause, message)`` for a failure,
+    cause one of ``FALLBACK_CAUSES``) and an attribute ``last_mode`` (the output mode used, or
+    None). Its answers go through the same parsing, bounds and fallback as ``openai``'s."""
+    if cfg.backend == "embedded":
+        return None
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    target = BACKENDS.get(cfg.backend, cfg.backend)
+    try:
+        backend = instantiate({"_target_": target, "_partial_": True})(cfg, seed=seed)
+    except (InstantiationException, ImportError, AttributeError) as exc:
+        raise ValueError(f"supporters.{role}.backend={cfg.backend!r} cannot be built ({exc}); "
+                         "install or path-add its package, or use embedded / openai") from exc
+    if not callable(getattr(backend, "complete", None)):
+        raise ValueError(f"supporters.{role}.backend={cfg.backend!r} has no complete(system, "
+                         "user, schema, name) method (see atlas/supporters/base.py make_backend)")
+    return backend
+
+
 class Role(Generic[Req, Resp]):
     """Shared machinery; subclasses supply the prompt, the parser and the embedded rule."""
 
@@ -59,8 +87,7 @@ class Role(Generic[Req, Resp]):
         self.cfg = cfg
         self.seed = seed
         self.stats = RoleStats(backend=cfg.backend)
-        self.backend: ChatBackend | None = (ChatBackend(cfg, seed=seed)
-                                            if cfg.backend == "openai" else None)
+        self.backend: ChatBackend | None = make_backend(cfg, self.name, seed)
 
     # -- subclass hooks
     def _prompt(self, req: Req) -> tuple[str, str]:
@@ -89,7 +116,7 @@ class Role(Generic[Req, Resp]):
                 except ValidationError as exc:  # a parsed value the schema still rejects
                     raise SupporterError("malformed", str(exc)[:300], text) from exc
                 out = out.model_copy(  # type: ignore[attr-defined]
-                    update={"output_mode": self.backend.last_mode})
+                    update={"output_mode": self.backend.last_mode, "backend": self.cfg.backend})
                 self.stats.llm_ok += 1
                 self.stats.count_mode(self.backend.last_mode, True)
             except SupporterError as exc:

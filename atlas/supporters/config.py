@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ROLES: tuple[str, ...] = ("exploration", "strategist", "inspector")
 
@@ -21,7 +28,10 @@ class RoleConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["embedded", "openai"] = "embedded"
+    #: embedded (the rules, no model) | openai (any OpenAI-compatible server) | the import
+    #: path of your own chat backend class (``_target_``-style, built by Hydra's instantiate
+    #: with ``(role_config, seed=...)``; contract: atlas/supporters/base.py ``make_backend``)
+    backend: str = "embedded"
     base_url: str = "http://localhost:11434/v1"
     model: str | None = None
     api_key: str | None = None  # None: read api_key_env, else a placeholder (Ollama ignores it)
@@ -46,6 +56,15 @@ class RoleConfig(BaseModel):
                              "| json_object_schema | json_object | text); json_mode=true is "
                              "structured_output=json_object")
         return data
+
+    @field_validator("backend")
+    @classmethod
+    def _backend_name_or_import_path(cls, value: str) -> str:
+        if value in ("embedded", "openai") or (
+                "." in value and all(p.isidentifier() for p in value.split("."))):
+            return value
+        raise ValueError(f"backend={value!r} is not embedded, openai or the import path of a "
+                         "chat backend class (e.g. mypkg.chat.MyBackend)")
 
     @model_validator(mode="after")
     def _model_for_openai(self) -> RoleConfig:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from atlas.tasks.base import PromptSpec
 from atlas.types import Program
 
-Backend = Literal["embedded", "openai"]
+Backend = str  # "embedded" (the rules), "openai" or the import path of a chat backend
 #: why a supporter answer was not used: no connection, no answer in time, an HTTP error
 #: status (unknown model, server error), an unreadable body, numbers out of range, prose
 FallbackCause = Literal["unreachable", "timeout", "http_error", "malformed", "out_of_range",
