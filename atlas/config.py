@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from atlas.fields import check_known_fields
 from atlas.tasks import make_task, task_class
+from atlas.types import ReferenceMode
 
 log = logging.getLogger("atlas.config")
 
@@ -198,7 +199,7 @@ def validate(cfg: DictConfig) -> None:
         make_task(**OmegaConf.to_container(cfg.task, resolve=True))
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
-    _choice(cfg, "method.reference", ("fixed", "adaptive"))
+    _choice(cfg, "method.reference", tuple(m.value for m in ReferenceMode))
     _choice(cfg, "model.source", ("smollm2", "tiny", "hf"))
     _choice(cfg, "device", ("auto", "cpu", "cuda"))
     _choice(cfg, "sandbox.isolation", ("auto", "bwrap", "rlimits"))
@@ -208,7 +209,7 @@ def validate(cfg: DictConfig) -> None:
                 "dpo.beta", "dpo.lr", "dpo.epochs", "dpo.batch_size", "gate.subset_size"):
         _positive(cfg, key)
     check_typed_groups(cfg)
-    if cfg.method.reference == "fixed" and cfg.method.gate:
+    if cfg.method.reference == ReferenceMode.FIXED and cfg.method.gate:
         raise ConfigError("method.gate=true needs method.reference=adaptive (a fixed reference "
                           "is never promoted)")
     if len(cfg.explore.temperatures) < cfg.explore.islands:

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from atlas.tasks.base import PromptSpec
-from atlas.types import Program
+from atlas.types import GateDecision, Program
 
 Backend = Literal["embedded", "openai"]
 #: why a supporter answer was not used: no connection, no answer in time, an HTTP error
@@ -162,13 +162,6 @@ class ScoreStats(_Model):
         return self.n_passed if self.n_passed is not None else round(self.valid_rate * self.n)
 
 
-class GateDecision(_Model):
-    accepted: bool
-    reason: str = ""
-    gain: float | None = None
-    kl: float | None = None
-
-
 class DpoMetrics(_Model):
     loss: float | None = None
     accuracy: float | None = Field(None, ge=0.0, le=1.0)
@@ -186,7 +179,9 @@ class StrategistRequest(_Model):
     scores: ScoreStats = Field(default_factory=ScoreStats)
     diversity: float = Field(1.0, ge=0.0, le=1.0,
                              description="distinct normalised / total of the agent's programs")
-    gate_decisions: list[GateDecision] = Field(default_factory=list, description="recent first")
+    gate_decisions: list[GateDecision] = Field(
+        default_factory=list, description="recent first; the gate's own records "
+        "(atlas.types.GateDecision), numbers it did not measure are NaN")
     dpo: DpoMetrics = Field(default_factory=DpoMetrics)
     gate_epsilon: float = 0.0
     gate_delta: float | None = Field(None, description="KL trust region, to read rejections")
