@@ -171,7 +171,7 @@ def check_typed_groups(cfg: DictConfig) -> None:
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     if cfg.method.supporters:  # the strategist keeps every knob inside its hard limits
-        from atlas.supporters.schemas import HARD_BOUNDS
+        from atlas.knobs import HARD_BOUNDS
 
         for name, (low, high) in dpo.bounds.items():
             hard = HARD_BOUNDS.get(name)

@@ -14,10 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from atlas.fields import check_known_fields, number, plain_mapping
-
-_DEFAULT_BOUNDS: dict[str, tuple[float, float]] = {
-    "beta": (0.01, 2.0), "lr": (1.0e-6, 1.0e-3), "epochs": (1, 5),
-}
+from atlas.knobs import HARD_BOUNDS
 
 
 @dataclass
@@ -55,7 +52,7 @@ class DPOConfig:
     """Run each prompt once per step for all its completions (chosen and rejected share it)
     and the reference once per phase (a table), instead of every (prompt, completion) row in
     full at every step; same losses (``atlas/dpo/prefix.py``). false: the per-row path."""
-    bounds: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(_DEFAULT_BOUNDS))
+    bounds: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(HARD_BOUNDS))
     """Hard [low, high] limits that ``clamped`` applies to the named knobs."""
 
     def __post_init__(self) -> None:

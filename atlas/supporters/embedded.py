@@ -43,6 +43,7 @@ import math
 import random
 from collections import Counter
 
+from atlas.knobs import HARD_BOUNDS
 from atlas.supporters.answers import changed_knobs
 from atlas.supporters.config import ExplorationConfig, InspectorConfig, StrategistConfig
 from atlas.supporters.patching import add_robust_loss, find_numeric_sites, normalise, perturb
@@ -130,7 +131,7 @@ def strategize(req: StrategistRequest, cfg: StrategistConfig) -> StrategistAdvic
     new["beta"] = min(max(new["beta"], b.beta[0]), b.beta[1])
     new["lr"] = min(max(new["lr"], b.lr[0]), b.lr[1])
     new["epochs"] = int(min(max(new["epochs"], b.epochs[0]), b.epochs[1]))
-    for name in ("beta", "lr", "epochs"):
+    for name in HARD_BOUNDS:
         if new[name] != getattr(k, name):
             why[name] = f"{name} {getattr(k, name):g} outside its bounds: clamped"
     _threshold(req, cfg, new, why)

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from statistics import mean
 from typing import Any
 
+from atlas.knobs import INTEGER_KNOBS
 from atlas.supporters.patching import normalise
 from atlas.supporters.schemas import (
     HARD_BOUNDS,
@@ -71,7 +72,7 @@ def _bounds(dpo_cfg: Any) -> KnobBounds:
         lo, hi = max(float(lo), hlo), min(float(hi), hhi)  # config may only narrow
         if lo > hi:
             lo, hi = hlo, hhi
-        out[name] = (int(math.ceil(lo)), int(hi)) if name == "epochs" else (lo, hi)
+        out[name] = (int(math.ceil(lo)), int(hi)) if name in INTEGER_KNOBS else (lo, hi)
     return KnobBounds(**out)
 
 
