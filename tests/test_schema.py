@@ -103,3 +103,19 @@ def test_reference_mode_reads_and_prints_as_the_yaml_spelling() -> None:
     assert f"{ReferenceMode.ADAPTIVE}" == str(ReferenceMode.ADAPTIVE) == "adaptive"
     with pytest.raises(ValueError, match=r"method\.reference='x' is not one of"):
         ReferenceMode.parse("x")
+
+
+def test_each_schema_names_exactly_the_keys_its_yaml_options_set() -> None:
+    """The YAML documents every field and the schema types every field: neither has a key
+    the other lacks (a schema field no option sets would fail as missing; a YAML key the
+    schema lacks as unknown)."""
+    from atlas.config import schema
+    from atlas.schema import LoggerConfig
+
+    tree = schema()
+    for name, cls in (("method", MethodConfig), ("model", ModelConfig),
+                      ("explore", ExploreConfig), ("sandbox", SandboxConfig),
+                      ("logger", LoggerConfig), ("dpo", DPOConfig), ("gate", GateConfig)):
+        assert {f.name for f in dataclasses.fields(cls)} == set(tree[name]), name
+    top = {k for k, v in tree.items() if not isinstance(v, dict)}
+    assert {f.name for f in dataclasses.fields(RunConfig)} <= top
