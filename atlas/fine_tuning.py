@@ -167,11 +167,12 @@ class FineTuner:
 
     # -- the phase ---------------------------------------------------------------------
     def run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
-                  db: Any = None, logger: Any = None) -> dict[str, Any]:
-        """Run phase ``phase`` on this phase's programs; returns the phase event record."""
+                  db: Any = None, logger: Any = None) -> PhaseRecord:
+        """Run phase ``phase`` on this phase's programs; returns its record (the caller logs
+        ``record.to_event()``)."""
         record = self._run_phase(phase, phase_programs, best_before, db, logger)
         self.history.append(record.history_entry())
-        return record.to_event()
+        return record
 
     def _run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
                    db: Any, logger: Any) -> PhaseRecord:

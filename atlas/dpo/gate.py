@@ -121,7 +121,8 @@ def decide(scores: Sequence[float], kls: Sequence[float], names: Sequence[str], 
 
 
 def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: list[GateItem],
-                    gate: GateConfig, *, enabled: bool = True, reference: ReferenceMode | str = ReferenceMode.ADAPTIVE,
+                    gate: GateConfig, *, enabled: bool = True,
+                    reference: ReferenceMode | str = ReferenceMode.ADAPTIVE,
                     online_score: Callable[[PolicySpec, str], float] | None = None,
                     seed: int = 0) -> GateDecision:
     """Score C_k and the reference on G_k, choose c* (Eq. 4), test it (Eq. 5).
