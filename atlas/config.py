@@ -19,6 +19,15 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from atlas.fields import check_known_fields
+from atlas.knobs import HARD_BOUNDS
+from atlas.schema import (
+    ExploreConfig,
+    LoggerConfig,
+    MethodConfig,
+    ModelConfig,
+    RunConfig,
+    SandboxConfig,
+)
 from atlas.tasks import make_task, task_class
 
 log = logging.getLogger("atlas.config")
@@ -34,37 +43,6 @@ class ConfigError(ValueError, CompactHydraException):
 
     A ``CompactHydraException``: on the command line Hydra prints the message, not a traceback.
     """
-
-
-def _get(cfg: DictConfig, key: str) -> Any:
-    value = cfg
-    for part in key.split("."):
-        value = value[part]
-    return value
-
-
-def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
-    value = _get(cfg, key)
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not one of {list(allowed)}; "
-                          f"override it, e.g. `{key}={allowed[0]}`")
-
-
-def _positive(cfg: DictConfig, key: str) -> None:
-    value = _get(cfg, key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"{key}={value!r} must be a positive number")
-
-
-def _typed(cfg: DictConfig, key: str, kind: type) -> None:
-    """Top-level fields: ``seed=abc`` must fail naming ``seed``, not deep inside ``int()``."""
-    value = _get(cfg, key)
-    ok = isinstance(value, bool) if kind is bool else (
-        isinstance(value, kind) and not isinstance(value, bool))
-    if not ok:
-        example = {bool: "true", int: "0"}[kind]
-        raise ConfigError(f"{key}={value!r} must be {'true or false' if kind is bool else 'an integer'}"
-                          f"; set e.g. {key}={example}")
 
 
 # -- known keys -------------------------------------------------------------------------------
@@ -162,21 +140,23 @@ def check_ignored(cfg: DictConfig) -> None:
                     "method=atlas)", cfg.supporters.get("backend"), cfg.method.name)
 
 
-# -- values ----------------------------------------------------------------------------------------
+# -- values: every group's schema, built here ------------------------------------------------
+def _build(make: Any, *args: Any) -> Any:
+    try:
+        return make(*args)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def check_typed_groups(cfg: DictConfig) -> None:
     """Build the typed DPO and gate configs now (their errors name the field) and refuse DPO
     knobs outside ``dpo.bounds``: training would clamp them while the run's records said
     otherwise."""
     from atlas.dpo import DPOConfig, GateConfig
 
-    try:
-        dpo = DPOConfig.from_cfg(cfg.dpo)
-        GateConfig.from_cfg(cfg.gate)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc)) from None
+    dpo = _build(DPOConfig.from_cfg, cfg.dpo)
+    _build(GateConfig.from_cfg, cfg.gate)
     if cfg.method.supporters:  # the strategist keeps every knob inside its hard limits
-        from atlas.supporters.schemas import HARD_BOUNDS
-
         for name, (low, high) in dpo.bounds.items():
             hard = HARD_BOUNDS.get(name)
             if hard is not None and not hard[0] <= low <= high <= hard[1]:
@@ -193,34 +173,23 @@ def check_typed_groups(cfg: DictConfig) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Raise ``ConfigError`` on the first invalid value."""
+    """Raise ``ConfigError`` on the first invalid value: the one place a composed config is
+    checked, by building each group's schema (``atlas.schema``) before a model loads."""
     check_known_keys(cfg)
-    _typed(cfg, "seed", int)
-    for key in ("resume", "progress"):
-        _typed(cfg, key, bool)
+    _build(RunConfig.from_top, cfg)
     try:  # a built-in name or a `_target_` Task subclass, built once: it checks its fields
         task_class(OmegaConf.to_container(cfg.task, resolve=False))
         make_task(**OmegaConf.to_container(cfg.task, resolve=True))
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
-    _choice(cfg, "method.reference", ("fixed", "adaptive"))
-    _choice(cfg, "model.source", ("smollm2", "tiny", "hf"))
-    _choice(cfg, "device", ("auto", "cpu", "cuda"))
-    _choice(cfg, "sandbox.isolation", ("auto", "bwrap", "rlimits"))
-    _choice(cfg, "gate.score_mode", ("offline", "online"))
-    for key in ("explore.islands", "explore.rounds", "explore.phase_every",
-                "explore.samples_per_prompt", "explore.max_new_tokens", "explore.workers",
-                "dpo.beta", "dpo.lr", "dpo.epochs", "dpo.batch_size", "gate.subset_size"):
-        _positive(cfg, key)
+    method = _build(MethodConfig.from_cfg, cfg.method)
+    _build(ModelConfig.from_cfg, cfg.model)
+    _build(SandboxConfig.from_cfg, cfg.sandbox)
+    _build(LoggerConfig.from_cfg, cfg.logger)
+    _build(ExploreConfig.from_cfg, cfg.explore)
     check_typed_groups(cfg)
-    if cfg.method.reference == "fixed" and cfg.method.gate:
-        raise ConfigError("method.gate=true needs method.reference=adaptive (a fixed reference "
-                          "is never promoted)")
-    if len(cfg.explore.temperatures) < cfg.explore.islands:
-        raise ConfigError(f"explore.temperatures has {len(cfg.explore.temperatures)} values for "
-                          f"explore.islands={cfg.explore.islands}; give one temperature per island")
-    if cfg.explore.islands_per_round > cfg.explore.islands:
-        raise ConfigError("explore.islands_per_round must be <= explore.islands")
-    if cfg.model.source == "hf" and not cfg.model.name_or_path:
-        raise ConfigError("model.source=hf needs model.name_or_path (a local folder or hub id)")
+    if method.supporters:  # the roles' settings are read only when supporters run
+        from atlas.supporters.config import role_configs
+
+        _build(role_configs, cfg.supporters)
     check_ignored(cfg)

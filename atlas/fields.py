@@ -1,8 +1,9 @@
-"""Validation of config fields, shared by every typed config (DPO, gate, tasks).
+"""Field checks for ``Task`` classes, which validate their own ``task.*`` fields.
 
-Why one module: users meet these errors first (a typo on the command line, an LLM's
-out-of-range answer), so every config says the same thing the same way: the field's full
-name (``dpo.beta``, ``task.n_steps``), the value it got, and what to write instead.
+The config groups' schemas live in ``atlas.schema`` (pydantic); a task is the extension point
+(``Task(**cfg.task)``, also from packages outside atlas: README "Add your own task"), so it
+keeps these small helpers, which phrase errors the way ``atlas.schema`` does: the field's full
+name (``task.n_steps``), the value it got, and what to write instead.
 """
 
 from __future__ import annotations
@@ -10,20 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
-
-
-def plain_mapping(cfg: Any, group: str) -> dict[str, Any]:
-    """A dict or an OmegaConf node as a plain dict, or a TypeError naming the group."""
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            cfg = OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf ships with hydra
-        pass
-    if not isinstance(cfg, Mapping):
-        raise TypeError(f"{group}: expected a mapping of fields, got {type(cfg).__name__}")
-    return dict(cfg)
 
 
 def check_known_fields(known: Iterable[str], data: Mapping[str, Any], group: str,

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import math
 import time
+from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
@@ -22,7 +23,6 @@ from atlas.dpo import (
     GateConfig,
     ReferenceSwapCallback,
     hold_out_prompts,
-    promote,
     select_and_gate,
     train_phase,
 )
@@ -33,11 +33,84 @@ from atlas.evolution.preferences import (
     failure_floor,
     sample_gate_subset,
 )
+from atlas.knobs import KNOBS
 from atlas.supporters import Supporters
 from atlas.supporters import requests as supporter_requests
-from atlas.types import Program
+from atlas.supporters.schemas import KNOB_FIELDS
+from atlas.types import Program, ReferenceMode
 
 log = logging.getLogger("atlas.fine_tuning")
+
+
+
+@dataclass
+class PhaseRecord:
+    """What one phase did: the ``phase`` event of ``events.jsonl`` (``to_event``) and the
+    compact entry the strategist reads in later phases (``history_entry``).
+
+    A phase ends at one of three points, and the event holds the fields filled up to there,
+    in this order: skipped for no improvement (App. B.4: the first five fields), skipped for
+    no pairs (the D_k fields too), or trained (DPO's numbers, then, with the adaptive
+    reference, the gate's and the promotion's).
+    """
+
+    phase: int
+    scores: dict[str, Any]
+    improved: bool
+    best_before: float | None
+    reference: str
+    # D_k (absent when the phase was skipped for no improvement)
+    built: bool = False
+    strategist: dict[str, Any] | None = None
+    pairs: int = 0
+    pair_prompts: int = 0
+    held_out_prompts: int = 0
+    dk_prompt_hashes: list[str] = dataclasses.field(default_factory=list)
+    pair_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
+    knobs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # why nothing was trained (None: trained)
+    skip_reason: str | None = None
+    # training
+    dpo: dict[str, float] | None = None
+    seconds_dpo: float = 0.0
+    # the gate and the promotion (adaptive reference only)
+    gate: dict[str, Any] | None = None
+    promoted: bool | None = None
+    vetoed: bool = False
+    inspector: dict[str, Any] | None = None
+    seconds_gate: float = 0.0
+    seconds: float = 0.0
+
+    def skip(self, reason: str) -> "PhaseRecord":
+        self.skip_reason = reason
+        return self
+
+    def to_event(self) -> dict[str, Any]:
+        """The ``phase`` event's fields (keys and their order are part of the file format)."""
+        out: dict[str, Any] = {"phase": self.phase, "scores": self.scores,
+                               "improved": self.improved, "best_before": self.best_before,
+                               "reference": self.reference}
+        if self.built:
+            out.update(strategist=self.strategist, pairs=self.pairs,
+                       pair_prompts=self.pair_prompts, held_out_prompts=self.held_out_prompts,
+                       dk_prompt_hashes=self.dk_prompt_hashes, pair_kinds=self.pair_kinds,
+                       knobs=self.knobs)
+        if self.skip_reason is not None:
+            out.update(skipped=True, reason=self.skip_reason)
+            return out
+        out.update(dpo=self.dpo, seconds_dpo=self.seconds_dpo)
+        if self.gate is not None:
+            out.update(gate=self.gate, promoted=self.promoted, vetoed=self.vetoed,
+                       inspector=self.inspector, seconds_gate=self.seconds_gate)
+        out["seconds"] = self.seconds
+        return out
+
+    def history_entry(self) -> dict[str, Any]:
+        """The strategist's view of this phase (kept in the checkpoint, so plain data)."""
+        if self.skip_reason is not None:
+            return {"phase": self.phase, "skipped": True, **({"pairs": 0} if self.built else {})}
+        return {"phase": self.phase, "skipped": False, "pairs": self.pairs, "dpo": self.dpo,
+                "gate": self.gate, "promoted": self.promoted}
 
 
 def score_stats(programs: list[Program]) -> dict[str, float | None]:
@@ -90,60 +163,60 @@ class FineTuner:
 
     def flush_promotion(self) -> None:
         """Apply a promotion still queued after the last phase (no next phase will)."""
-        if self.reference_swap.pending is not None:
-            promote(self.agent.model, self.reference_swap.pending)
-            self.reference_swap.applied.append(self.reference_swap.pending_name)
-            self.reference_swap.pending, self.reference_swap.pending_name = None, ""
+        self.reference_swap.flush(self.agent.model)
 
     # -- the phase ---------------------------------------------------------------------
     def run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
-                  db: Any = None, logger: Any = None) -> dict[str, Any]:
-        """Run phase ``phase`` on this phase's programs; returns the phase event record."""
+                  db: Any = None, logger: Any = None) -> PhaseRecord:
+        """Run phase ``phase`` on this phase's programs; returns its record (the caller logs
+        ``record.to_event()``)."""
+        record = self._run_phase(phase, phase_programs, best_before, db, logger)
+        self.history.append(record.history_entry())
+        return record
+
+    def _run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
+                   db: Any, logger: Any) -> PhaseRecord:
         t0 = time.time()
+        reference = ReferenceMode.parse(self.method.reference)
+        adaptive = reference == ReferenceMode.ADAPTIVE
         stats = score_stats([p for p in phase_programs if p.source != "seed"])
         best_now = max((p.score for p in phase_programs if p.passed), default=-math.inf)
         improved = best_now > best_before
-        record: dict[str, Any] = {"phase": phase, "scores": stats, "improved": improved,
-                                  "best_before": best_before if math.isfinite(best_before) else None,
-                                  "reference": self.method.reference}
+        record = PhaseRecord(phase=phase, scores=stats, improved=improved,
+                             best_before=best_before if math.isfinite(best_before) else None,
+                             reference=self.method.reference)
         if self.method.skip_without_improvement and not improved:
-            record.update(skipped=True, reason="no score improvement this phase (paper B.4)")
-            self.history.append({"phase": phase, "skipped": True})
-            return record
+            return record.skip("no score improvement this phase (paper B.4)")
 
-        record["strategist"] = self._consult_strategist(phase, phase_programs, stats)
+        record.built = True
+        record.strategist = self._consult_strategist(phase, phase_programs, stats)
         cfg = self.dpo_cfg
         # G_k's prompts are held out of D_k (the gate never scores a policy on what it was
         # trained on); only when the gate decides (EvoDPO's ungated numbers are record-only)
         held = hold_out_prompts(phase_programs, self.gate_cfg, seed=self.seed * 1000 + phase) \
-            if self.method.reference == "adaptive" and self.method.gate else set()
+            if adaptive and self.method.gate else set()
         pairs = build_pairs(db, [p for p in phase_programs if p.prompt not in held],
                             top_k=cfg.top_k, max_pairs=cfg.max_pairs,
                             score_threshold=cfg.score_threshold, seed=self.seed * 1000 + phase)
-        record["pairs"] = len(pairs)
-        record["pair_prompts"] = len({p.prompt for p in pairs})
-        record["held_out_prompts"] = len(held)
-        record["dk_prompt_hashes"] = sorted({prompt_hash(p.prompt) for p in pairs})
-        record["pair_kinds"] = {k: sum(1 for p in pairs if p.kind == k) for k in PAIR_KINDS}
-        record["knobs"] = {"beta": cfg.beta, "lr": cfg.lr, "epochs": cfg.epochs,
-                           "score_threshold": cfg.score_threshold}
+        record.pairs = len(pairs)
+        record.pair_prompts = len({p.prompt for p in pairs})
+        record.held_out_prompts = len(held)
+        record.dk_prompt_hashes = sorted({prompt_hash(p.prompt) for p in pairs})
+        record.pair_kinds = {k: sum(1 for p in pairs if p.kind == k) for k in PAIR_KINDS}
+        record.knobs = {k: getattr(cfg, k) for k in KNOB_FIELDS}
         if not pairs:
-            record.update(skipped=True, reason="no preference pairs could be built")
-            self.history.append({"phase": phase, "skipped": True, "pairs": 0})
-            return record
+            return record.skip("no preference pairs could be built")
 
         t1 = time.time()
-        result = train_phase(self.agent.model, self.agent.tokenizer, pairs, cfg,
-                             self.method.reference, seed=self.seed * 1000 + phase, logger=logger,
+        result = train_phase(self.agent.model, self.agent.tokenizer, pairs, cfg, reference,
+                             seed=self.seed * 1000 + phase, logger=logger,
                              optimizer_state=self.optimizer_state,
-                             pending_reference=self.reference_swap
-                             if self.method.reference == "adaptive" else None)
+                             pending_reference=self.reference_swap if adaptive else None)
         self.optimizer_state = getattr(result, "optimizer_state", None)
-        record["dpo"] = result.metrics
-        record["seconds_dpo"] = time.time() - t1
+        record.dpo = result.metrics
+        record.seconds_dpo = time.time() - t1
 
-        gate_record = None
-        if self.method.reference == "adaptive":
+        if adaptive:
             t2 = time.time()
             gated = bool(self.method.gate)
             items = sample_gate_subset(
@@ -152,8 +225,8 @@ class FineTuner:
                 failure_score=failure_floor(phase_programs))
             online = self._online_inspector(phase, items, phase_programs)
             decision = select_and_gate(self.agent.model, self.agent.tokenizer, result.candidates,
-                                       items, self.gate_cfg, enabled=bool(self.method.gate),
-                                       reference="adaptive", online_score=online,
+                                       items, self.gate_cfg, enabled=gated,
+                                       reference=reference, online_score=online,
                                        seed=self.seed * 1000 + phase)
             gate_record = decision.to_dict()
             gate_record["held_out"] = gated  # G_k's prompts are not in D_k
@@ -162,7 +235,7 @@ class FineTuner:
             if online is not None:
                 gate_record["online"] = online.records
             promoted, vetoed, verdict = decision.accepted, False, None
-            if decision.accepted and self.method.gate and self.supporters is not None:
+            if decision.accepted and gated and self.supporters is not None:
                 verdict = self.supporters.inspector.review(supporter_requests.inspector_request(
                     phase, decision, items, phase_programs, gate_cfg=self.gate_cfg,
                     quality_metrics=self.quality_metrics))
@@ -170,13 +243,10 @@ class FineTuner:
                 promoted = not vetoed
             if promoted:
                 self.reference_swap.queue_decision(decision, result.candidates)
-            record.update(gate=gate_record, promoted=promoted, vetoed=vetoed,
-                          inspector=verdict.model_dump() if verdict is not None else None,
-                          seconds_gate=time.time() - t2)
-        self.history.append({"phase": phase, "skipped": False, "pairs": len(pairs),
-                             "dpo": result.metrics, "gate": gate_record,
-                             "promoted": record.get("promoted")})
-        record["seconds"] = time.time() - t0
+            record.gate, record.promoted, record.vetoed = gate_record, promoted, vetoed
+            record.inspector = verdict.model_dump() if verdict is not None else None
+            record.seconds_gate = time.time() - t2
+        record.seconds = time.time() - t0
         return record
 
     def _online_inspector(self, phase: int, items: list, programs: list[Program]
@@ -205,14 +275,13 @@ class FineTuner:
         updated = dataclasses.replace(self.dpo_cfg, beta=advice.beta, lr=advice.lr,
                                       epochs=int(advice.epochs),
                                       score_threshold=advice.score_threshold).clamped()
-        changed = [k for k in ("score_threshold", "epochs", "beta", "lr")
-                   if getattr(updated, k) != before[k]]
+        changed = [k for k in KNOBS if getattr(updated, k) != before[k]]
         self.dpo_cfg = updated
         return {"changed": changed, "backend": advice.backend,
                 "fallback_cause": advice.fallback_cause,
                 "rationale": getattr(advice, "rationale", ""),
                 "reasons": dict(getattr(advice, "reasons", {}) or {}),
-                "values": {k: getattr(updated, k) for k in ("beta", "lr", "epochs", "score_threshold")}}
+                "values": {k: getattr(updated, k) for k in KNOB_FIELDS}}
 
 
 def prompt_hash(prompt: str) -> str:

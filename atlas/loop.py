@@ -361,7 +361,7 @@ class EvolutionLoop:
         with torch_threads(self.threads()):  # DPO and the gate: every core workers leave free
             record = self.finetuner.run_phase(phase, programs, max(before, default=-math.inf),
                                               db=self.db, logger=self.logger)
-        self.telemetry.event("phase", round=r, **record)
+        self.telemetry.event("phase", round=r, **record.to_event())
 
     def finish(self) -> dict[str, Any]:
         self.finetuner.flush_promotion()

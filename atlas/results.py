@@ -19,9 +19,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from atlas.knobs import KNOBS
 from atlas.telemetry import EVENTS, PROGRAMS, read_jsonl
 
-KNOBS = ("score_threshold", "epochs", "beta", "lr")
+__all__ = ["KNOBS", "summarise"]
 
 
 def _score(p: dict[str, Any]) -> float:

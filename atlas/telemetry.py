@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from atlas.knobs import KNOBS
 from atlas.types import Program
 
 log = logging.getLogger("atlas.telemetry")
@@ -67,7 +68,6 @@ PROGRAM_COLUMNS = ("id", "island", "round", "phase", "source", "score", "passed"
 PHASE_COLUMNS = ("phase", "round", "skipped", "reason", "pairs", "gate_reason", "gain", "kl",
                  "promoted", "vetoed", "interventions")
 # what flatten() drops (lists) but a chart needs: strategist knob changes as 0/1 series
-_KNOBS = ("score_threshold", "epochs", "beta", "lr")  # == atlas.results.KNOBS (import cycle)
 
 
 def logger_metrics(kind: str, record: dict[str, Any]) -> dict[str, float]:
@@ -78,7 +78,7 @@ def logger_metrics(kind: str, record: dict[str, Any]) -> dict[str, float]:
     strategist = record.get("strategist") if kind == "phase" else None
     if isinstance(strategist, dict):
         changed = set(strategist.get("changed") or [])
-        metrics.update({f"phase/interventions/{k}": float(k in changed) for k in _KNOBS})
+        metrics.update({f"phase/interventions/{k}": float(k in changed) for k in KNOBS})
     return metrics
 
 

@@ -1,4 +1,5 @@
-"""Records that cross module boundaries: a candidate's evaluation and a stored program.
+"""Records that cross module boundaries: a candidate's evaluation and a stored program, the
+reference mode, C_k's candidates and the gate's decision.
 
 They are plain dataclasses so that they pickle across worker processes and serialise
 to one JSON line each (``programs.jsonl``) without custom encoders.
@@ -10,6 +11,34 @@ import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
+
+
+class ReferenceMode(str, Enum):
+    """``method.reference``: what DPO is anchored at and what the gate compares against.
+
+    FIXED: the base model with adapters disabled (EvoTune), never promoted. ADAPTIVE: the
+    ``ref`` LoRA adapter, moved forward by promotions (EvoDPO, ATLAS). The values are the
+    YAML spellings, so run folders written before the enum existed still resume; a member
+    compares equal to its string and prints as it.
+    """
+
+    FIXED = "fixed"
+    ADAPTIVE = "adaptive"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @classmethod
+    def parse(cls, value: Any, field: str = "method.reference") -> "ReferenceMode":
+        """The member for ``value``, or a ValueError naming ``field`` and the choices."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"{field}={value!r} is not one of {[m.value for m in cls]}; "
+                             f"override it, e.g. `{field}={cls.FIXED.value}`") from None
 
 
 class FailureKind(str, Enum):
@@ -136,3 +165,90 @@ class GateItem:
     completions: list[str]
     scores: list[float]  # task scores; failed completions carry a finite floor score
     preferred: str
+
+
+@dataclass
+class PolicyCandidate:
+    """An element of C_k: a named copy of the policy adapter's tensors."""
+
+    name: str  # "step_3", "final", or e.g. "supporter_xyz" (C_k stays open)
+    state: dict[str, Any]  # adapter tensor name -> torch.Tensor (CPU copy)
+    step: int
+
+
+@dataclass
+class GateDecision:
+    """The Policy Inspector's verdict for phase k, with every number that led to it.
+
+    One type for the gate (``atlas.dpo.gate.decide`` fills every field) and the supporters
+    (the strategist reads the recent decisions, rebuilt from phase records with
+    ``from_record``; a number that was not measured is NaN).
+    """
+
+    accepted: bool
+    reason: str = ""  # atlas.dpo.gate: ACCEPTED | NO_GAIN | KL_TOO_LARGE | DISABLED | NO_ITEMS
+    chosen: str = ""  # name of c* (the promoted candidate when accepted)
+    gain: float = math.nan  # S(c*) - S(ref), normalised score units
+    kl: float = math.nan  # KL(c* || ref), nats per token
+    candidates: list[dict] = field(default_factory=list)  # name, step, score, gain, lower, se, kl, objective
+    ref_score: float = math.nan
+    epsilon: float = 0.0
+    delta: float = 0.0
+    lam: float = 0.0
+    score: float = math.nan  # S(c*)
+    enabled: bool = True
+    argmax: str = ""  # Eq. 4's choice (== chosen unless the gate is disabled)
+    lower_bound: float = math.nan  # paired lower confidence bound of c*'s gain (tested vs epsilon)
+    se: float = math.nan  # bootstrap standard deviation of c*'s gain
+    confidence: float = math.nan  # level of that bound
+    gain_scale: float = math.nan  # G in Eq. 4: max |gain| over C_k
+    kl_scale: float = math.nan  # K in Eq. 4: max KL over C_k
+    items: int = 0  # informative gate items S was measured on
+    # per gate item, the index of the completion each policy ranks highest (the programs it
+    # "prefers"): the Policy Inspector compares their per-component metrics (paper B.3.2)
+    candidate_preferred: list[int] = field(default_factory=list)
+    reference_preferred: list[int] = field(default_factory=list)
+
+    def promoted_state(self, candidates: list[PolicyCandidate]) -> dict[str, Any] | None:
+        """The tensors to promote (the chosen candidate's), or None when rejected."""
+        if not self.accepted:
+            return None
+        for c in candidates:
+            if c.name == self.chosen:
+                return c.state
+        raise KeyError(f"chosen candidate {self.chosen!r} is not in the given candidates "
+                       f"{[c.name for c in candidates]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready record for telemetry (NaN -> None)."""
+        def clean(v: Any) -> Any:
+            if isinstance(v, float) and not math.isfinite(v):
+                return None
+            if isinstance(v, dict):
+                return {k: clean(x) for k, x in v.items()}
+            if isinstance(v, list):
+                return [clean(x) for x in v]
+            return v
+        return clean(asdict(self))
+
+    @classmethod
+    def from_record(cls, record: Any) -> "GateDecision":
+        """Back from a ``to_dict`` record (a phase event's ``gate``, possibly with extra keys
+        such as ``held_out``) or an object with those attributes; None/non-finite -> NaN."""
+        get = record.get if isinstance(record, dict) else (
+            lambda k, d=None: getattr(record, k, d))
+        kw: dict[str, Any] = {}
+        for f in cls.__dataclass_fields__.values():
+            v = get(f.name, None)
+            if v is None:
+                continue
+            if f.name in _FLOAT_FIELDS:
+                v = float(v) if math.isfinite(float(v)) else math.nan
+            kw[f.name] = v
+        kw["accepted"] = bool(get("accepted", False))
+        kw["reason"] = str(kw.get("reason") or "")
+        return cls(**kw)
+
+
+_FLOAT_FIELDS = frozenset({"gain", "kl", "ref_score", "epsilon", "delta", "lam", "score",
+                           "lower_bound", "se", "confidence", "gain_scale", "kl_scale"})

@@ -51,8 +51,22 @@ def set_adapter_state(model: PeftModel, name: str, state: dict[str, torch.Tensor
         p.copy_(state[k].to(p.device, p.dtype))
 
 
+def promote(model: PeftModel, state: dict[str, torch.Tensor]) -> None:
+    """ref <- ``state`` (tensors copied; the policy adapter is not touched).
+
+    The one place a promotion writes the reference: the gate's accepted candidate reaches it
+    through ``atlas.dpo.ReferenceSwapCallback`` (queued, applied at the next phase start or
+    at run end), ``ResearchAgent.promote`` copies the current policy. Restoring a checkpoint
+    sets both adapters directly; that is not a promotion.
+    """
+    if not isinstance(state, dict) or not state:
+        raise TypeError("state: promote needs a non-empty adapter state dict "
+                        "(GateDecision.promoted_state(C_k) or PolicyCandidate.state)")
+    set_adapter_state(model, REF, state)
+
+
 def copy_adapter(model: PeftModel, src: str, dst: str) -> None:
-    """Copy adapter ``src`` into ``dst`` (promotion: ``copy_adapter(m, POLICY, REF)``)."""
+    """Copy adapter ``src`` into ``dst`` (``attach_adapters`` starts ``ref`` as the policy)."""
     set_adapter_state(model, dst, get_adapter_state(model, src))
 
 

@@ -19,8 +19,8 @@ from atlas.agent.adapters import (
     REF,
     adapter,
     attach_adapters,
-    copy_adapter,
     get_adapter_state,
+    promote,
     set_adapter_state,
 )
 from atlas.agent.model import _get, load_base_model
@@ -118,7 +118,7 @@ class ResearchAgent:
     # ------------------------------------------------------------------ adapters
     def promote(self) -> None:
         """Move the reference forward: ``ref`` := ``policy`` (EvoDPO / accepted ATLAS gate)."""
-        copy_adapter(self.model, POLICY, REF)
+        promote(self.model, get_adapter_state(self.model, POLICY))
 
     def save_adapters(self, path: str | Path) -> Path:
         """Write both adapters to ``path/adapters.safetensors`` (a folder, created if needed)."""

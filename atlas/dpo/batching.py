@@ -11,14 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import torch
 
 from atlas.types import PreferencePair
 
-if TYPE_CHECKING:
-    from atlas.dpo.prefix import PromptGroup
+
+class PromptGroup(NamedTuple):
+    """A prompt's token ids and the completions (token ids, EOS included) scored after it.
+    (A named tuple: Lightning moves batches through collections and rebuilds tuples.)"""
+
+    prompt: tuple[int, ...]
+    completions: tuple[tuple[int, ...], ...]
 
 
 @dataclass
@@ -112,12 +117,10 @@ class SharedPromptCollator:
     pairs' positions in the phase (for the reference table) and ``tokens``: tokens run.
     """
 
-    def __init__(self, encoded: Sequence["PromptGroup"]) -> None:
+    def __init__(self, encoded: Sequence[PromptGroup]) -> None:
         self.encoded = list(encoded)
 
     def __call__(self, indices: Sequence[int]) -> dict:
-        from atlas.dpo.prefix import PromptGroup
-
         # prompt -> {completion -> row}: a shared prompt runs once, a repeated completion too
         order: dict[tuple[int, ...], dict[tuple[int, ...], int]] = {}
         slots = []

@@ -6,24 +6,23 @@ evenly spaced optimiser steps: the intermediate checkpoints of C_k (paper Eq. 4)
 ``ReferenceSwapCallback`` is how a gate decision reaches the LightningModule: the gate's
 accepted candidate is queued (``queue`` / ``queue_decision``) and the callback calls
 ``DPOModule.swap_reference`` at the next phase boundary (``on_train_start``), i.e. before the
-first step of the phase that must train against the new reference. A queued swap is part of
-the callback's checkpoint state, so it survives a save/load between the gate and the next
-phase.
+first step of the phase that must train against the new reference; a swap still queued when
+the run ends is applied by ``flush``. It owns promotion: nothing else decides when ``ref``
+moves, and both paths write it through ``atlas.agent.adapters.promote``. A queued swap is
+part of the callback's checkpoint state, so it survives a save/load between the gate and the
+next phase.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
-from atlas.agent.adapters import POLICY, get_adapter_state
-
-if TYPE_CHECKING:  # pragma: no cover
-    from atlas.dpo.gate import GateDecision
-    from atlas.dpo.phase import PolicyCandidate
+from atlas.agent.adapters import POLICY, get_adapter_state, promote
+from atlas.types import GateDecision, PolicyCandidate
 
 
 def snapshot_steps(total_steps: int, checkpoints: int) -> list[int]:
@@ -67,8 +66,8 @@ class ReferenceSwapCallback(pl.Callback):
         self.pending = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
         self.pending_name = name
 
-    def queue_decision(self, decision: "GateDecision",
-                       candidates: Sequence["PolicyCandidate"]) -> bool:
+    def queue_decision(self, decision: GateDecision,
+                       candidates: Sequence[PolicyCandidate]) -> bool:
         """Queue the gate's chosen candidate if the gate accepted it; return whether queued."""
         state = decision.promoted_state(candidates)
         if state is None:
@@ -76,12 +75,24 @@ class ReferenceSwapCallback(pl.Callback):
         self.queue(state, decision.chosen)
         return True
 
+    def _take(self) -> dict[str, torch.Tensor]:
+        """The queued tensors, now recorded as applied and no longer pending."""
+        state = self.pending
+        self.applied.append(self.pending_name)
+        self.pending, self.pending_name = None, ""
+        return state
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.pending is None:
             return
-        pl_module.swap_reference(self.pending)
-        self.applied.append(self.pending_name)
-        self.pending, self.pending_name = None, ""
+        pl_module.swap_reference(self._take())
+
+    def flush(self, model: torch.nn.Module) -> bool:
+        """Apply a swap still queued when no phase follows (run end); return whether one was."""
+        if self.pending is None:
+            return False
+        promote(model, self._take())
+        return True
 
     def state_dict(self) -> dict[str, Any]:
         return {"pending": self.pending, "pending_name": self.pending_name,

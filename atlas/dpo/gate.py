@@ -17,27 +17,21 @@ where G = max_c |gain(c)| and K = max_c KL(c) over C_k (each term spans at most 
 dominates by construction; lam = 1 trades the largest gain against the largest KL).
 
 With the gate disabled (EvoDPO, paper B.1) the phase-final policy is promoted every phase and
-the numbers are still computed and recorded. The decision reaches the reference either
-directly (``promote``) or through Lightning: ``ReferenceSwapCallback.queue_decision(decision,
-C_k)`` and the next ``train_phase(..., pending_reference=callback)``.
+the numbers are still computed and recorded. The decision reaches the reference only through
+its owner, ``ReferenceSwapCallback.queue_decision(decision, C_k)``: the next
+``train_phase(..., pending_reference=callback)`` applies it, or ``flush`` at run end.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
-
-from atlas.agent.adapters import REF, set_adapter_state
+from atlas.agent.adapters import REF
 from atlas.dpo.config import GateConfig
 from atlas.dpo.scoring import GainEstimate, PolicySpec, gate_pass, importance_gain, mean_kl
-from atlas.types import GateItem
-
-if TYPE_CHECKING:  # pragma: no cover
-    from atlas.dpo.phase import PolicyCandidate
+from atlas.types import GateDecision, GateItem, PolicyCandidate, ReferenceMode
 
 ACCEPTED = "accepted"
 NO_GAIN = "rejected: no gain"
@@ -70,57 +64,6 @@ def inspector_score(model, tokenizer, items: list[GateItem], policy: PolicySpec,
     return importance_gain(res.sum_logps[0], res.ref_sum_logps, items,
                            temperature=gate.temperature, confidence=gate.confidence,
                            resamples=gate.resamples, seed=seed)
-
-
-@dataclass
-class GateDecision:
-    """The inspector's verdict for phase k, with every number that led to it."""
-
-    accepted: bool
-    reason: str  # ACCEPTED | NO_GAIN | KL_TOO_LARGE | DISABLED | NO_ITEMS
-    chosen: str  # name of c* (the promoted candidate when accepted)
-    gain: float  # S(c*) - S(ref), normalised score units
-    kl: float  # KL(c* || ref), nats per token
-    candidates: list[dict] = field(default_factory=list)  # name, step, score, gain, lower, se, kl, objective
-    ref_score: float = math.nan
-    epsilon: float = 0.0
-    delta: float = 0.0
-    lam: float = 0.0
-    score: float = math.nan  # S(c*)
-    enabled: bool = True
-    argmax: str = ""  # Eq. 4's choice (== chosen unless the gate is disabled)
-    lower_bound: float = math.nan  # paired lower confidence bound of c*'s gain (tested vs epsilon)
-    se: float = math.nan  # bootstrap standard deviation of c*'s gain
-    confidence: float = math.nan  # level of that bound
-    gain_scale: float = math.nan  # G in Eq. 4: max |gain| over C_k
-    kl_scale: float = math.nan  # K in Eq. 4: max KL over C_k
-    items: int = 0  # informative gate items S was measured on
-    # per gate item, the index of the completion each policy ranks highest (the programs it
-    # "prefers"): the Policy Inspector compares their per-component metrics (paper B.3.2)
-    candidate_preferred: list[int] = field(default_factory=list)
-    reference_preferred: list[int] = field(default_factory=list)
-
-    def promoted_state(self, candidates: Sequence["PolicyCandidate"]) -> dict[str, torch.Tensor] | None:
-        """The tensors to promote (the chosen candidate's), or None when rejected."""
-        if not self.accepted:
-            return None
-        for c in candidates:
-            if c.name == self.chosen:
-                return c.state
-        raise KeyError(f"chosen candidate {self.chosen!r} is not in the given candidates "
-                       f"{[c.name for c in candidates]}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready record for telemetry (NaN -> None)."""
-        def clean(v: Any) -> Any:
-            if isinstance(v, float) and not math.isfinite(v):
-                return None
-            if isinstance(v, dict):
-                return {k: clean(x) for k, x in v.items()}
-            if isinstance(v, list):
-                return [clean(x) for x in v]
-            return v
-        return clean(asdict(self))
 
 
 def _scale(values: Sequence[float]) -> float:
@@ -177,8 +120,9 @@ def decide(scores: Sequence[float], kls: Sequence[float], names: Sequence[str], 
                         items=items)
 
 
-def select_and_gate(model, tokenizer, candidates: list["PolicyCandidate"], items: list[GateItem],
-                    gate: GateConfig, *, enabled: bool = True, reference: str = "adaptive",
+def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: list[GateItem],
+                    gate: GateConfig, *, enabled: bool = True,
+                    reference: ReferenceMode | str = ReferenceMode.ADAPTIVE,
                     online_score: Callable[[PolicySpec, str], float] | None = None,
                     seed: int = 0) -> GateDecision:
     """Score C_k and the reference on G_k, choose c* (Eq. 4), test it (Eq. 5).
@@ -194,7 +138,7 @@ def select_and_gate(model, tokenizer, candidates: list["PolicyCandidate"], items
     """
     if not isinstance(gate, GateConfig):
         raise TypeError(f"gate must be a GateConfig (GateConfig.from_cfg(cfg.gate)), got {type(gate).__name__}")
-    if reference not in ("adaptive", "fixed"):
+    if reference not in tuple(ReferenceMode):
         raise ValueError(f"reference must be 'adaptive' or 'fixed' (method.reference), got {reference!r}")
     if gate.score_mode == "online" and online_score is None:
         raise ValueError("gate.score_mode=online needs online_score (a sampler and the sandbox: "
@@ -211,7 +155,7 @@ def select_and_gate(model, tokenizer, candidates: list["PolicyCandidate"], items
             d.reason = NO_ITEMS
         return d
     res = gate_pass(model, tokenizer, items, [c.state for c in candidates],
-                    kl_reference="ref" if reference == "adaptive" else "fixed", need_scores=True,
+                    kl_reference=_spec(reference), need_scores=True,
                     batch_size=gate.batch_size, max_length=gate.max_length)
     kls = [mean_kl(k) for k in res.kl]
     lowers: list[float] | None = None
@@ -219,7 +163,7 @@ def select_and_gate(model, tokenizer, candidates: list["PolicyCandidate"], items
     n_items = len(items)
     if gate.score_mode == "online":
         scores = [online_score(c.state, c.name) for c in candidates]
-        ref_score = online_score("ref" if reference == "adaptive" else "fixed", "reference")
+        ref_score = online_score(_spec(reference), "reference")
     else:
         est = [importance_gain(lp, res.ref_sum_logps, items, temperature=gate.temperature,
                                confidence=gate.confidence, resamples=gate.resamples, seed=seed)
@@ -234,17 +178,14 @@ def select_and_gate(model, tokenizer, candidates: list["PolicyCandidate"], items
     return decision
 
 
+def _spec(reference: ReferenceMode | str) -> PolicySpec:
+    """The policy spec of the reference (``atlas.dpo.scoring``): the ``ref`` adapter or none."""
+    return REF if reference == ReferenceMode.ADAPTIVE else ReferenceMode.FIXED.value
+
+
 def _argmax(values: Sequence[float]) -> int:
     finite = [i for i, v in enumerate(values) if not math.isnan(v)]
     return max(finite, key=lambda i: values[i]) if finite else 0
-
-
-def promote(model, state: dict[str, torch.Tensor]) -> None:
-    """ref <- ``state`` (tensors copied; the policy adapter is not touched)."""
-    if not isinstance(state, dict) or not state:
-        raise TypeError("state: promote needs a non-empty adapter state dict "
-                        "(GateDecision.promoted_state(C_k) or PolicyCandidate.state)")
-    set_adapter_state(model, REF, state)
 
 
 def hold_out_prompts(programs: Sequence[Any], gate: GateConfig, seed: int) -> set[str]:

@@ -16,23 +16,23 @@ import torch.nn.functional as F
 from atlas.agent.adapters import POLICY, REF, adapter
 from atlas.dpo.batching import PairCollator
 from atlas.dpo.logprobs import sequence_logps
-from atlas.types import PreferencePair
+from atlas.types import PreferencePair, ReferenceMode
 
-REFERENCE_MODES = ("fixed", "adaptive")
+REFERENCE_MODES = tuple(m.value for m in ReferenceMode)
 
 
-def check_reference(reference: str) -> str:
+def check_reference(reference: ReferenceMode | str) -> ReferenceMode:
     """Validate a train-time reference mode (``fixed`` = adapters off, ``adaptive`` = ``ref``)."""
     if reference not in REFERENCE_MODES:
         raise ValueError(f"reference must be one of {REFERENCE_MODES} (method.reference), "
                          f"got {reference!r}")
-    return reference
+    return ReferenceMode(reference)
 
 
 @contextlib.contextmanager
 def reference_forward(model, reference: str) -> Iterator[None]:
     """No-grad, eval-mode (no dropout) context in which ``model`` is the reference policy."""
-    name = None if check_reference(reference) == "fixed" else REF
+    name = None if check_reference(reference) == ReferenceMode.FIXED else REF
     was_training = model.training
     model.eval()
     try:

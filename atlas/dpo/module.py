@@ -15,10 +15,11 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from atlas.agent.adapters import POLICY, adapter, adapter_params, set_adapter_state
+from atlas.agent.adapters import POLICY, adapter, adapter_params, promote, set_adapter_state
 from atlas.dpo.config import DPOConfig
 from atlas.dpo.loss import check_reference, dpo_loss, dpo_terms, reference_forward
 from atlas.dpo.prefix import PromptGroup, grouped_logps, pair_logps_table
+from atlas.types import ReferenceMode
 
 _LORA = "lora_"
 _CKPT_KEY = "atlas_reference"
@@ -27,7 +28,7 @@ _CKPT_KEY = "atlas_reference"
 class DPOModule(pl.LightningModule):
     """Trains ``model``'s policy adapter with the sigmoid DPO loss against ``reference``."""
 
-    def __init__(self, model: torch.nn.Module, cfg: DPOConfig, reference: str,
+    def __init__(self, model: torch.nn.Module, cfg: DPOConfig, reference: ReferenceMode | str,
                  optimizer_state: dict | None = None,
                  encoded: list[PromptGroup] | None = None, recompute: bool = False) -> None:
         super().__init__()
@@ -109,16 +110,14 @@ class DPOModule(pl.LightningModule):
     # -- the reference ----------------------------------------------------------------------
     def swap_reference(self, state: dict[str, torch.Tensor]) -> None:
         """ref <- ``state`` (copied). Only meaningful for the adaptive reference."""
-        if self.reference != "adaptive":
+        if self.reference != ReferenceMode.ADAPTIVE:
             raise ValueError("swap_reference: this module's reference is 'fixed' (the base model); "
                              "use method.reference=adaptive to move the reference")
-        from atlas.dpo.gate import promote
-
         promote(self.model, state)
         self.reference_swaps += 1
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[_CKPT_KEY] = {"mode": self.reference, "swaps": self.reference_swaps}
+        checkpoint[_CKPT_KEY] = {"mode": self.reference.value, "swaps": self.reference_swaps}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         info = checkpoint.get(_CKPT_KEY)

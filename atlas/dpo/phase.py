@@ -28,16 +28,7 @@ from atlas.dpo.config import DPOConfig
 from atlas.dpo.loss import check_reference
 from atlas.dpo.module import DPOModule
 from atlas.dpo.prefix import PromptGroup, encode_group
-from atlas.types import PreferencePair
-
-
-@dataclass
-class PolicyCandidate:
-    """An element of C_k: a named copy of the policy adapter's tensors."""
-
-    name: str  # "step_3", "final", or e.g. "supporter_xyz" (C_k stays open)
-    state: dict[str, torch.Tensor]
-    step: int
+from atlas.types import PolicyCandidate, PreferencePair, ReferenceMode
 
 
 @dataclass
@@ -104,7 +95,8 @@ def _summary(history: list[dict], steps: int, seconds: float, n_pairs: int) -> d
     return out
 
 
-def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, reference: str, *,
+def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
+                reference: ReferenceMode | str, *,
                 seed: int = 0, logger: Any = None, optimizer_state: dict | None = None,
                 pending_reference: dict[str, torch.Tensor] | ReferenceSwapCallback | None = None,
                 ) -> PhaseResult:
@@ -117,12 +109,12 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig, r
     queued by the gate (a state dict or a ``ReferenceSwapCallback``), applied through
     ``DPOModule.swap_reference`` at this phase's start. Global RNG state is left as it was.
     """
-    check_reference(reference)
+    reference = check_reference(reference)
     if not isinstance(cfg, DPOConfig):
         raise TypeError(f"cfg must be a DPOConfig (DPOConfig.from_cfg(cfg.dpo)), got {type(cfg).__name__}")
     if not pairs:
         raise ValueError("pairs: train_phase needs at least one PreferencePair (skip the phase instead)")
-    if pending_reference is not None and reference != "adaptive":
+    if pending_reference is not None and reference != ReferenceMode.ADAPTIVE:
         raise ValueError("pending_reference: a fixed reference cannot be promoted; "
                          "use method.reference=adaptive or drop pending_reference")
     if logger is not None and not (isinstance(logger, pl.loggers.Logger) or callable(logger)):

@@ -20,19 +20,12 @@ same context x, as DPO assumes.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
 
 import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
-
-class PromptGroup(NamedTuple):
-    """A prompt's token ids and the completions (token ids, EOS included) scored after it.
-    (A named tuple: Lightning moves batches through collections and rebuilds tuples.)"""
-
-    prompt: tuple[int, ...]
-    completions: tuple[tuple[int, ...], ...]
+from atlas.dpo.batching import PromptGroup, SharedPromptCollator
 
 
 def _ids(tokenizer, text: str) -> list[int]:
@@ -158,8 +151,6 @@ def pair_logps_table(model: torch.nn.Module, encoded: Sequence[PromptGroup]) -> 
     """(n, 2) sequence log-probs of every pair's (chosen, rejected) under ``model`` as it is
     now: each distinct prompt of the whole phase runs once, each distinct completion once.
     The reference's table is computed once per phase, not once per step and epoch."""
-    from atlas.dpo.batching import SharedPromptCollator
-
     if not encoded:
         raise ValueError("encoded: the table needs at least one pair")
     batch = SharedPromptCollator(encoded)(range(len(encoded)))

@@ -24,10 +24,12 @@ import torch
 
 from atlas.agent.adapters import POLICY, REF, adapter, get_adapter_state, set_adapter_state
 from atlas.dpo.prefix import PromptGroup, completion_logits, encode_group
-from atlas.types import GateItem
+from atlas.types import GateItem, ReferenceMode
 
 PolicySpec = str | dict  # "fixed" | "ref" | "adaptive" | "policy" | adapter state dict
-_NAMED = ("fixed", "ref", "adaptive", "policy")
+#: specs that run the ``ref`` adapter: its name, or the reference mode that uses it
+REF_SPECS = (REF, ReferenceMode.ADAPTIVE.value)
+_NAMED = (ReferenceMode.FIXED.value, *REF_SPECS, POLICY)
 
 
 def check_spec(spec: PolicySpec, what: str) -> PolicySpec:
@@ -82,7 +84,7 @@ def _running(model, spec: PolicySpec, original: dict) -> Iterator[None]:
         set_adapter_state(model, POLICY, original if spec == "policy" else spec)
         with adapter(model, POLICY):
             yield
-    elif spec in ("ref", "adaptive"):
+    elif spec in REF_SPECS:
         with adapter(model, REF):
             yield
     else:

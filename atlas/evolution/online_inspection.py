@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas.agent.adapters import POLICY, REF
-from atlas.dpo.scoring import PolicySpec, check_spec, running_policy
+from atlas.dpo.scoring import REF_SPECS, PolicySpec, check_spec, running_policy
 from atlas.types import Evaluation
 
 
@@ -25,7 +25,7 @@ def adapter_for(spec: PolicySpec) -> str | None:
     """The adapter ``ResearchAgent.generate`` samples from while ``spec`` is running."""
     if isinstance(spec, dict) or spec == "policy":
         return POLICY
-    return REF if spec in ("ref", "adaptive") else None
+    return REF if spec in REF_SPECS else None
 
 
 @dataclass

@@ -18,6 +18,7 @@ from atlas.supporters.config import ExplorationConfig, RoleConfig
 from atlas.supporters.openai_backend import SupporterError
 from atlas.supporters.patching import defines_entry_point
 from atlas.supporters.schemas import (
+    KNOB_FIELDS,
     RAW_CHARS,
     TEMPERATURE_BOUNDS,
     ExplorationAdvice,
@@ -147,7 +148,7 @@ def parse_strategist(text: str, req: StrategistRequest, cfg: RoleConfig) -> Stra
 def changed_knobs(old: Knobs, new: Knobs) -> list[str]:
     """Knobs whose value differs (relative 1e-9 for floats): the caller counts these."""
     out = []
-    for name in ("beta", "lr", "epochs", "score_threshold"):
+    for name in KNOB_FIELDS:
         a, b = getattr(old, name), getattr(new, name)
         if (a is None) != (b is None) or (a is not None and not math.isclose(a, b, rel_tol=1e-9)):
             out.append(name)

@@ -20,6 +20,8 @@ from pydantic import (
     model_validator,
 )
 
+from atlas.schema import field_error
+
 ROLES: tuple[str, ...] = ("exploration", "strategist", "inspector")
 
 
@@ -147,9 +149,6 @@ def role_configs(cfg: Mapping | None) -> dict[str, RoleConfig]:
         merged.update(block)
         try:
             out[role] = model(**merged)
-        except ValidationError as exc:
-            errs = "; ".join(
-                ".".join(["supporters", role, *map(str, e["loc"])]) + f": {e['msg']}"
-                for e in exc.errors())
-            raise ValueError(f"invalid supporters config: {errs}") from None
+        except ValidationError as exc:  # phrased like every other group's errors
+            raise field_error(exc, f"supporters.{role}", list(model.model_fields)) from None
     return out

@@ -43,6 +43,7 @@ import math
 import random
 from collections import Counter
 
+from atlas.knobs import HARD_BOUNDS
 from atlas.supporters.answers import changed_knobs
 from atlas.supporters.config import ExplorationConfig, InspectorConfig, StrategistConfig
 from atlas.supporters.patching import add_robust_loss, find_numeric_sites, normalise, perturb
@@ -130,7 +131,7 @@ def strategize(req: StrategistRequest, cfg: StrategistConfig) -> StrategistAdvic
     new["beta"] = min(max(new["beta"], b.beta[0]), b.beta[1])
     new["lr"] = min(max(new["lr"], b.lr[0]), b.lr[1])
     new["epochs"] = int(min(max(new["epochs"], b.epochs[0]), b.epochs[1]))
-    for name in ("beta", "lr", "epochs"):
+    for name in HARD_BOUNDS:
         if new[name] != getattr(k, name):
             why[name] = f"{name} {getattr(k, name):g} outside its bounds: clamped"
     _threshold(req, cfg, new, why)
@@ -195,8 +196,8 @@ def _lr(req: StrategistRequest, cfg: StrategistConfig, new: dict, why: dict) -> 
     gates, delta, acc = req.gate_decisions, req.gate_delta, req.dpo.accuracy
     last = gates[0] if gates else None
     streak = gates[: cfg.reject_streak]
-    if (last is not None and not last.accepted and last.kl is not None and delta is not None
-            and last.kl > delta and new["lr"] > lo):
+    if (last is not None and not last.accepted and delta is not None
+            and last.kl > delta and new["lr"] > lo):  # an unmeasured (NaN) KL is never > delta
         new["lr"] = max(new["lr"] * 0.5, lo)
         why["lr"] = f"last gate rejected for KL {last.kl:.3g} > delta {delta:.3g}: lr halved"
     elif acc is not None and acc < cfg.collapse_accuracy and new["lr"] > lo:
@@ -204,7 +205,7 @@ def _lr(req: StrategistRequest, cfg: StrategistConfig, new: dict, why: dict) -> 
         why["lr"] = (f"DPO accuracy {acc:.2f} < {cfg.collapse_accuracy:g} (the policy prefers "
                      "the rejected programs): lr halved")
     elif (cfg.reject_streak > 0 and len(streak) == cfg.reject_streak and delta is not None
-          and all(not g.accepted and g.kl is not None and g.kl <= delta / 2
+          and all(not g.accepted and g.kl <= delta / 2  # NaN: False
                   and _no_gain(g, req.gate_epsilon) for g in streak)
           and new["lr"] < hi):
         new["lr"] = min(new["lr"] * 2.0, hi)
@@ -218,7 +219,7 @@ def _no_gain(g: GateDecision, epsilon: float) -> bool:
     reason falls back to comparing the gain with epsilon."""
     if g.reason:
         return "no gain" in g.reason
-    return g.gain is None or g.gain < epsilon
+    return not g.gain >= epsilon  # an unmeasured (NaN) gain is no gain
 
 
 def _epochs(req: StrategistRequest, cfg: StrategistConfig, new: dict, why: dict) -> None:

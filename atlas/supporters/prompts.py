@@ -37,7 +37,7 @@ def template(role: str) -> tuple[Template, Template]:
 
 
 def _fmt(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.4g}"
+    return "n/a" if v is None or v != v else f"{v:.4g}"  # None or NaN: not measured
 
 
 def _dec(v: float) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from statistics import mean
 from typing import Any
 
+from atlas.knobs import INTEGER_KNOBS
 from atlas.supporters.patching import normalise
 from atlas.supporters.schemas import (
     HARD_BOUNDS,
@@ -71,7 +72,7 @@ def _bounds(dpo_cfg: Any) -> KnobBounds:
         lo, hi = max(float(lo), hlo), min(float(hi), hhi)  # config may only narrow
         if lo > hi:
             lo, hi = hlo, hhi
-        out[name] = (int(math.ceil(lo)), int(hi)) if name == "epochs" else (lo, hi)
+        out[name] = (int(math.ceil(lo)), int(hi)) if name in INTEGER_KNOBS else (lo, hi)
     return KnobBounds(**out)
 
 
@@ -100,10 +101,7 @@ def strategist_request(phase: int, dpo_cfg: Any, programs: Sequence[Program],
         phase=phase, knobs=knobs, bounds=_bounds(dpo_cfg),
         pairs_built=int(built[-1]["pairs"] or 0) if built else None,
         scores=scores, diversity=code_diversity(programs),
-        gate_decisions=[GateDecision(accepted=bool(_get(g, "accepted")),
-                                     reason=str(_get(g, "reason", "") or ""),
-                                     gain=_finite(_get(g, "gain")), kl=_finite(_get(g, "kl")))
-                        for g in gates],
+        gate_decisions=[GateDecision.from_record(g) for g in gates],
         dpo=DpoMetrics(loss=_finite(dpo.get("loss")),
                        accuracy=_clip01(_finite(dpo.get("accuracy", dpo.get("reward_accuracy")))),
                        margin=_finite(dpo.get("margin", dpo.get("reward_margin")))),

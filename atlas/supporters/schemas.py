@@ -13,8 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from atlas.knobs import HARD_BOUNDS, KNOBS
 from atlas.tasks.base import PromptSpec
-from atlas.types import Program
+from atlas.types import GateDecision, Program
 
 Backend = str  # "embedded" (the rules), "openai" or the import path of a chat backend
 #: why a supporter answer was not used: no connection, no answer in time, an HTTP error
@@ -26,13 +27,6 @@ FALLBACK_CAUSES: tuple[str, ...] = ("unreachable", "timeout", "http_error", "mal
 
 #: island sampling temperature the exploration supporter may suggest
 TEMPERATURE_BOUNDS: tuple[float, float] = (0.3, 1.5)
-#: hard limits of the strategist's knobs (conf/dpo `bounds` may only narrow them)
-HARD_BOUNDS: dict[str, tuple[float, float]] = {
-    "beta": (0.01, 2.0),
-    "lr": (1e-6, 1e-3),
-    "epochs": (1, 5),
-}
-KNOBS: tuple[str, ...] = ("beta", "lr", "epochs", "score_threshold")
 RAW_CHARS = 2000  # raw answer text kept in a response record
 
 
@@ -128,22 +122,30 @@ class Knobs(_Model):
     score_threshold: float | None = None
 
 
+#: the knobs in declaration order (how advice lists and explains its changes)
+KNOB_FIELDS: tuple[str, ...] = tuple(Knobs.model_fields)
+
+
 class KnobBounds(_Model):
     """Limits for beta / lr / epochs; they are intersected with ``HARD_BOUNDS``."""
 
     beta: tuple[float, float] = HARD_BOUNDS["beta"]
     lr: tuple[float, float] = HARD_BOUNDS["lr"]
-    epochs: tuple[int, int] = (1, 5)
+    epochs: tuple[int, int] = HARD_BOUNDS["epochs"]
 
     @model_validator(mode="after")
     def _within_hard_bounds(self) -> KnobBounds:
-        for name in ("beta", "lr", "epochs"):
+        for name in HARD_BOUNDS:
             lo, hi = getattr(self, name)
             hlo, hhi = HARD_BOUNDS[name]
             if not (hlo <= lo <= hi <= hhi):
                 raise ValueError(f"bounds.{name}={[lo, hi]} must satisfy {hlo} <= low <= high "
                                  f"<= {hhi}; fix dpo.bounds.{name} in the config")
         return self
+
+
+assert set(KNOB_FIELDS) == set(KNOBS) and set(KnobBounds.model_fields) == set(HARD_BOUNDS), \
+    "atlas.knobs and the Knobs / KnobBounds schemas must name the same knobs"
 
 
 class ScoreStats(_Model):
@@ -160,13 +162,6 @@ class ScoreStats(_Model):
     def passed(self) -> int:
         """Passed programs of the phase (given, or estimated from ``valid_rate * n``)."""
         return self.n_passed if self.n_passed is not None else round(self.valid_rate * self.n)
-
-
-class GateDecision(_Model):
-    accepted: bool
-    reason: str = ""
-    gain: float | None = None
-    kl: float | None = None
 
 
 class DpoMetrics(_Model):
@@ -186,7 +181,9 @@ class StrategistRequest(_Model):
     scores: ScoreStats = Field(default_factory=ScoreStats)
     diversity: float = Field(1.0, ge=0.0, le=1.0,
                              description="distinct normalised / total of the agent's programs")
-    gate_decisions: list[GateDecision] = Field(default_factory=list, description="recent first")
+    gate_decisions: list[GateDecision] = Field(
+        default_factory=list, description="recent first; the gate's own records "
+        "(atlas.types.GateDecision), numbers it did not measure are NaN")
     dpo: DpoMetrics = Field(default_factory=DpoMetrics)
     gate_epsilon: float = 0.0
     gate_delta: float | None = Field(None, description="KL trust region, to read rejections")

@@ -34,7 +34,8 @@ from atlas.fields import require
 
 @dataclass(frozen=True)
 class BanditConfig:
-    """Environment parameters; see conf/task/bandit.yaml for what each one means."""
+    """Environment parameters; see conf/task/bandit.yaml for what each one means. The
+    defaults are that file's values (tests/test_schema.py keeps them equal)."""
 
     K: int = 5  # arms
     d: int = 5  # context dimension
@@ -42,7 +43,7 @@ class BanditConfig:
     drift_budget: float = 8.0
     drift_segments: int = 4
     drift_persistence: float = 0.99
-    noise_sigma: float = 1.0
+    noise_sigma: float = 3.0
     center_contexts: bool = True
 
     def __post_init__(self) -> None:
