@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from atlas.fields import check_known_fields
 from atlas.knobs import HARD_BOUNDS
+from atlas.loggers import WANDB_TARGET
 from atlas.schema import (
     ExploreConfig,
     LoggerConfig,
@@ -112,8 +113,6 @@ def check_known_keys(cfg: DictConfig) -> None:
     its class checks its own fields (``Task(**cfg.task)`` fails naming an unknown one), not
     this schema.
     """
-    from atlas.loggers import WANDB_TARGET
-
     node = OmegaConf.to_container(cfg, resolve=False)
     if isinstance(node.get("task"), Mapping) and "_target_" in node["task"]:
         node = {k: v for k, v in node.items() if k != "task"}
@@ -185,7 +184,10 @@ def validate(cfg: DictConfig) -> None:
     method = _build(MethodConfig.from_cfg, cfg.method)
     _build(ModelConfig.from_cfg, cfg.model)
     _build(SandboxConfig.from_cfg, cfg.sandbox)
-    _build(LoggerConfig.from_cfg, cfg.logger)
+    logger = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=False).items()
+              if k != "_target_"}
+    if cfg.logger.get("_target_", WANDB_TARGET) == WANDB_TARGET:  # else its factory checks
+        _build(LoggerConfig.from_cfg, OmegaConf.create(logger))
     _build(ExploreConfig.from_cfg, cfg.explore)
     check_typed_groups(cfg)
     if method.supporters:  # the roles' settings are read only when supporters run

@@ -263,7 +263,9 @@ class SandboxConfig:
 
 @group("logger")
 class LoggerConfig:
-    """``conf/logger/*.yaml``; the W&B fields are absent from ``logger=none``."""
+    """``conf/logger/*.yaml`` of the built-in loggers (their ``_target_`` is
+    ``atlas.loggers.wandb_logger``); the W&B fields are absent from ``logger=none``. A logger
+    with another ``_target_`` is checked by its own factory."""
 
     name: Literal["wandb", "none"]
     mode: Literal["offline", "online", "disabled"] | None = None
