@@ -224,7 +224,7 @@ class PinnEvaluator:
             (self._params(round_index), model.to_device(training_points(cfg, round_index)),
              jnp.float32(nu_value), model.init_stats(), jnp.int32(cfg.n_steps),
              jnp.int32(-1), jnp.int32(0)), self.jax.devices()[0])
-        opt_state = self.trainer.init_opt(params)
+        opt_state = self.jax.device_put(self.trainer.init_opt(params), self.jax.devices()[0])
         vecs, extras, stats = self.trainer.observe(params, train, nu, stats0, step, n_steps)
         t0 = time.perf_counter()
         try:

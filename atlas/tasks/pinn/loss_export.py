@@ -12,8 +12,9 @@ reference export of the same signature (trees, shapes, dtypes, platform, effects
 that is read from the runner), and only accepts a module whose ``main`` has exactly the
 expected argument and result types, whose ops are plain StableHLO (no ``custom_call``: no
 Python callbacks, no host transfers, no collectives), and whose every value is a ranked
-static tensor of at most ``MAX_ELEMENTS`` elements. A module that loops forever is stopped by
-the sandbox's wall-time limit like any candidate.
+static tensor of at most ``MAX_ELEMENTS`` elements (``MAX_TOTAL_ELEMENTS`` together). A
+module that loops forever is stopped by the sandbox's wall-time limit like any candidate
+(the scorer is then restarted: it was the process running the loop).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ from atlas.types import FailureKind
 #: the most elements any value of an exported loss may have (an outer product of the
 #: 2,048 validation residuals is 4.2M; 16M float32 is 64 MB)
 MAX_ELEMENTS = 1 << 24
+#: the most elements all values of a module may have together: a bound on the memory the
+#: scorer gives one loss (256 MB of float32), whose process the sandbox's memory watch of
+#: runners does not cover; an honest loss has a few dozen values of ~1,000-4M elements
+MAX_TOTAL_ELEMENTS = 1 << 26
 #: the most bytes of serialized module the scorer accepts
 MAX_MODULE_BYTES = 4 << 20
 #: ops that structure a module; everything else must be ``stablehlo.*`` or ``chlo.*``
@@ -261,6 +266,7 @@ def module_problem(module: Any) -> str | None:
     from jax._src.lib.mlir import ir
 
     problems: list[str] = []
+    total = [0]
 
     def check_type(t: Any, where: str) -> None:
         try:
@@ -273,6 +279,11 @@ def module_problem(module: Any) -> str | None:
         elif math.prod(tensor.shape) > MAX_ELEMENTS:
             problems.append(f"{where} has {math.prod(tensor.shape)} elements "
                             f"(at most {MAX_ELEMENTS})")
+        else:
+            total[0] += math.prod(tensor.shape)
+            if total[0] > MAX_TOTAL_ELEMENTS:
+                problems.append(f"has more than {MAX_TOTAL_ELEMENTS} elements in all its "
+                                f"values together")
 
     def visit(op: Any) -> Any:
         name = op.name
