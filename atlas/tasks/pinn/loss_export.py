@@ -48,10 +48,10 @@ FORBIDDEN_OPS = frozenset(f"stablehlo.{n}" for n in (
     "all_gather", "all_reduce", "all_to_all", "reduce_scatter", "collective_permute",
     "collective_broadcast", "partition_id", "replica_id"))
 
-CONTROL_FLOW = ("pinn_loss_strategy uses Python control flow or a Python number on a traced "
-                "value (`if`, `and`/`or`, `float()`, `int()` on an array), which cannot be "
-                "compiled: use jnp.where(cond, a, b), jnp.minimum/jnp.maximum or jnp.clip "
-                "instead")
+CONTROL_FLOW = ("pinn_loss_strategy uses Python control flow, a Python number or NumPy on a "
+                "traced value (`if`, `and`/`or`, `float()`, `int()`, `np.*` on an array), "
+                "which cannot be compiled: use jnp.where(cond, a, b), jnp.minimum/jnp.maximum "
+                "or jnp.clip, and jnp instead of np")
 NO_CALLBACKS = ("pinn_loss_strategy calls back into Python (jax.pure_callback, io_callback, "
                 "jax.debug.callback or jax.debug.print), which cannot be exported: no Python "
                 "callbacks in the loss; compute it with jax.numpy only")
