@@ -223,6 +223,9 @@ def test_pinn_attacks_get_a_failure_or_an_honest_score_and_leave_the_seed_alone(
             ev = sb.evaluate(path.read_text(), ctx)
             if path.stem == "negative_own_loss":
                 assert ev.failure_kind == FailureKind.TAMPERED.value, ev
+            elif path.stem == "python_callback":  # cannot be exported: a clear failure
+                assert ev.failure_kind == FailureKind.EXCEPTION.value, ev
+                assert "no Python callbacks in the loss" in ev.message, ev
             elif path.stem == "leftover_files" and not ev.passed:  # the guard saw the writes
                 assert "may only write inside its working directory" in ev.message, ev
             else:  # each trains with the seed's loss: exactly the seed's validation numbers
@@ -233,26 +236,3 @@ def test_pinn_attacks_get_a_failure_or_an_honest_score_and_leave_the_seed_alone(
             after = sb.evaluate(task.seed_program(), ctx)
             assert after.passed and after.score == seed.score, (path.stem, after)
             assert after.metrics["val_loss"] == seed.metrics["val_loss"], path.stem
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known hole: training runs in the candidate's process, "
-                   "so a program can change how it is trained (here 4x the steps); the scorer "
-                   "only sees parameters. Needs the loss exported (jax.export) and trained in "
-                   "a process that runs no candidate Python")
-def test_pinn_known_hole_training_in_the_candidate_process():
-    pytest.importorskip("jax")
-    from atlas.tasks.pinn import PinnTask
-
-    task = PinnTask(**PINN_SMALL)
-    ctx = task.context(2)
-    mode = "bwrap" if probe_bwrap()[0] else "rlimits"
-    with Sandbox.for_task(task, workers=1, isolation=mode, memory_mb=3072) as sb:
-        seed = sb.evaluate(task.seed_program(), ctx)
-        assert seed.passed, seed
-        for path in sorted((ATTACKS / "pinn_known").glob("*.py")):
-            ev = sb.evaluate(path.read_text(), ctx)
-            after = sb.evaluate(task.seed_program(), ctx)
-            assert after.passed and after.score == seed.score, (path.stem, after)
-            assert not ev.passed or ev.metrics["val_loss"] == pytest.approx(
-                seed.metrics["val_loss"], rel=1e-5), (path.stem, ev)

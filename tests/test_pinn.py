@@ -216,8 +216,9 @@ def test_seed_program_trains_and_reports_metrics(evaluator):
     assert ev.passed and ev.failure_kind == FailureKind.OK.value
     m = ev.metrics
     for key in ("val_pde", "val_ic", "val_bc", "val_loss", "rel_l2", "viscosity",
-                "own_val_loss", "train_ic_max"):
+                "train_ic_max", "candidate_compile_s", "candidate_export_s"):
         assert key in m and math.isfinite(m[key])
+    assert "own_val_loss" not in m  # only score=paper evaluates the candidate's own loss
     assert ev.score == pytest.approx(-m["val_loss"])
     assert m["val_loss"] == pytest.approx(m["val_pde"] + m["val_ic"] + m["val_bc"])
     assert m["candidate_jit"] == 1.0 and m["viscosity"] == pytest.approx(CTX["viscosity"])
@@ -234,20 +235,87 @@ def test_ignoring_the_initial_condition_shows_an_ic_spike(evaluator):
     assert pde_only["val_ic"] > 10 * seed["val_ic"]  # ... the per-component metric exposes it
 
 
-def test_python_control_flow_falls_back_to_eager(evaluator):
+def test_python_control_flow_fails_and_points_to_jnp_where(evaluator):
     from atlas.tasks.pinn.evaluator import make_evaluator
 
     short = make_evaluator({**SMALL, "n_steps": 20})  # shares the compiled functions
     code = strategy("    w = 10.0 if extras['step'] < 10 else 1.0\n"
                     "    return jnp.mean(residuals ** 2) + w * jnp.mean(ic_err ** 2)"
                     " + jnp.mean(bc_err ** 2)\n")
-    ev = short(code, CTX)
-    assert ev.passed and ev.metrics["candidate_jit"] == 0.0 and ev.metrics["steps"] == 20
-    # the same schedule written with jnp.where stays compiled and trains identically
+    # the loss is exported (compiled) where it runs and trained elsewhere: no eager fallback
+    with pytest.raises(CandidateError) as info:
+        short(code, CTX)
+    assert info.value.kind == FailureKind.EXCEPTION and "jnp.where" in info.value.message
+    # the same schedule written with jnp.where is exported and trains
     jitted = short(code.replace("10.0 if extras['step'] < 10 else 1.0",
                                 "jnp.where(extras['step'] < 10, 10.0, 1.0)"), CTX)
-    assert jitted.metrics["candidate_jit"] == 1.0
-    assert jitted.metrics["train_ic"] == pytest.approx(ev.metrics["train_ic"], rel=1e-4)
+    assert jitted.passed and jitted.metrics["steps"] == 20
+
+
+@pytest.mark.parametrize("body,text", [
+    # a callback on a value without gradient (stop_gradient: no JVP needed) reaches export
+    ("    w = jax.pure_callback(lambda p: p, jax.ShapeDtypeStruct((), jnp.float32),\n"
+     "                          extras['progress'])\n"
+     "    return w * jnp.mean(residuals ** 2) + jnp.mean(ic_err ** 2)\n",
+     "no Python callbacks in the loss"),
+    ("    jax.debug.print('r0 {}', residuals[0])\n    return jnp.mean(residuals ** 2)\n",
+     "no Python callbacks in the loss"),
+    ("    w = jax.pure_callback(lambda p: p, jax.ShapeDtypeStruct((), jnp.float32), 1.0)\n"
+     "    return w * jnp.mean(residuals ** 2)\n", "no Python callbacks in the loss"),
+    # a library kernel (LAPACK custom_call) is not plain StableHLO: refused with the reason
+    ("    m = jnp.outer(ic_err[:4], ic_err[:4]) + jnp.eye(4)\n"
+     "    return jnp.linalg.eigh(m)[0].sum() + jnp.mean(residuals ** 2)\n",
+     "stablehlo.custom_call"),
+])
+def test_what_cannot_be_exported_fails_clearly(evaluator, body, text):
+    with pytest.raises(CandidateError) as info:
+        evaluator(strategy(body), CTX)
+    assert info.value.kind == FailureKind.EXCEPTION and text in info.value.message, info.value
+
+
+def test_scorer_rejects_forged_exports(evaluator):
+    """The module is data from an untrusted process: only a plain StableHLO function of the
+    task's signature is compiled; everything else is ``tampered``."""
+    import base64
+
+    import jax
+    import jax.numpy as jnp
+
+    from atlas.tasks.pinn import loss_export
+
+    honest = evaluator.export(SEED_PROGRAM)
+    evaluator.load(honest)  # accepted
+    sig = evaluator.signature()
+
+    def forged(**change):
+        return {**honest, "train": {**honest["train"], **change}}
+
+    def kernel(r, i, b, e):  # a LAPACK custom_call the runner-side check would refuse
+        return jnp.linalg.eigh(jnp.outer(i[:4], i[:4]) + jnp.eye(4))[0].sum() + jnp.mean(r * r)
+
+    exp = jax.export.export(jax.jit(loss_export.loss_function(kernel, True)))(*sig[0], sig[1])
+    other = evaluator.signature(validation=True)  # the right code at the wrong shapes
+    wrong = jax.export.export(jax.jit(loss_export.loss_function(
+        lambda r, i, b, e: jnp.mean(r * r), True)))(*other[0], other[1])
+    cases = {
+        "custom_call": forged(module=base64.b64encode(exp.mlir_module_serialized).decode(),
+                              kept=list(exp.module_kept_var_idx)),
+        "signature": forged(module=base64.b64encode(wrong.mlir_module_serialized).decode(),
+                            kept=list(wrong.module_kept_var_idx)),
+        "main function": forged(module=base64.b64encode(b"\x00" * 64).decode()),
+        "not base64": forged(module="%%%"),
+        "invalid arguments": forged(kept=[0, 0, 1]),
+        "missing": {**honest, "train": None},
+    }
+    for text, msg in cases.items():
+        with pytest.raises(CandidateError) as info:
+            evaluator.load(msg)
+        assert info.value.kind == FailureKind.TAMPERED and text in info.value.message, (
+            text, info.value.message)
+    # the training export keeps the arguments it reads; claiming others mismatches the module
+    with pytest.raises(CandidateError) as info:
+        evaluator.load(forged(kept=list(range(len(honest["train"]["kept"]) + 1))))
+    assert info.value.kind == FailureKind.TAMPERED
 
 
 @pytest.mark.parametrize("body,kind,text", [

@@ -11,10 +11,10 @@
     compiled per candidate; its compile and run seconds are reported apart, and the run
     alone (nothing dispatched per step, no compilation) bounds from below what any JAX loop
     of these 500 steps can cost on this machine.
-(s) sandboxed as a run uses it (``Sandbox.for_task``, one worker): each candidate trains in a
-    fresh single-use runner process that loads the scorer's compilation cache, and the
-    trusted scorer validates the returned parameters; back to back, so every candidate also
-    waits for its runner's start (import + cache load), the worst case;
+(s) sandboxed as a run uses it (``Sandbox.for_task``, one worker): each candidate's loss is
+    exported in a fresh single-use runner process, and the trusted scorer compiles it,
+    trains and validates; back to back, so every candidate also waits for its runner's
+    start (JAX import + export warm-up), the worst case;
 (w) the same with ``--gap`` seconds between candidates (as the agent's generation leaves),
     so the spare runner is warm when the candidate arrives: the evaluation call alone.
 (a)-(d) run side by side in one process over the same candidates, points and init; (s)/(w)
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> None:
               f"({amort:.2f} s per candidate over these {len(names)}; amortised over a run)")
     for k in ("s", "w"):
         if f"{k}_worker_start_s" in extra:
-            print(f"({k}) worker start (scorer compile, cache fill, first runner) + first "
+            print(f"({k}) worker start (scorer compile, first runner) + first "
                   f"candidate: {extra[f'{k}_worker_start_s']:.2f} s, isolation "
                   f"{extra[f'{k}_isolation']}")
     if args.json:

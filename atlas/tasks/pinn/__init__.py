@@ -1,8 +1,9 @@
 """PINN task (paper 3.1, B.2.2): the agent writes the loss that trains a Burgers' PINN.
 
-Host half only: prompt, seed program, the round's viscosity. In the sandbox, training (the
-candidate's code) runs in ``atlas.tasks.pinn.split:make_runner`` and scoring in
-``make_scorer``; importing this module does not import JAX.
+Host half only: prompt, seed program, the round's viscosity. In the sandbox, the candidate's
+code runs in ``atlas.tasks.pinn.split:make_runner``, which only exports its loss (StableHLO),
+and training and scoring with that export in ``make_scorer``; importing this module does
+not import JAX.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ class PinnTask(Task):
     """Agent-designed PINN loss for Burgers' equation under drifting viscosity."""
 
     name = "pinn"
-    evaluator_factory = "atlas.tasks.pinn.split:make_scorer"  # trusted: validation, rel. L2
-    runner_factory = "atlas.tasks.pinn.split:make_runner"  # untrusted: training
+    evaluator_factory = "atlas.tasks.pinn.split:make_scorer"  # trusted: training, validation
+    runner_factory = "atlas.tasks.pinn.split:make_runner"  # untrusted: exports the loss
     # train_* (the candidate's own training terms), own_val_loss (the candidate's own loss),
     # candidate_jit and timings are not quality: never compared
     quality_metrics = (

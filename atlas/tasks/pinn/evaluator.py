@@ -1,11 +1,13 @@
-"""Worker half of the PINN task: train a fresh PINN with the candidate's loss, then score it.
+"""The PINN task's training and validation: never runs candidate Python in the trainer.
 
-``make_evaluator(config)`` runs once per sandbox worker: it builds the compiled network /
+``make_evaluator(config)`` runs once per process: it builds the compiled network /
 derivative / Adam functions (``model.Trainer``) and compiles them on the worker's shapes.
-Per candidate the only new compilation is the candidate's own function: ``jax.jit`` of
-``value_and_grad(candidate)`` w.r.t. (residuals, ic_err, bc_err). A candidate that uses
-Python control flow on traced values cannot be jitted; it falls back to eager execution with
-``extras`` as plain Python numbers (slower per step, same semantics).
+Per candidate, ``export`` (the candidate's side: the sandbox runner) loads the program and
+exports ``value_and_grad`` of its loss w.r.t. (residuals, ic_err, bc_err) as StableHLO
+(``loss_export``); ``load`` (the trusted side) checks that module and compiles it, the only
+new compilation per candidate; ``train_exported`` trains with it. A candidate that uses
+Python control flow on traced values cannot be exported: it fails with a message that
+points to ``jnp.where``.
 
 Scores (higher is better): ``composite`` (default) = -(val_pde + val_ic + val_bc), an
 unweighted validation loss fixed by us, so scaling the loss cannot win; ``paper`` = the
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from atlas.sandbox.candidate import CandidateError, load_candidate
+from atlas.tasks.pinn import loss_export
 from atlas.tasks.pinn.exact import exact_grid
 from atlas.tasks.pinn.problem import (
     PinnConfig,
@@ -78,46 +81,13 @@ def _supported_options(options: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
-def _is_tracer_error(exc: BaseException) -> bool:
-    import jax
-
-    return isinstance(exc, (jax.errors.ConcretizationTypeError,
-                            jax.errors.TracerArrayConversionError,
-                            jax.errors.TracerIntegerConversionError,
-                            jax.errors.TracerBoolConversionError,
-                            jax.errors.UnexpectedTracerError))
-
-
-def _describe(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text.split("\n\nSee https://")[0][:1500]
-
-
-def _check_return(out: Any) -> None:
-    """A loss must be one floating-point number (shape () or size 1)."""
-    shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
-    if isinstance(out, float):
-        return
-    if shape is None or dtype is None:
-        raise CandidateError(FailureKind.WRONG_RETURN,
-                             f"pinn_loss_strategy must return a scalar array, got "
-                             f"{type(out).__name__}")
-    if int(np.prod(shape)) != 1:
-        raise CandidateError(FailureKind.WRONG_RETURN,
-                             f"pinn_loss_strategy must return a scalar loss, got shape "
-                             f"{tuple(shape)}; reduce with jnp.mean or jnp.sum")
-    if not np.issubdtype(np.dtype(dtype), np.floating):
-        raise CandidateError(FailureKind.WRONG_RETURN,
-                             f"pinn_loss_strategy must return a float loss, got dtype {dtype}")
-
-
 class PinnEvaluator:
     """Callable ``(code, context) -> Evaluation``; one instance per worker process."""
 
     fork_safe = False  # JAX runs threads: a process that imported it must not fork
 
     def __init__(self, config: dict[str, Any], validation: bool = True,
-                 cache_write: bool = True) -> None:
+                 cache_write: bool = True, compile: bool = True) -> None:
         self.cfg = PinnConfig.from_dict(dict(config))
         _setup_jax(self.cfg, cache_write)
         import jax
@@ -132,11 +102,12 @@ class PinnEvaluator:
                              np.linspace(-1, 1, self.cfg.exact_nx), indexing="ij")
         self.grid = (jnp.asarray(tt.ravel(), jnp.float32), jnp.asarray(xx.ravel(), jnp.float32))
         t0 = time.perf_counter()
-        self.trainer.warm_up(self._params(0), model.to_device(training_points(self.cfg, 0)),
-                             model.to_device(validation_points(self.cfg, 0, 0))
-                             if validation else None, self.grid if validation else None)
+        self.candidate_options = _supported_options(FAST_COMPILE) if compile else None
+        self._signatures: dict[bool, tuple[tuple, dict[str, Any]]] = {}
+        self._loaders: dict[bool, loss_export.LossLoader] | None = None
+        if compile:  # an exporter (the candidate's runner) compiles nothing
+            self._warm_up(validation)
         self.compile_seconds = time.perf_counter() - t0
-        self.candidate_options = _supported_options(FAST_COMPILE)
         if self.cfg.compilation_cache_dir:
             # only the worker's own functions are worth persisting; a candidate's compile
             # must not write files while the sandbox guard watches its writes
@@ -155,120 +126,165 @@ class PinnEvaluator:
                 self._exact.popitem(last=False)
         return self._exact[key]
 
-    def _host_extras(self, extras: dict[str, Any]) -> dict[str, Any]:
-        """Concrete extras for eager candidates: scalars become Python numbers (so Python
-        ``if`` works), arrays stay on device; one batched transfer per step."""
-        scalars = {k: v for k, v in extras.items() if np.ndim(v) == 0}
-        out = {k: v for k, v in extras.items() if k not in scalars}
-        for k, v in self.jax.device_get(scalars).items():
-            arr = np.asarray(v)
-            out[k] = int(arr) if np.issubdtype(arr.dtype, np.integer) else float(arr)
-        return out
+    def signature(self, validation: bool = False) -> tuple[tuple, dict[str, Any]]:
+        """The abstract arguments of the candidate's loss (training or validation call)."""
+        key = bool(validation)
+        if key not in self._signatures:
+            self._signatures[key] = loss_export.signature(self.trainer, self.cfg, key)
+        return self._signatures[key]
 
-    def _compile_candidate(self, fn: Callable, vecs: tuple, extras: dict) -> tuple[Callable, bool]:
-        """jit(value_and_grad(candidate)) if it traces, else an eager version (flag False)."""
-        jax = self.jax
+    def load_references(self) -> None:
+        """Build the trusted reference exports ``load`` needs (else on first use)."""
+        if self._loaders is None:
+            self._loaders = {True: loss_export.LossLoader(self.signature(), True)}
+        if self.cfg.score == "paper" and False not in self._loaders:
+            self._loaders[False] = loss_export.LossLoader(self.signature(True), False)
 
-        def scalar_loss(r: Any, i: Any, b: Any, e: dict) -> Any:
-            return self.jnp.reshape(fn(r, i, b, e), ())
+    def _warm_up(self, validation: bool) -> None:
+        """Compile every function of this process for its shapes (the only compilation
+        besides each candidate's loss) by running the real path once with our own
+        reference export: two training steps and, for a scorer, a validation."""
+        self.load_references()
+        assert self._loaders is not None
+        loss_grad = self.jax.jit(self._loaders[True].reference.call,
+                                 compiler_options=self.candidate_options)
+        params, stats, _ = self.train_exported(loss_grad, {"round": 0}, steps=2)
+        if validation:
+            self.validation(params, viscosity(0, self.cfg), stats, 0, 0)
 
-        vg = jax.value_and_grad(scalar_loss, argnums=(0, 1, 2))
-        if self.cfg.jit_candidate:
-            try:
-                _check_return(jax.eval_shape(fn, *vecs, extras))
-                # jax.jit (not lower().compile()) keeps JAX's C++ fast dispatch path, ~100 us
-                # cheaper per call; the candidate is tiny, so XLA's slow backend passes are
-                # skipped (~30% faster compile) where this jaxlib knows the options
-                compiled = jax.jit(vg, compiler_options=self.candidate_options)
-                jax.block_until_ready(compiled(*vecs, extras))
-                return compiled, True
-            except CandidateError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - classified below
-                if not _is_tracer_error(exc):
-                    raise CandidateError(FailureKind.EXCEPTION, _describe(exc)) from exc
-        host = self._host_extras(extras)
-        try:
-            _check_return(fn(*vecs, host))
-            vg(*vecs, host)
-        except CandidateError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise CandidateError(FailureKind.EXCEPTION, _describe(exc)) from exc
-        return (lambda r, i, b, e: vg(r, i, b, self._host_extras(e))), False
+    def export(self, code: str) -> dict[str, Any]:
+        """Load the program and export its loss (runs candidate code: the runner's side).
 
-    # ------------------------------------------------------------------ main
-    def train(self, code: str, context: dict[str, Any]
-              ) -> tuple[Callable, list, np.ndarray, dict[str, float]]:
-        """Train a fresh network with the candidate's loss (runs candidate code).
-
-        Returns (the candidate's function, trained params, training statistics, metrics of
-        the training itself: timings, jit flag, the candidate's own training terms).
-        """
-        jax, jnp, model, cfg = self.jax, self.jnp, self.model, self.cfg
-        round_index = int(context.get("round", 0))
-        nu_value = _viscosity(context, cfg)
+        Returns the message for ``load``: the training export (value and gradient at the
+        training points) and, for ``score=paper``, the loss alone at the validation points,
+        plus ``candidate_export_s``."""
+        jax, jnp = self.jax, self.jnp
+        t0 = time.perf_counter()
         try:
             fn = load_candidate(code, ENTRY_POINT, {"jnp": jnp, "jax": jax, "math": math})
         except CandidateError:
             raise
         except Exception as exc:  # noqa: BLE001 - module-level code of the candidate failed
-            raise CandidateError(FailureKind.EXCEPTION, _describe(exc)) from exc
+            raise CandidateError(FailureKind.EXCEPTION, loss_export._describe(exc)) from exc
+        out: dict[str, Any] = {"train": loss_export.export_loss(fn, self.signature(), True)}
+        if self.cfg.score == "paper":
+            out["val"] = loss_export.export_loss(fn, self.signature(True), False)
+        out["candidate_export_s"] = time.perf_counter() - t0
+        return out
 
-        nu = jnp.float32(nu_value)
-        params = self._params(round_index)
-        train = model.to_device(training_points(cfg, round_index))
-        opt_state = self.trainer.init_opt(params)
-        n_steps = jnp.int32(cfg.n_steps)
-        vecs, extras, stats = self.trainer.observe(params, train, nu, model.init_stats(),
-                                                   jnp.int32(0), n_steps)
+    def load(self, exported: Any) -> tuple[Callable, Callable | None, float]:
+        """Check and compile a runner's exports (trusted: runs no candidate Python).
+
+        Returns (value and gradient at the training points, the loss at the validation
+        points or None, compile seconds). A module that is not a plain StableHLO function
+        of the task's signature is ``tampered``."""
+        jax = self.jax
+        if not isinstance(exported, dict):
+            raise CandidateError(FailureKind.TAMPERED, "the runner sent no exported loss")
         t0 = time.perf_counter()
-        loss_grad, jitted = self._compile_candidate(fn, vecs, extras)
-        candidate_compile = time.perf_counter() - t0
+        self.load_references()
+        assert self._loaders is not None
+        fns: list[Callable | None] = []
+        for grad, name in ((True, "train"), (False, "val")):
+            if not grad and self.cfg.score != "paper":
+                fns.append(None)
+                continue
+            exp = self._loaders[grad].load(exported.get(name))
+            # jax.jit keeps JAX's C++ fast dispatch path; the loss is tiny, so XLA's slow
+            # backend passes are skipped where this jaxlib knows the options
+            fn = jax.jit(exp.call, compiler_options=self.candidate_options)
+            if not grad:  # called once: compiles there
+                fns.append(fn)
+                continue
+            vecs, extras = self.signature()
+            zeros = jax.device_put(([np.zeros(v.shape, v.dtype) for v in vecs],
+                                    {k: np.zeros(v.shape, v.dtype) for k, v in extras.items()}),
+                                   jax.devices()[0])  # committed, as in training
+            try:
+                jax.block_until_ready(fn(*zeros[0], zeros[1]))
+            except Exception as exc:  # noqa: BLE001 - it passed the checks: report it
+                raise CandidateError(FailureKind.EXCEPTION, f"the exported loss could not be "
+                                     f"compiled: {loss_export._describe(exc)}") from exc
+            fns.append(fn)
+        return fns[0], fns[1], time.perf_counter() - t0
 
-        bad, step = jnp.int32(-1), jnp.int32(0)
+    # ------------------------------------------------------------------ main
+    def train_exported(self, loss_grad: Callable, context: dict[str, Any],
+                       steps: int | None = None) -> tuple[list, np.ndarray, dict[str, float]]:
+        """Train a fresh network with a loaded loss (no candidate Python runs here).
+
+        Returns (trained params, training statistics, metrics of the training itself:
+        timing, the candidate's own training terms)."""
+        jnp, model, cfg = self.jnp, self.model, self.cfg
+        round_index = int(context.get("round", 0))
+        nu_value = _viscosity(context, cfg)
+        # everything committed to the device from the start, like the exported loss's
+        # outputs, so each trainer function has one compiled variant (warmed at start)
+        params, train, nu, stats0, n_steps, bad, step = self.jax.device_put(
+            (self._params(round_index), model.to_device(training_points(cfg, round_index)),
+             jnp.float32(nu_value), model.init_stats(), jnp.int32(cfg.n_steps),
+             jnp.int32(-1), jnp.int32(0)), self.jax.devices()[0])
+        opt_state = self.jax.device_put(self.trainer.init_opt(params), self.jax.devices()[0])
+        vecs, extras, stats = self.trainer.observe(params, train, nu, stats0, step, n_steps)
         t0 = time.perf_counter()
         try:
-            for k in range(cfg.n_steps):
+            for k in range(cfg.n_steps if steps is None else steps):
                 loss, cots = loss_grad(*vecs, extras)
                 params, opt_state, bad, step, vecs, extras, stats = self.trainer.step(
                     params, opt_state, train, nu, cots, loss, bad, stats, step, n_steps)
                 if (k + 1) % CHECK_EVERY == 0 and int(bad) >= 0:
                     break
             bad_step = int(bad)
-        except CandidateError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - an eager candidate can fail mid-run
-            raise CandidateError(FailureKind.EXCEPTION, _describe(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - an XLA runtime error of the loss
+            raise CandidateError(FailureKind.EXCEPTION, loss_export._describe(exc)) from exc
         train_seconds = time.perf_counter() - t0
         if bad_step >= 0:
             raise CandidateError(FailureKind.NON_FINITE,
                                  f"the loss or its gradient was not finite at step {bad_step} "
                                  f"(nu={nu_value:.4g}); guard divisions and logs with an eps")
         train_stats = np.asarray(stats)
-        metrics = {"candidate_jit": float(jitted), "candidate_compile_s": candidate_compile,
-                   "train_s": train_seconds, "steps": float(cfg.n_steps)}
+        metrics = {"candidate_jit": 1.0, "train_s": train_seconds, "steps": float(cfg.n_steps)}
         for k, c in enumerate(model.COMPONENTS):
             metrics[f"train_{c}"] = float(train_stats[k, 0])
             metrics[f"train_{c}_max"] = float(train_stats[k, 5])
-        return fn, params, train_stats, metrics
+        return params, train_stats, metrics
+
+    def score_exported(self, exported: Any, context: dict[str, Any], eval_key: int,
+                       secret_key: int | None = None, start: float | None = None
+                       ) -> Evaluation:
+        """Load, train, validate and score a runner's exports (trusted side)."""
+        start = time.perf_counter() if start is None else start
+        loss_grad, own_fn, compile_s = self.load(exported)
+        params, train_stats, metrics = self.train_exported(loss_grad, context)
+        round_index, nu_value = int(context.get("round", 0)), _viscosity(context, self.cfg)
+        val_metrics, vecs, extras = self.validation(params, nu_value, train_stats, round_index,
+                                                    eval_key, secret_key)
+        metrics.update(val_metrics, viscosity=nu_value, candidate_compile_s=compile_s)
+        export_s = exported.get("candidate_export_s")
+        if isinstance(export_s, (int, float)) and math.isfinite(export_s):
+            metrics["candidate_export_s"] = float(export_s)
+        if own_fn is not None:  # score=paper: the candidate's own loss on validation points
+            try:
+                own = float(np.asarray(own_fn(*vecs, extras)).reshape(()))
+            except Exception as exc:  # noqa: BLE001 - an XLA runtime error of the loss
+                raise CandidateError(FailureKind.EXCEPTION,
+                                     loss_export._describe(exc)) from exc
+            if not math.isfinite(own):
+                raise CandidateError(FailureKind.NON_FINITE,
+                                     f"the candidate's own validation loss is {own!r}")
+            if own < 0:
+                raise CandidateError(FailureKind.TAMPERED,
+                                     f"the candidate's own validation loss is {own} < 0: "
+                                     f"outside the score's range (a loss is >= 0)")
+            metrics["own_val_loss"] = own
+        return self.finish(metrics, start)
 
     def __call__(self, code: str, context: dict[str, Any]) -> Evaluation:
-        """Train and score in this process: for trusted code only (tests, benchmarks); the
-        sandbox splits this between ``PinnRunner`` and ``PinnScorer``."""
+        """Export and score in this process: for trusted code only (tests, benchmarks); the
+        sandbox splits this between the runner (``export``) and the scorer (the rest)."""
         start = time.perf_counter()
-        fn, params, train_stats, train_metrics = self.train(code, context)
-        round_index, nu_value = int(context.get("round", 0)), _viscosity(context, self.cfg)
         eval_key = int(context.get("eval_key", zlib.crc32(code.encode("utf-8"))))
-        metrics, vecs, extras = self.validation(params, nu_value, train_stats, round_index,
-                                                eval_key)
-        try:
-            out = fn(*vecs, self._host_extras(extras))
-            metrics["own_val_loss"] = float(np.asarray(out).reshape(()))
-        except Exception:  # noqa: BLE001 - a metric; training already succeeded
-            pass
-        metrics.update(train_metrics, viscosity=nu_value)
-        return self.finish(metrics, start)
+        return self.score_exported(self.export(code), context, eval_key, start=start)
 
     def validation(self, params: list, nu_value: float, train_stats: np.ndarray,
                    round_index: int, eval_key: int, secret_key: int | None = None

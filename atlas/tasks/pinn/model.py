@@ -180,22 +180,3 @@ class Trainer:
         self.predict = jax.jit(mlp)
         self.init_opt = jax.jit(self.opt.init)
         self.extras = jax.jit(extras_from)
-
-    def warm_up(self, params: Params, train: Points, val: Points | None,
-                grid: tuple | None) -> None:
-        """Compile every function once for this worker's shapes (the only compilation);
-        without ``val``/``grid`` (a candidate's runner) only the training functions."""
-        if self.warm:
-            return
-        nu, n = jnp.float32(0.01), jnp.int32(self.cfg.n_steps)
-        stats, step = init_stats(), jnp.int32(0)
-        vecs, _, stats = self.observe(params, train, nu, stats, step, n)
-        out = self.step(params, self.init_opt(params), train, nu, vecs, jnp.float32(0.0),
-                        jnp.int32(-1), stats, step, n)
-        jax.block_until_ready(out)
-        if val is not None:
-            jax.block_until_ready(self.observe(params, val, nu, init_stats(), step, n))
-            jax.block_until_ready(self.extras(stats, step, n, nu, val))
-        if grid is not None:
-            jax.block_until_ready(self.predict(params, *grid))
-        self.warm = True
