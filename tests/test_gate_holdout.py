@@ -77,3 +77,21 @@ def test_bench_runs_end_to_end_on_the_tiny_model(tmp_path: Path, capsys) -> None
     assert all(abs(r["gain"]) < 0.02 and not r["accepted"] for r in rows)
     assert result["summary"]["correct"]["rate"] == 0.0
     assert result["gate"]["epsilon"] == 0.02
+
+
+def test_bench_rows_are_resummarised_at_other_epsilons(tmp_path: Path, capsys) -> None:
+    """A bench's recorded rows give the acceptance rates at any epsilon without re-running:
+    c* (Eq. 4) does not depend on epsilon, so Eq. 5 is the lower bound and KL vs thresholds."""
+    rows = [{"arm": "correct", "lower": 0.017, "kl": 3e-4},
+            {"arm": "correct", "lower": -0.03, "kl": 8e-4},
+            {"arm": "correct", "lower": 0.0, "kl": 0.2},  # clears epsilon 0, outside delta
+            {"arm": "inverted", "lower": -0.009, "kl": 3e-4},
+            {"arm": "inverted", "lower": float("nan"), "kl": 3e-4}]  # NaN never clears
+    got = dict(bench.rates_by_epsilon(rows, [-0.05, 0.0, 0.02], delta=0.05))
+    assert got[-0.05] == {"correct": (2, 3), "inverted": (1, 2)}
+    assert got[0.0] == {"correct": (1, 3), "inverted": (0, 2)}
+    assert got[0.02] == {"correct": (0, 3), "inverted": (0, 2)}
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps({"rows": rows}))
+    bench.main(["--rows", str(path), "--epsilons", "0"])
+    assert "epsilon +0.000: correct accepted 1/3, inverted accepted 0/2" in capsys.readouterr().out

@@ -182,6 +182,37 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def accepted_at(row: dict[str, Any], epsilon: float, delta: float) -> bool:
+    """Eq. 5 on a recorded row at another epsilon: c* (Eq. 4) does not depend on epsilon, so
+    the decision is the row's lower bound and KL against the thresholds (NaN fails)."""
+    lower, kl = row.get("lower"), row.get("kl")
+    return (lower is not None and kl is not None and lower >= epsilon and kl <= delta)
+
+
+def rates_by_epsilon(rows: list[dict[str, Any]], epsilons: list[float], delta: float
+                     ) -> list[tuple[float, dict[str, tuple[int, int]]]]:
+    """(epsilon, {arm: (accepted, trials)}) for each epsilon: the gate's power (correct arm)
+    and false-promotion rate (inverted arm) from one set of trials, without re-running."""
+    out = []
+    for eps in epsilons:
+        by_arm = {}
+        for arm in ("correct", "inverted"):
+            mine = [r for r in rows if r["arm"] == arm]
+            by_arm[arm] = (sum(accepted_at(r, eps, delta) for r in mine), len(mine))
+        out.append((eps, by_arm))
+    return out
+
+
+def print_rates_by_epsilon(rows: list[dict[str, Any]], epsilons: list[float],
+                           delta: float) -> None:
+    print("\nacceptance by epsilon (the same trials, decisions recomputed from their lower "
+          "bounds; targets: correct >= 80%, inverted <= 10%)")
+    for eps, by_arm in rates_by_epsilon(rows, epsilons, delta):
+        c, i = by_arm["correct"], by_arm["inverted"]
+        print(f"  epsilon {eps:+.3f}: correct accepted {c[0]}/{c[1]}, inverted accepted "
+              f"{i[0]}/{i[1]}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m atlas.bench gate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -204,7 +235,25 @@ def main(argv: list[str] | None = None) -> None:
                     help="override dpo/gate max_length (0: the defaults; tests only)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--json", default="", help="also write every row to this file")
+    ap.add_argument("--epsilons", default="-0.02,0,0.01,0.02",
+                    help="comma-separated epsilons at which the trials' decisions are "
+                         "recomputed and printed after the run")
+    ap.add_argument("--rows", default="",
+                    help="re-summarise the rows of an earlier run's --json file (no training): "
+                         "its rates at the default gate settings and at --epsilons")
     args = ap.parse_args(argv)
+    epsilons = [float(e) for e in args.epsilons.split(",") if e.strip()]
+    if args.rows:
+        from omegaconf import OmegaConf
+
+        rows = json.loads(Path(args.rows).read_text())["rows"]
+        g = OmegaConf.load(ROOT / "conf" / "gate" / "default.yaml")
+        print(f"{len(rows)} rows from {args.rows}; default gate: epsilon {g.epsilon}, "
+              f"delta {g.delta}")
+        for arm, (acc, n) in rates_by_epsilon(rows, [float(g.epsilon)], float(g.delta))[0][1].items():
+            print(f"{arm}: accepted {acc}/{n} at the default epsilon {g.epsilon}")
+        print_rates_by_epsilon(rows, epsilons, float(g.delta))
+        return
     from atlas.agent.precision import cpu_features, cpu_model
 
     feats = cpu_features()
@@ -227,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{arm}: accepted {r['accepted']}/{r['trials']} = {r['rate']:.0%} "
                   f"(target: {target}); median gain {r['median_gain']:+.4f}, median bootstrap "
                   f"SE {se}")
+    print_rates_by_epsilon(result["rows"], epsilons, float(g["delta"]))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1, default=str)
