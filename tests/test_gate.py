@@ -290,7 +290,7 @@ def test_gate_disabled_promotes_phase_final_and_records_numbers():
 
 def test_gate_defaults_are_in_normalised_units():
     g = GateConfig()
-    assert (g.epsilon, g.lam, g.confidence, g.holdout) == (0.02, 1.0, 0.9, 0.25)
+    assert (g.epsilon, g.lam, g.confidence, g.holdout) == (0.0, 1.0, 0.9, 0.25)
     with pytest.raises(ValueError, match="gate.holdout must be < 1"):
         GateConfig(holdout=1.0)
     with pytest.raises(ValueError, match="gate.confidence must be < 1"):

@@ -121,9 +121,11 @@ class DPOConfig:
 class GateConfig:
     """The Policy Inspector's numbers: Eq. 4 selection and the Eq. 5 trust-region gate."""
 
-    epsilon: Num = 0.02
+    epsilon: Num = 0.0
     """Minimum gain in normalised score units (share of each gate item's score range) that
-    the paired lower confidence bound of S(c*) - S(ref) must reach to accept a promotion."""
+    the paired lower confidence bound of S(c*) - S(ref) must reach to accept a promotion.
+    0: a confident gain of any size; the bound already subtracts the measured noise, and at
+    0.02 the gate bench's correctly trained policies were never accepted (0/10)."""
     delta: Num = Field(0.05, ge=0.0)
     """KL trust region: accept only if KL(cand || ref) <= delta (nats per completion token)."""
     lam: Num = Field(1.0, ge=0.0)
