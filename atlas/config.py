@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from atlas.fields import check_known_fields
 from atlas.knobs import HARD_BOUNDS
-from atlas.loggers import WANDB_TARGET
+from atlas.loggers import builtin as builtin_logger
 from atlas.schema import (
     ExploreConfig,
     LoggerConfig,
@@ -116,7 +116,7 @@ def check_known_keys(cfg: DictConfig) -> None:
     node = OmegaConf.to_container(cfg, resolve=False)
     if isinstance(node.get("task"), Mapping) and "_target_" in node["task"]:
         node = {k: v for k, v in node.items() if k != "task"}
-    if node.get("logger", {}).get("_target_", WANDB_TARGET) != WANDB_TARGET:
+    if not builtin_logger(node.get("logger", {})):
         node = {k: v for k, v in node.items() if k != "logger"}  # its factory checks its fields
     _unknown(node, schema(), "")
 
@@ -186,7 +186,7 @@ def validate(cfg: DictConfig) -> None:
     _build(SandboxConfig.from_cfg, cfg.sandbox)
     logger = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=False).items()
               if k != "_target_"}
-    if cfg.logger.get("_target_", WANDB_TARGET) == WANDB_TARGET:  # else its factory checks
+    if builtin_logger(cfg.logger):  # else its factory checks its fields
         _build(LoggerConfig.from_cfg, OmegaConf.create(logger))
     _build(ExploreConfig.from_cfg, cfg.explore)
     check_typed_groups(cfg)

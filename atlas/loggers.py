@@ -30,6 +30,12 @@ from omegaconf import DictConfig, OmegaConf
 WANDB_TARGET = "atlas.loggers.wandb_logger"
 
 
+def builtin(node: Mapping[str, Any]) -> bool:
+    """True for the loggers atlas's own schema checks (wandb, none): no ``_target_`` or
+    ours; a logger with another ``_target_`` is checked by its factory."""
+    return (node.get("_target_") or WANDB_TARGET) == WANDB_TARGET
+
+
 def wandb_logger(run_dir: Path, run_config: Mapping[str, Any], name: str = "wandb",
                  mode: str = "offline", project: str = "atlas", entity: str | None = None,
                  group: str | None = None) -> Any:
