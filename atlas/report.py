@@ -47,7 +47,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     config = next((e["config"] for e in events if e["event"] == "config"), None)
     if config is None:
         raise ValueError(f"{run_dir}/events.jsonl has no config event; is it an atlas run folder?")
-    meta = {"task": config["task"]["name"], "method": config["method"]["name"],
+    meta = {"task": config["task"]["name"], "method": arm(config),
             "seed": config["seed"], "run_dir": str(run_dir),
             "score_label": score_label(config["task"])}
     end = next((e for e in reversed(events) if e["event"] == "end"), None)
@@ -56,6 +56,16 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     out = summarise(run_dir, meta)
     out["valid_by_phase"] = valid_by_phase(read_jsonl(run_dir / PROGRAMS))
     return out
+
+
+def arm(config: dict[str, Any]) -> str:
+    """The row a run belongs to: its method, or ``method:name`` when the run was given its own
+    label (``name=`` differing from the experiment's), so an ablation swept under another name
+    (``name=study_nopref supporters.exploration.as_preferences=false``) is its own arm and is
+    compared pair-wise with the method on the same seeds, not averaged into it."""
+    method = str(config["method"]["name"])
+    name, experiment = config.get("name"), config.get("experiment_name")
+    return f"{method}:{name}" if name and experiment and name != experiment else method
 
 
 def valid_by_phase(programs: list[dict[str, Any]]) -> dict[int, float]:

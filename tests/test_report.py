@@ -72,16 +72,19 @@ def _trained(phase: int, changed: list[str], promoted: bool | None) -> dict[str,
 
 def write_run(root: Path, task: str, method: str, seed: int, initial: float,
               rounds: list[list[float | None]], phases: list[dict[str, Any]],
-              complete: bool = True) -> Path:
-    """A run folder as atlas.loop writes it: seed program, agent programs per round, phases."""
-    run = root / f"{task}_{method}_s{seed}"
+              complete: bool = True, name: str | None = None) -> Path:
+    """A run folder as atlas.loop writes it: seed program, agent programs per round, phases;
+    ``name``: the run label (``name=``), the experiment being ``study``."""
+    run = root / f"{task}_{method}_s{seed}{'_' + name if name else ''}"
     run.mkdir(parents=True)
     programs = [_program(0, 0, initial, "seed")]
     for r, scores in enumerate(rounds, start=1):
         programs += [_program(len(programs), r, s) for s in scores]
     (run / PROGRAMS).write_text("".join(json.dumps(p) + "\n" for p in programs))
     events = [{"event": "config", "config": {"task": {"name": task}, "method": {"name": method},
-                                             "seed": seed}}]
+                                             "seed": seed,
+                                             **({"name": name, "experiment_name": "study"}
+                                                if name else {})}}]
     events += [{"event": "round", "round": r, "valid_rate": 0.5} for r in range(1, len(rounds) + 1)]
     events += phases
     if complete:
@@ -360,3 +363,23 @@ def test_export_cli_takes_a_whole_sweep_and_rejects_a_folder_without_runs(
     assert bad.returncode == 2 and "no programs.jsonl under" in bad.stderr
     with pytest.raises(FileNotFoundError, match="has no programs.jsonl"):
         trace_records(empty)
+
+
+def test_a_run_with_its_own_name_is_its_own_arm_paired_on_the_same_seeds(tmp_path: Path) -> None:
+    """An ablation swept under name=study_nopref is reported as 'atlas:study_nopref', beside
+    (not averaged into) atlas, and paired with it seed by seed; a run whose name is the
+    experiment's stays its method."""
+    root = tmp_path / "multirun"
+    for seed, (full, ablated) in enumerate([(-0.3, -0.4), (-0.35, -0.5), (-0.2, -0.25)]):
+        write_run(root / "study", "bandit", "atlas", seed, -0.6, [[full]], [], name="study")
+        write_run(root / "nopref", "bandit", "atlas", seed, -0.6, [[ablated]], [],
+                  name="study_nopref")
+    out = tmp_path / "out"
+    _cli("atlas.report", str(root / "study"), str(root / "nopref"), "--out", str(out))
+    doc = json.loads((out / "report.json").read_text())
+    means = {(r["method"], r["metric"]): r["mean"] for r in doc["means"]}
+    assert means[("atlas", "final_agent")] == pytest.approx(-0.85 / 3)
+    assert means[("atlas:study_nopref", "final_agent")] == pytest.approx(-1.15 / 3)
+    pair = next(r for r in doc["paired"] if r["metric"] == "final_agent")
+    assert (pair["a"], pair["b"]) == ("atlas:study_nopref", "atlas")
+    assert pair["diffs"] == pytest.approx([-0.1, -0.15, -0.05])

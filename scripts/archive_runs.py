@@ -1,0 +1,61 @@
+"""Copy what a report needs from sweep folders into the repository (docs/study/runs, docs/runs).
+
+    python scripts/archive_runs.py /work/study_runs/study /work/study_runs/ablation --out docs/study/runs
+
+Per run folder: ``results.json``, ``events.jsonl``, ``programs.jsonl``, the resolved
+``config.yaml`` and ``overrides.yaml`` (from the run's ``.hydra/``), ``precision.json`` and
+``train.log``; never checkpoints or W&B files. Per sweep: its task secrets
+(``.task_secret*``, published once the sweep is over, so the hidden environments can be
+rebuilt) as ``<sweep>/task_secret*``. ``python -m atlas.report <out>`` then recomputes every
+table from these files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+RUN_FILES = ("results.json", "events.jsonl", "programs.jsonl", "precision.json", "train.log")
+HYDRA_FILES = ("config.yaml", "overrides.yaml")
+
+
+def archive(sweeps: list[Path], out: Path) -> list[Path]:
+    """Copy each sweep's run folders (those holding an events.jsonl) and secrets below ``out``."""
+    written: list[Path] = []
+    for sweep in sweeps:
+        dest_sweep = out / sweep.name
+        for secret in sorted(sweep.glob(".task_secret*")):
+            dest = dest_sweep / secret.name.lstrip(".")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(secret, dest)
+            written.append(dest)
+        for events in sorted(sweep.glob("*/events.jsonl")):
+            run = events.parent
+            dest = dest_sweep / run.name
+            dest.mkdir(parents=True, exist_ok=True)
+            for name in RUN_FILES:
+                if (run / name).exists():
+                    shutil.copyfile(run / name, dest / name)
+                    written.append(dest / name)
+            for name in HYDRA_FILES:
+                if (run / ".hydra" / name).exists():
+                    shutil.copyfile(run / ".hydra" / name, dest / name)
+                    written.append(dest / name)
+    return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweeps", nargs="+", type=Path, help="sweep folders (multirun/<name>)")
+    parser.add_argument("--out", type=Path, required=True, help="e.g. docs/study/runs")
+    args = parser.parse_args()
+    for sweep in args.sweeps:
+        if not sweep.is_dir():
+            parser.error(f"{sweep} is not a folder: pass a sweep folder (multirun/<name>)")
+    written = archive(args.sweeps, args.out)
+    print(f"wrote {len(written)} files under {args.out}")
+
+
+if __name__ == "__main__":
+    main()
