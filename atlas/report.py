@@ -55,7 +55,40 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     meta["complete"] = end is not None
     out = summarise(run_dir, meta)
     out["valid_by_phase"] = valid_by_phase(read_jsonl(run_dir / PROGRAMS))
+    out["phase_log"] = phase_log(events)
     return out
+
+
+def phase_log(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per fine-tuning phase: the data D_k (pairs by kind, held-out prompts), the
+    gate's decision on the held-out G_k (c*, its score S and the reference's, the gain, its
+    paired lower bound, KL) and the strategist's changes with their reasons, so a reader sees
+    per phase what the accept rate and intervention rate summarise."""
+    rows = []
+    for e in events:
+        if e.get("event") != "phase":
+            continue
+        gate = e.get("gate") or {}
+        strat = e.get("strategist") or {}
+        if e.get("skipped"):
+            decision = f"skipped: {e.get('reason', '')}"
+        elif not gate:
+            decision = "trained (no gate)"
+        elif e.get("vetoed"):
+            decision = "vetoed by the inspector"
+        else:
+            decision = "promoted" if e.get("promoted") else str(gate.get("reason", "rejected"))
+        rows.append({
+            "phase": e.get("phase"), "round": e.get("round"), "pairs": e.get("pairs"),
+            "pair_kinds": e.get("pair_kinds") or {}, "held_out_prompts": e.get("held_out_prompts"),
+            "decision": decision, "chosen": gate.get("chosen"), "score": gate.get("score"),
+            "ref_score": gate.get("ref_score"), "gain": gate.get("gain"),
+            "lower": gate.get("lower_bound"), "kl": gate.get("kl"),
+            "gate_items": gate.get("items"),
+            "strategist": {k: (strat.get("reasons") or {}).get(k, "")
+                           for k in strat.get("changed") or []},
+        })
+    return rows
 
 
 def arm(config: dict[str, Any]) -> str:
@@ -158,8 +191,12 @@ STUDY_METRICS = (("final_score", "final (any source)"), ("improvement_pct", "imp
                  ("final_agent", "final (agent)"), ("improvement_agent_pct", "improv. % (agent)"))
 
 
+def _arm_order(method: str) -> tuple[int, str]:
+    return (METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER), method)
+
+
 def _methods(rs: dict[str, Any]) -> list[str]:
-    return sorted(rs, key=lambda m: (METHOD_ORDER + (m,)).index(m))
+    return sorted(rs, key=_arm_order)
 
 
 def study_means(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -226,6 +263,15 @@ def study_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[
     valid = [[r["task"], r["method"], str(r["phase"]), str(r["n"]), _g(r["mean"], ".3f"), _ci(r)]
              for r in study_valid(runs)]
     floor = ", ".join(_g(p, ".4g") for p in p_floor) or "-"
+    kind_abbr = {"passed_vs_passed": "pp", "passed_vs_failed": "pf", "supporter_vs_agent": "sa"}
+    phases = [[r["task"], r["method"], str(r["seed"]), str(p["phase"]), _g(p["pairs"]),
+               " ".join(f"{kind_abbr.get(k, k)}{v}" for k, v in p["pair_kinds"].items() if v) or "-",
+               _g(p["held_out_prompts"]), p["decision"], p["chosen"] or "-",
+               _g(p["score"]), _g(p["ref_score"]), _g(p["gain"], "+.4g"), _g(p["lower"], "+.4g"),
+               _g(p["kl"], ".2e"),
+               "; ".join(f"{k}: {why}" for k, why in p["strategist"].items()) or "-"]
+              for r in sorted(runs, key=lambda r: (r["task"], _arm_order(r["method"]), r["seed"]))
+              for p in r.get("phase_log", [])]
     return [
         ("Means with 95% Student-t intervals over seeds (mean +- t(0.975, n-1) s/sqrt(n))",
          ["task", "method", "metric", "n", "mean", "std", "95% CI (t)"], means),
@@ -239,6 +285,12 @@ def study_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[
         ("Valid-program rate of the agent per phase (phase k: written by the policy after k-1 "
          "fine-tunings), mean over seeds with 95% t CI",
          ["task", "method", "phase", "n", "valid rate", "95% CI (t)"], valid),
+        ("Phases: DPO pairs by kind (pp passed/passed, pf passed/failed, sa supporter/agent), "
+         "held-out G_k prompts, the decision, and for a gated phase the snapshot c* the gate "
+         "chose, its inspector score S on G_k beside the reference's, the gain, its paired 90% "
+         "lower bound and the KL; the strategist's changes with their reasons",
+         ["task", "method", "seed", "phase", "pairs", "kinds", "G_k", "decision", "c*", "S(c*)",
+          "S(ref)", "gain", "lower", "KL", "strategist"], phases),
     ]
 
 
@@ -291,7 +343,7 @@ def classic_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], lis
     ]
 
 
-CSV_NAMES = ("table2", "table3", "table5", "means_ci", "paired", "valid_by_phase")
+CSV_NAMES = ("table2", "table3", "table5", "means_ci", "paired", "valid_by_phase", "phases")
 
 
 def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]) -> list[Path]:
@@ -321,7 +373,7 @@ def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]
             "initial_score", "final_score", "improvement_pct", "final_agent",
             "improvement_agent_pct", "valid_rate", "valid_by_phase", "best_by_round",
             "best_by_round_agent", "phases", "phases_trained", "promotions", "accept_rate",
-            "interventions")
+            "interventions", "pair_kinds", "candidates_by_source", "phase_log")
     doc = {"runs": [{k: r.get(k) for k in keep} | {"run": Path(r["run_dir"]).name} for r in runs],
            "means": study_means(runs), "paired": study_paired(runs), "valid_by_phase": study_valid(runs)}
     (out_dir / "report.json").write_text(dumps(doc) + "\n")

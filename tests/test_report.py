@@ -383,3 +383,30 @@ def test_a_run_with_its_own_name_is_its_own_arm_paired_on_the_same_seeds(tmp_pat
     pair = next(r for r in doc["paired"] if r["metric"] == "final_agent")
     assert (pair["a"], pair["b"]) == ("atlas:study_nopref", "atlas")
     assert pair["diffs"] == pytest.approx([-0.1, -0.15, -0.05])
+
+
+def test_phase_table_shows_gate_and_strategist_per_phase_of_a_recorded_run(tmp_path: Path) -> None:
+    """The committed ATLAS bandit run (docs/runs/cpu_bandit_s0/atlas): phase 1's gate chose
+    step_8 (gain +0.1295, 90% lower bound +0.00077 < epsilon 0.02 then, KL 5.5e-4) and
+    rejected; the strategist set a score threshold, with its reason."""
+    import csv
+
+    root = Path(__file__).resolve().parents[1] / "docs" / "runs" / "cpu_bandit_s0"
+    out = tmp_path / "out"
+    _cli("atlas.report", str(root / "atlas"), str(root / "evotune"), "--out", str(out))
+    with (out / "phases.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    atlas = [r for r in rows if r["method"] == "atlas"]
+    assert [r["phase"] for r in atlas] == ["1", "2"]
+    p1 = atlas[0]
+    assert (p1["decision"], p1["c*"], p1["G_k"]) == ("rejected: no gain", "step_8", "1")
+    assert float(p1["gain"]) == pytest.approx(0.1295, abs=1e-4)
+    assert float(p1["lower"]) == pytest.approx(7.67e-4, rel=1e-2)
+    assert float(p1["KL"]) == pytest.approx(5.50e-4, rel=1e-2)
+    assert float(p1["S(c*)"]) - float(p1["S(ref)"]) == pytest.approx(float(p1["gain"]), abs=1e-3)
+    assert p1["strategist"].startswith("score_threshold: 23 passed programs")
+    assert "sa9" in p1["kinds"]
+    evotune = [r for r in rows if r["method"] == "evotune"]
+    assert evotune and all(r["c*"] == "-" and r["strategist"] == "-" for r in evotune)
+    assert all(r["decision"] == "trained (no gate)" or r["decision"].startswith("skipped")
+               for r in evotune)
