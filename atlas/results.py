@@ -6,7 +6,7 @@ for any run folder without re-running anything.
 Two columns of every score: ``final_score`` is the best program of any source (the agent,
 the ATLAS exploration supporter, the seed); ``final_agent`` is the best the agent wrote (or
 the seed, where the agent never beat it), so a supporter's hand-written tuning is never
-credited to the agent. Like for like: scores compare only on one equation (``Program.regime``;
+credited to the agent, nor is the agent's verbatim copy of a supporter program from its prompt. Like for like: scores compare only on one equation (``Program.regime``;
 the PINN viscosity steps between phases), so initial and final are both taken on the last
 equation of the run, the seed and the incumbents re-scored on it (``source="rescore"``), and
 Figure 2's best-so-far at round r is over programs scored on round r's equation.
@@ -14,6 +14,7 @@ Figure 2's best-so-far at round r is over programs scored on round r's equation.
 
 from __future__ import annotations
 
+import ast
 import math
 from collections import Counter
 from pathlib import Path
@@ -30,15 +31,37 @@ def _score(p: dict[str, Any]) -> float:
     return -math.inf if s is None or not p["evaluation"].get("passed") else float(s)
 
 
+def code_key(code: str) -> str:
+    """What makes two programs the same program: their syntax tree, so a copy that differs only
+    in comments, blank lines or formatting is recognised (the stripped text where it does not
+    parse)."""
+    try:
+        return ast.dump(ast.parse(code))
+    except (SyntaxError, ValueError):
+        return "\n".join(line.strip() for line in code.strip().splitlines() if line.strip())
+
+
 def _origins(programs: list[dict[str, Any]]) -> dict[int, str]:
-    """Program id -> who wrote its code (a re-score counts as the program it re-scored)."""
+    """Program id -> who wrote its code. A re-score counts as the program it re-scored, and an
+    agent program that repeats an earlier supporter program (same syntax tree) counts as the
+    supporter's: the agent's prompt shows its island's best programs, supporter patches
+    included, and copying one out of the prompt is not the agent's own discovery (in the seed
+    study's ATLAS bandit runs the agent's best was such a verbatim copy in 3 of 5 seeds). A
+    copy with any change of its own (one literal) stays the agent's."""
     by_id = {int(p["id"]): p for p in programs}
+    supporter_code: set[str] = set()
     out = {}
-    for p in programs:
+    for p in sorted(programs, key=lambda p: int(p["id"])):
         q = p
         while q.get("source") == "rescore" and q.get("parents") and int(q["parents"][0]) in by_id:
             q = by_id[int(q["parents"][0])]
-        out[int(p["id"])] = q.get("source", "agent")
+        source = q.get("source", "agent")
+        key = code_key(q["code"]) if isinstance(q.get("code"), str) else None
+        if source == "supporter" and key is not None:
+            supporter_code.add(key)
+        elif source == "agent" and key is not None and key in supporter_code:
+            source = "supporter_copy"
+        out[int(p["id"])] = source
     return out
 
 
@@ -139,6 +162,10 @@ def summarise(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
         "candidates": by_source.get("agent", 0) + by_source.get("supporter", 0),
         "candidate_budget": _budget(events, rounds),
         "candidates_by_source": {k: by_source.get(k, 0) for k in ("agent", "supporter", "rescore")},
+        # agent programs that repeat an earlier supporter program: evaluated agent samples
+        # (they count in the budget and the valid rate) but not the agent's own best
+        "agent_copies_of_supporter": sum(1 for p in programs
+                                         if origins[int(p["id"])] == "supporter_copy"),
         "score_regime": last_regime,
         "valid_rate": valid_rate(programs),
         "valid_rate_first_round": valid_rate(first),

@@ -2,7 +2,9 @@
 
     python scripts/archive_runs.py /work/study_runs/study /work/study_runs/ablation --out docs/study/runs
 
-Per run folder: ``results.json``, ``events.jsonl``, ``programs.jsonl``, the resolved
+Per run folder: ``results.json`` (recomputed from the JSONL files with the current
+``atlas.results.summarise``; the values it replaced are kept under ``recomputed``),
+``events.jsonl``, ``programs.jsonl``, the resolved
 ``config.yaml`` and ``overrides.yaml`` (from the run's ``.hydra/``), ``precision.json`` and
 ``train.log``; never checkpoints or W&B files. Per sweep: its task secrets
 (``.task_secret*``, published once the sweep is over, so the hidden environments can be
@@ -13,11 +15,31 @@ table from these files.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
 RUN_FILES = ("results.json", "events.jsonl", "programs.jsonl", "precision.json", "train.log")
 HYDRA_FILES = ("config.yaml", "overrides.yaml")
+
+
+def refresh_results(run: Path, dest: Path) -> None:
+    """Write ``results.json`` recomputed from the run's JSONL with today's ``summarise`` (the
+    run's own fields, precision, wall time, kept), so an archived results.json agrees with
+    ``python -m atlas.report`` on it; what changed is listed under ``recomputed``."""
+    import subprocess
+
+    from atlas.results import summarise
+    from atlas.telemetry import dumps
+
+    old = json.loads((run / "results.json").read_text())
+    new = summarise(run, old)
+    changed = sorted(k for k in new if k in old and new[k] != old[k])
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=Path(__file__).parent).stdout.strip()
+    new["recomputed"] = {"by": f"scripts/archive_runs.py at {commit or 'unknown commit'}",
+                         "changed": {k: old[k] for k in changed}}
+    dest.write_text(dumps(new) + "\n")
 
 
 def archive(sweeps: list[Path], out: Path) -> list[Path]:
@@ -38,6 +60,8 @@ def archive(sweeps: list[Path], out: Path) -> list[Path]:
                 if (run / name).exists():
                     shutil.copyfile(run / name, dest / name)
                     written.append(dest / name)
+            if (run / "results.json").exists():
+                refresh_results(run, dest / "results.json")
             for name in HYDRA_FILES:
                 if (run / ".hydra" / name).exists():
                     shutil.copyfile(run / ".hydra" / name, dest / name)

@@ -147,6 +147,28 @@ def test_final_agent_never_counts_a_supporter_program(tmp_path):
     assert res["best_by_round_agent"] == [-0.4, -0.35, -0.35]
 
 
+def test_an_agent_copy_of_a_supporter_program_is_not_the_agents_best(tmp_path):
+    """The agent's prompt shows supporter patches; repeating one (same syntax tree: comments
+    and spacing aside) counts as the supporter's. A program the agent wrote first, or a copy
+    with one literal changed, stays the agent's."""
+    def code(row: dict[str, Any], text: str) -> dict[str, Any]:
+        return row | {"code": text}
+
+    rows = [_row(0, 0, -0.4, "seed"),
+            code(_row(1, 1, -0.3, "agent"), "w = 3\n"),         # the agent's own, first
+            code(_row(2, 1, -0.2, "supporter"), "w = 100  # the supporter's tuning\n"),
+            code(_row(3, 1, -0.3, "supporter"), "w = 3\n"),     # the supporter repeats the agent
+            code(_row(4, 2, -0.2, "agent"), "w=100\n\n"),        # a verbatim copy, reformatted
+            code(_row(5, 2, -0.25, "agent"), "w = 101\n")]      # the agent changed a literal
+    res = _summarise(tmp_path, rows, {"rounds": 2, "islands_per_round": 1,
+                                      "samples_per_prompt": 2})
+    assert res["final_score"] == -0.2
+    assert res["final_agent"] == -0.25
+    assert res["best_by_round_agent"] == [-0.4, -0.3, -0.25]
+    assert res["agent_copies_of_supporter"] == 1
+    assert res["candidates_by_source"]["agent"] == 3  # the copy was still an evaluated sample
+
+
 def test_scores_compare_on_one_equation(tmp_path):
     """Phase 1 at nu=a, phase 2 at nu=b (harder: every loss is larger). The seed and the
     incumbents are re-scored on b; initial, final and Figure 2 use b's numbers only."""
