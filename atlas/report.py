@@ -430,7 +430,11 @@ def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
                 mean, lo, hi = _band(-arr if negated else arr)
                 x = np.arange(length)
                 color = f"C{METHOD_ORDER.index(method) if method in METHOD_ORDER else 3 + ci}"
-                ax.plot(x, mean, "-", color=color, label=f"{method} (n={len(curves)})")
+                # a line style per method: identical curves (EvoDPO equal to EvoTune when the
+                # agent never beats the seed after their references part) stay visible
+                style = ("-", "--", ":", "-.")[_arm_order(method)[0] % 4]
+                ax.plot(x, mean, style, color=color, linewidth=2.4 - 0.5 * (ci % 3),
+                        label=f"{method} (n={len(curves)})")
                 if negated:  # a band reaching <= 0 cannot be drawn on the log axis
                     lo = np.where(lo > 0, lo, np.nan)
                 ax.fill_between(x, lo, hi, alpha=0.2, color=color, linewidth=0)
