@@ -61,7 +61,12 @@ def bandit(request, tmp_path_factory):
                           hide=[str(run_dir)]) as sb:
         seed = sb.evaluate(task.seed_program(), {"round": 1})
         arm0 = sb.evaluate(ARM0, {"round": 1})
-        assert seed.passed and arm0.passed and arm0.score < seed.score < 0, (seed, arm0)
+        # the secret is drawn fresh (the real path), so the hidden environments differ per run:
+        # "always arm 0" can beat the seed on T=200 (CI saw -0.547 vs -0.604); what the attack
+        # checks need is two honest scores that differ, so an attack answering with the seed's
+        # policy is told apart from the honest arm-0 score
+        assert seed.passed and arm0.passed and arm0.score != seed.score, (seed, arm0)
+        assert max(arm0.score, seed.score) < 0, (seed, arm0)
         yield sb, task, seed.score, arm0.score, run_dir / SECRET_FILE, secret
 
 
