@@ -6,8 +6,9 @@ for any run folder without re-running anything.
 Two columns of every score: ``final_score`` is the best program of any source (the agent,
 the ATLAS exploration supporter, the seed); ``final_agent`` is the best the agent wrote (or
 the seed, where the agent never beat it), so a supporter's hand-written tuning is never
-credited to the agent, nor is the agent's verbatim copy of a supporter program from its prompt. Like for like: scores compare only on one equation (``Program.regime``;
-the PINN viscosity steps between phases), so initial and final are both taken on the last
+credited to the agent, nor is the agent's verbatim copy of a supporter program from its
+prompt. Like for like: scores compare only on one equation (``Program.regime``; the PINN
+viscosity steps between phases), so initial and final are both taken on the last
 equation of the run, the seed and the incumbents re-scored on it (``source="rescore"``), and
 Figure 2's best-so-far at round r is over programs scored on round r's equation.
 """

@@ -19,7 +19,7 @@ import json
 import shutil
 from pathlib import Path
 
-RUN_FILES = ("results.json", "events.jsonl", "programs.jsonl", "precision.json", "train.log")
+RUN_FILES = ("events.jsonl", "programs.jsonl", "precision.json", "train.log")  # + results.json
 HYDRA_FILES = ("config.yaml", "overrides.yaml")
 
 
@@ -62,6 +62,7 @@ def archive(sweeps: list[Path], out: Path) -> list[Path]:
                     written.append(dest / name)
             if (run / "results.json").exists():
                 refresh_results(run, dest / "results.json")
+                written.append(dest / "results.json")
             for name in HYDRA_FILES:
                 if (run / ".hydra" / name).exists():
                     shutil.copyfile(run / ".hydra" / name, dest / name)
