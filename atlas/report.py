@@ -129,12 +129,15 @@ def _mean_std(values: list[float | None]) -> tuple[float, float, int]:
     return float(np.mean(xs)), float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0, len(xs)
 
 
+def _arm_order(method: str) -> tuple[int, str]:
+    return (METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER), method)
+
+
 def _group(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in runs:
         groups[(r["task"], r["method"])].append(r)
-    order = {m: i for i, m in enumerate(METHOD_ORDER)}
-    return dict(sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 99), kv[0][1])))
+    return dict(sorted(groups.items(), key=lambda kv: (kv[0][0], _arm_order(kv[0][1]))))
 
 
 def table2(runs: list[dict[str, Any]]) -> str:
@@ -189,10 +192,6 @@ def table3(runs: list[dict[str, Any]], per_trial: bool = False) -> str:
 #: (results key, column name): the best of any source and the agent's own, as scores and as %
 STUDY_METRICS = (("final_score", "final (any source)"), ("improvement_pct", "improv. % (any)"),
                  ("final_agent", "final (agent)"), ("improvement_agent_pct", "improv. % (agent)"))
-
-
-def _arm_order(method: str) -> tuple[int, str]:
-    return (METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER), method)
 
 
 def _methods(rs: dict[str, Any]) -> list[str]:
