@@ -201,6 +201,8 @@ class GateDecision:
     lower_bound: float = math.nan  # paired lower confidence bound of c*'s gain (tested vs epsilon)
     se: float = math.nan  # bootstrap standard deviation of c*'s gain
     confidence: float = math.nan  # level of that bound
+    scale: str = ""  # unit of S (gate.scale: subset | item)
+    bound: str = ""  # how the bound was read off the bootstrap (gate.bound: bc | percentile | normal)
     gain_scale: float = math.nan  # G in Eq. 4: max |gain| over C_k
     kl_scale: float = math.nan  # K in Eq. 4: max KL over C_k
     items: int = 0  # informative gate items S was measured on

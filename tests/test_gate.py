@@ -21,7 +21,7 @@ from atlas.dpo import (
     token_kl,
 )
 from atlas.dpo.gate import NO_ITEMS, hold_out_prompts
-from atlas.dpo.scoring import importance_gain, normalised_scores
+from atlas.dpo.scoring import importance_gain, lower_bound, normalised_scores
 from atlas.types import Evaluation, GateItem, Program
 
 ITEMS = [
@@ -109,14 +109,16 @@ def brute_sums(model, tok, items, adapter_name: str | None) -> list[list[float]]
 
 def brute_score(model, tok, items, adapter_name: str | None) -> tuple[float, float]:
     """(S(policy adapter), S(ref adapter)) by the definition: per informative item, the
-    likelihood-ratio-weighted mean of the min-max normalised scores; mean over items."""
+    likelihood-ratio-weighted mean of the scores normalised on G_k's range (0 = its worst,
+    1 = its best); mean over items."""
     pol, ref = brute_sums(model, tok, items, adapter_name), brute_sums(model, tok, items, REF)
+    g_lo = min(x for item in items for x in item.scores)
+    g_hi = max(x for item in items for x in item.scores)
     s_pol, s_ref = [], []
     for item, lp, lr in zip(items, pol, ref):
-        lo, hi = min(item.scores), max(item.scores)
-        if hi == lo:
+        if max(item.scores) == min(item.scores):
             continue
-        u = [(x - lo) / (hi - lo) for x in item.scores]
+        u = [(x - g_lo) / (g_hi - g_lo) for x in item.scores]
         w = [math.exp(a - b) for a, b in zip(lp, lr)]
         s_pol.append(sum(wi * ui for wi, ui in zip(w, u)) / sum(w))
         s_ref.append(sum(u) / len(u))
@@ -146,20 +148,59 @@ def test_token_kl_equals_brute_force(reference):
 def test_importance_gain_hand_numbers():
     items = [GateItem("p", ["a", "b"], [1.0, 0.0], "a"), GateItem("q", ["c"], [0.3], "c"),
              GateItem("r", ["d", "e", "f"], [2.0, 0.0, 1.0], "d")]
-    assert normalised_scores(items) == [[1.0, 0.0], None, [1.0, 0.0, 0.5]]
-    # item p: ratio 3:1 -> weights 0.75 / 0.25 -> S 0.75 vs S(ref) 0.5; item q carries no
-    # preference (one score) and is left out; item r: the policy equals the reference
-    est = importance_gain([[math.log(3.0) - 7.0, -7.0], [-1.0], [-2.0, -3.0, -4.0]],
-                          [[-7.0, -7.0], [-9.0], [-2.0, -3.0, -4.0]], items)
+    # one unit for all of G_k (0 = its worst score 0.0, 1 = its best 2.0) or each item's own
+    assert normalised_scores(items) == [[0.5, 0.0], None, [1.0, 0.0, 0.5]]
+    assert normalised_scores(items, "item") == [[1.0, 0.0], None, [1.0, 0.0, 0.5]]
+    with pytest.raises(ValueError, match="gate.scale"):
+        normalised_scores(items, "phase")
+    # item p: ratio 3:1 -> weights 0.75 / 0.25 -> S 0.375 vs S(ref) 0.25 (on G_k's scale);
+    # item q carries no preference (one score) and is left out; item r: policy = reference
+    logps = [[math.log(3.0) - 7.0, -7.0], [-1.0], [-2.0, -3.0, -4.0]]
+    ref = [[-7.0, -7.0], [-9.0], [-2.0, -3.0, -4.0]]
+    est = importance_gain(logps, ref, items)
     assert est.items == 2
-    assert est.score == pytest.approx((0.75 + 0.5) / 2)
-    assert est.ref_score == pytest.approx((0.5 + 0.5) / 2)
-    assert est.gain == pytest.approx(0.125)
+    assert est.score == pytest.approx((0.375 + 0.5) / 2)
+    assert est.ref_score == pytest.approx((0.25 + 0.5) / 2)
+    assert est.gain == pytest.approx(0.0625)
+    # on each item's own scale item p's near-or-far difference counts in full: gain 0.125
+    assert importance_gain(logps, ref, items, scale="item").gain == pytest.approx(0.125)
     # temperature 2 halves the log-ratio: weights sqrt(3):1
     hot = importance_gain([[math.log(3.0), 0.0]], [[0.0, 0.0]], items[:1], temperature=2.0)
     assert hot.gain == pytest.approx(math.sqrt(3) / (1 + math.sqrt(3)) - 0.5)
     none = importance_gain([[-1.0]], [[-2.0]], items[1:2])
     assert none.items == 0 and math.isnan(none.gain) and math.isnan(none.lower)
+
+
+def test_near_tie_weighs_as_little_as_it_scores_on_the_subset_scale():
+    # a failure (floor 0.0) against a valid program (1.0), and two valid programs 0.006 apart;
+    # the policy moved the wrong way on the near-tie only
+    items = [GateItem("p", ["ok", "fail"], [1.0, 0.0], "ok"),
+             GateItem("q", ["a", "b"], [0.994, 1.0], "b")]
+    logps, ref = [[0.0, -1.0], [0.0, -1.0]], [[0.0, 0.0], [0.0, 0.0]]
+    per_item = importance_gain(logps, ref, items, scale="item")
+    subset = importance_gain(logps, ref, items, scale="subset")
+    assert per_item.gain == pytest.approx(0.0)  # the near-tie cancels the real preference
+    assert subset.gain > 0.1  # the failure avoided is what counts
+
+
+def test_bias_corrected_bound_undoes_the_bootstraps_shrinkage():
+    # 3 completions: a resample with a repeated completion shrinks the re-weighting gain, so
+    # most resamples fall below the estimate and the plain percentile bound sits far below it
+    g = torch.Generator().manual_seed(1)
+    est = 0.2
+    resampled = est * torch.rand(1000, generator=g, dtype=torch.float64) ** 0.5
+    pct = lower_bound(resampled, est, 0.9, "percentile")
+    bc = lower_bound(resampled, est, 0.9, "bc")
+    normal = lower_bound(resampled, est, 0.9, "normal")
+    assert pct == pytest.approx(float(torch.quantile(resampled, 0.1)))
+    assert pct < bc < est and normal == pytest.approx(est - 1.2816 * float(resampled.std()),
+                                                      abs=1e-4)
+    # centred replicates: bc is the percentile bound (z0 = 0)
+    sym = torch.cat([est + torch.linspace(-0.1, 0.1, 1001, dtype=torch.float64)])
+    assert lower_bound(sym, est, 0.9, "bc") == pytest.approx(lower_bound(sym, est, 0.9,
+                                                                         "percentile"), abs=1e-3)
+    with pytest.raises(ValueError, match="gate.bound"):
+        lower_bound(sym, est, 0.9, "student")
 
 
 def test_importance_gain_bound_is_paired_seeded_and_below_the_gain():
@@ -178,7 +219,7 @@ def test_importance_gain_bound_is_paired_seeded_and_below_the_gain():
     assert wider.lower < est.lower
     # the reference against itself: every resample's gain is exactly 0 (paired resamples)
     same_est = importance_gain([ref], [ref], item, resamples=200)
-    assert same_est.gain == 0.0 and same_est.lower == 0.0 and same_est.se < 1e-12
+    assert same_est.gain == 0.0 and abs(same_est.lower) < 1e-12 and same_est.se < 1e-12
     with pytest.raises(ValueError, match="gate.confidence"):
         importance_gain([ref], [ref], item, confidence=1.0)
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from atlas.bench import gate as bench
@@ -79,6 +81,21 @@ def test_bench_runs_end_to_end_on_the_tiny_model(tmp_path: Path, capsys) -> None
     assert result["gate"]["epsilon"] == 0.0
     assert all(r["accepted"] == bench.accepted_at(r, 0.0, result["gate"]["delta"]) for r in rows)
     assert result["summary"]["correct"]["rate"] == float(rows[0]["accepted"])
+    # the raw log-probs give the same decision back without the model (so --rows can
+    # re-decide a recorded bench under other gate settings)
+    gate = GateConfig.from_cfg(result["gate"])
+    for r in rows:
+        assert len(r["raw"]["sum_logps"]) == len(r["candidates"])
+        again = bench.redecide(r, gate)
+        for key in ("accepted", "chosen", "gain", "lower", "se", "kl"):
+            assert again[key] == pytest.approx(r[key], abs=1e-12), key
+    old = bench.redecide(rows[0], dataclasses.replace(gate, scale="item", bound="percentile"))
+    assert old["gain"] != pytest.approx(rows[0]["gain"], abs=1e-9)  # the unit matters
+    capsys.readouterr()
+    bench.main(["--rows", str(out), "--bound", "percentile", "--scale", "item"])
+    text = capsys.readouterr().out
+    assert "re-decided from their raw log-probs with scale item, bound percentile" in text
+    assert f"gain {old['gain']:+.4f}" in text
 
 
 def test_bench_rows_are_resummarised_at_other_epsilons(tmp_path: Path, capsys) -> None:

@@ -110,19 +110,48 @@ def trial_data(programs: list, db: Any, gate: Any, dpo: Any, seed: int, n_pairs:
     return pairs, items, held
 
 
+def raw_pass(res: Any, candidates: list, items: list) -> dict[str, Any]:
+    """The gate pass of one trial arm as plain data: per candidate (in C_k's order) and per
+    item, each completion's sequence log-prob; the reference's; each item's task scores and
+    each candidate's per-item KL."""
+    return {"names": [c.name for c in candidates], "sum_logps": res.sum_logps,
+            "ref_sum_logps": res.ref_sum_logps, "kl": res.kl,
+            "scores": [list(map(float, it.scores)) for it in items]}
+
+
+def redecide(row: dict[str, Any], gate: Any) -> dict[str, Any]:
+    """The row's gate decision recomputed from its raw log-probs under ``gate`` (another
+    ``scale``, ``bound``, ``confidence``, ``epsilon``...): Eq. 4 and Eq. 5 exactly as
+    ``select_and_gate`` computes them, without re-training or re-running the model."""
+    from atlas.dpo.gate import decide
+    from atlas.dpo.scoring import importance_gain, mean_kl
+    from atlas.types import GateItem
+
+    raw = row["raw"]
+    items = [GateItem("", [""] * len(sc), sc, "") for sc in raw["scores"]]
+    est = [importance_gain(lp, raw["ref_sum_logps"], items, temperature=gate.temperature,
+                           confidence=gate.confidence, resamples=gate.resamples,
+                           seed=row["seed"], scale=gate.scale, bound=gate.bound)
+           for lp in raw["sum_logps"]]
+    d = decide([e.score for e in est], [mean_kl(k) for k in raw["kl"]], raw["names"],
+               est[0].ref_score, gate, lowers=[e.lower for e in est], ses=[e.se for e in est])
+    return {**row, "accepted": d.accepted, "reason": d.reason, "chosen": d.chosen,
+            "gain": d.gain, "lower": d.lower_bound, "se": d.se, "kl": d.kl}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from omegaconf import OmegaConf
 
     from atlas.agent.adapters import POLICY, REF, get_adapter_state, set_adapter_state
     from atlas.agent.research_agent import ResearchAgent
-    from atlas.dpo import DPOConfig, GateConfig, select_and_gate, train_phase
+    from atlas.dpo import DPOConfig, select_and_gate, train_phase
     from atlas.evolution.database import ProgramDatabase
 
     torch.set_num_threads(args.threads)
     model_cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml"))
     dpo = DPOConfig.from_cfg(OmegaConf.load(ROOT / "conf" / "dpo" / "default.yaml"))
-    gate = GateConfig.from_cfg(OmegaConf.load(ROOT / "conf" / "gate" / "default.yaml"))
+    gate = gate_config(args)
     if args.max_length:
         dpo = dataclasses.replace(dpo, max_length=args.max_length)
         gate = dataclasses.replace(gate, max_length=args.max_length)
@@ -144,8 +173,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             res = train_phase(agent.model, agent.tokenizer, arm_pairs, dpo, "adaptive", seed=t)
             t1 = time.perf_counter()
+            passes: list = []
             d = select_and_gate(agent.model, agent.tokenizer, res.candidates, items, gate,
-                                reference="adaptive", seed=t)
+                                reference="adaptive", seed=t, keep_pass=passes)
             row = {"seed": t, "arm": arm, "accepted": d.accepted, "reason": d.reason,
                    "chosen": d.chosen, "gain": d.gain, "lower": d.lower_bound, "se": d.se,
                    "kl": d.kl, "score": d.score, "ref_score": d.ref_score,
@@ -153,7 +183,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                    "gate_items": len(items), "gate_completions": sum(len(i.completions)
                                                                     for i in items),
                    "candidates": d.candidates, "dpo_s": t1 - t0,
-                   "gate_s": time.perf_counter() - t1}
+                   "gate_s": time.perf_counter() - t1,
+                   # the raw numbers behind S and KL, so another statistic can be recomputed
+                   "raw": raw_pass(passes[0], res.candidates, items) if passes else None}
             rows.append(row)
             print(f"seed {t} {arm:8s} {'ACCEPT' if d.accepted else 'reject'} c*={d.chosen:7s} "
                   f"gain {d.gain:+.4f} lower {d.lower_bound:+.4f} se {d.se:.4f} KL {d.kl:.2e} "
@@ -164,6 +196,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 Path(args.json).write_text(json.dumps({"rows": rows}, default=str))
     return {"rows": rows, "gate": dataclasses.asdict(gate), "dpo": dpo.to_dict(),
             "model": args.model, "programs": str(args.programs)}
+
+
+def gate_config(args: argparse.Namespace) -> Any:
+    """conf/gate/default.yaml with the command line's --scale / --bound / --confidence /
+    --holdout-share."""
+    from omegaconf import OmegaConf
+
+    from atlas.dpo import GateConfig
+
+    cfg = OmegaConf.load(ROOT / "conf" / "gate" / "default.yaml")
+    for key, arg in (("scale", "scale"), ("bound", "bound"), ("confidence", "confidence"),
+                     ("holdout", "holdout_share")):
+        if getattr(args, arg, None) is not None:
+            cfg[key] = getattr(args, arg)
+    return GateConfig.from_cfg(cfg)
 
 
 def summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -240,18 +287,37 @@ def main(argv: list[str] | None = None) -> None:
                          "recomputed and printed after the run")
     ap.add_argument("--rows", default="",
                     help="re-summarise the rows of an earlier run's --json file (no training): "
-                         "its rates at the default gate settings and at --epsilons")
+                         "its rates at the default gate settings and at --epsilons; rows with "
+                         "raw log-probs are re-decided under the gate settings of this command")
+    ap.add_argument("--scale", choices=("subset", "item"), default=None,
+                    help="gate.scale for this command (default: conf/gate/default.yaml)")
+    ap.add_argument("--bound", choices=("bc", "percentile", "normal"), default=None,
+                    help="gate.bound for this command (default: conf/gate/default.yaml)")
+    ap.add_argument("--holdout-share", type=float, default=None,
+                    help="gate.holdout for this command: the share of prompts held out of D_k "
+                         "for G_k (default: conf/gate/default.yaml)")
+    ap.add_argument("--confidence", type=float, default=None,
+                    help="gate.confidence for this command (default: conf/gate/default.yaml)")
     args = ap.parse_args(argv)
     epsilons = [float(e) for e in args.epsilons.split(",") if e.strip()]
     if args.rows:
-        from omegaconf import OmegaConf
-
+        g = gate_config(args)
         rows = json.loads(Path(args.rows).read_text())["rows"]
-        g = OmegaConf.load(ROOT / "conf" / "gate" / "default.yaml")
-        print(f"{len(rows)} rows from {args.rows}; default gate: epsilon {g.epsilon}, "
-              f"delta {g.delta}")
+        raw = all(r.get("raw") for r in rows)
+        if raw:
+            rows = [redecide(r, g) for r in rows]
+        print(f"{len(rows)} rows from {args.rows}; "
+              + (f"re-decided from their raw log-probs with scale {g.scale}, bound {g.bound}, "
+                 f"confidence {g.confidence}" if raw else "decisions as recorded (no raw "
+                                                           "log-probs)")
+              + f"; epsilon {g.epsilon}, delta {g.delta}")
+        if raw:
+            for r in rows:
+                print(f"seed {r['seed']} {r['arm']:8s} {'ACCEPT' if r['accepted'] else 'reject'} "
+                      f"c*={r['chosen']:7s} gain {r['gain']:+.4f} lower {r['lower']:+.4f} "
+                      f"se {r['se']:.4f} KL {r['kl']:.2e}")
         for arm, (acc, n) in rates_by_epsilon(rows, [float(g.epsilon)], float(g.delta))[0][1].items():
-            print(f"{arm}: accepted {acc}/{n} at the default epsilon {g.epsilon}")
+            print(f"{arm}: accepted {acc}/{n} at epsilon {g.epsilon}")
         print_rates_by_epsilon(rows, epsilons, float(g.delta))
         return
     from atlas.agent.precision import cpu_features, cpu_model
@@ -267,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     result["seconds"] = time.perf_counter() - t0
     g = result["gate"]
     print(f"\ngate: epsilon {g['epsilon']}, delta {g['delta']}, lam {g['lam']}, confidence "
-          f"{g['confidence']}, holdout {g['holdout']}; {args.trials} trials per arm, "
+          f"{g['confidence']}, scale {g['scale']}, bound {g['bound']}, holdout {g['holdout']}; {args.trials} trials per arm, "
           f"{result['seconds'] / 60:.1f} min")
     for arm, target in (("correct", "accepted >= 80%"), ("inverted", "rejected >= 90%")):
         if arm in s:

@@ -140,6 +140,16 @@ class GateConfig:
     """One-sided level of the paired bootstrap lower bound on the gain."""
     resamples: Int = Field(1000, ge=1)
     """Bootstrap resamples of each gate item's completions for that bound."""
+    scale: Literal["subset", "item"] = "subset"
+    """The unit of the inspector score. subset: one scale for all of G_k, 0 = its worst
+    score (a failure's floor when one failed), 1 = its best, so a near-tie between two valid
+    programs weighs as little as it scores; item: each item's own worst-to-best range (a
+    0.006 near-tie then counts as much as a failure against the best; before 2026-11)."""
+    bound: Literal["bc", "percentile", "normal"] = "bc"
+    """How the lower confidence bound is read off the paired bootstrap. bc: bias-corrected
+    percentile (Efron), needed because resampling a handful of completions per item shrinks
+    the re-weighting gain (a plug-in covariance, times (n-1)/n); percentile: the plain
+    (1 - confidence) quantile (before 2026-11); normal: gain - z * bootstrap SE."""
     score_mode: Literal["offline", "online"] = "offline"
     """offline: re-weight already evaluated completions; online: each policy of C_k and the
     reference writes fresh programs for the gate prompts, scored in the sandbox."""

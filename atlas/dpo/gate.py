@@ -5,12 +5,13 @@ gate subset G_k (prompts held out of D_k by the caller), picks c* by Eq. 4 and a
 promotion iff the paired lower confidence bound of S(c*) - S(ref) is >= epsilon and
 KL(c* || ref) <= delta (Eq. 5).
 
-Units. S is in *normalised score units*: per gate item, 0 is its worst evaluated completion
-and 1 its best; S(pi) is the self-normalised importance-sampling estimate of pi's expected
-normalised score over the item's completions, with the sequence likelihood ratio
-pi(y) / ref(y) as weight (``atlas.dpo.scoring.importance_gain``), so S(ref) is their plain
+Units. S is in *normalised score units* (``gate.scale``): 0 is G_k's worst evaluated score
+(a failure's floor when one failed) and 1 its best; S(pi) is the self-normalised
+importance-sampling estimate of pi's expected normalised score over each item's completions,
+with the sequence likelihood ratio pi(y) / ref(y) as weight (``atlas.dpo.scoring.importance_gain``), so S(ref) is their plain
 mean and S(c) - S(ref) is the share of the score range the candidate's re-weighting moves.
-epsilon is in these units; the bound is a paired bootstrap over the items' completions.
+epsilon is in these units; the bound is a paired bootstrap over the items' completions,
+bias-corrected (``gate.bound``).
 
 Eq. 4 with both terms on the same footing: c* = argmax_c gain(c) / G - lam * KL(c) / K,
 where G = max_c |gain(c)| and K = max_c KL(c) over C_k (each term spans at most 1, so neither
@@ -63,7 +64,8 @@ def inspector_score(model, tokenizer, items: list[GateItem], policy: PolicySpec,
                     max_length=gate.max_length)
     return importance_gain(res.sum_logps[0], res.ref_sum_logps, items,
                            temperature=gate.temperature, confidence=gate.confidence,
-                           resamples=gate.resamples, seed=seed)
+                           resamples=gate.resamples, seed=seed, scale=gate.scale,
+                           bound=gate.bound)
 
 
 def _scale(values: Sequence[float]) -> float:
@@ -117,14 +119,14 @@ def decide(scores: Sequence[float], kls: Sequence[float], names: Sequence[str], 
                         delta=gate.delta, lam=gate.lam, score=scores[pick], enabled=enabled,
                         argmax=names[best], lower_bound=lower, se=ses[pick],
                         confidence=gate.confidence, gain_scale=g_scale, kl_scale=k_scale,
-                        items=items)
+                        items=items, scale=gate.scale, bound=gate.bound)
 
 
 def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: list[GateItem],
                     gate: GateConfig, *, enabled: bool = True,
                     reference: ReferenceMode | str = ReferenceMode.ADAPTIVE,
                     online_score: Callable[[PolicySpec, str], float] | None = None,
-                    seed: int = 0) -> GateDecision:
+                    seed: int = 0, keep_pass: list | None = None) -> GateDecision:
     """Score C_k and the reference on G_k, choose c* (Eq. 4), test it (Eq. 5).
 
     ``items`` must be held out of the phase's D_k (the caller's duty; ``FineTuner`` does it).
@@ -135,6 +137,8 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
     policy adapter as it was on entry (the phase-final state) and never writes ``ref``.
     ``online_score(spec, name)``: S for ``gate.score_mode=online`` (sample and evaluate, e.g.
     ``atlas.evolution.online_inspection.OnlineInspector``); KL stays teacher-forced on G_k.
+    ``keep_pass``: a list the forward passes' ``GatePass`` is appended to (the gate bench
+    records the raw log-probs so other statistics can be recomputed without re-training).
     """
     if not isinstance(gate, GateConfig):
         raise TypeError(f"gate must be a GateConfig (GateConfig.from_cfg(cfg.gate)), got {type(gate).__name__}")
@@ -157,6 +161,8 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
     res = gate_pass(model, tokenizer, items, [c.state for c in candidates],
                     kl_reference=_spec(reference), need_scores=True,
                     batch_size=gate.batch_size, max_length=gate.max_length)
+    if keep_pass is not None:
+        keep_pass.append(res)
     kls = [mean_kl(k) for k in res.kl]
     lowers: list[float] | None = None
     ses: list[float] | None = None
@@ -166,7 +172,8 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
         ref_score = online_score(_spec(reference), "reference")
     else:
         est = [importance_gain(lp, res.ref_sum_logps, items, temperature=gate.temperature,
-                               confidence=gate.confidence, resamples=gate.resamples, seed=seed)
+                               confidence=gate.confidence, resamples=gate.resamples, seed=seed,
+                               scale=gate.scale, bound=gate.bound)
                for lp in res.sum_logps]
         scores, lowers, ses = [e.score for e in est], [e.lower for e in est], [e.se for e in est]
         ref_score, n_items = est[0].ref_score, est[0].items

@@ -196,14 +196,15 @@ def mean_kl(per_item: list[float]) -> float:
 @dataclass
 class GainEstimate:
     """The inspector score of one policy against the reference on G_k, in normalised score
-    units (per gate item, 0 = its worst evaluated completion, 1 = its best).
+    units (``GateConfig.scale``: by default 0 = G_k's worst evaluated score, 1 = its best).
 
     ``score`` S(pi): per item, the self-normalised importance-sampling estimate of pi's
     expected normalised score over the item's evaluated completions (weights
     ``softmax((log pi(y) - log ref(y)) / T)``, sequence log-probs); mean over items.
     ``ref_score`` S(ref): the same with ratio 1, i.e. the mean normalised score.
     ``lower``: one-sided bootstrap lower bound of ``gain`` at ``confidence`` (completions
-    resampled within each item, the same resamples for pi and the reference: paired).
+    resampled within each item, the same resamples for pi and the reference: paired; read
+    off the replicates by ``lower_bound``).
     ``se``: the bootstrap standard deviation of ``gain``. ``items``: informative items (an
     item whose completions all score alike carries no preference and is left out).
     """
@@ -216,25 +217,62 @@ class GainEstimate:
     items: int
 
 
-def normalised_scores(items: Sequence[GateItem]) -> list[list[float] | None]:
-    """Per item, its completions' scores mapped to [0, 1] (min -> 0, max -> 1); None for an
-    item whose completions all score alike."""
+def normalised_scores(items: Sequence[GateItem], scale: str = "subset"
+                      ) -> list[list[float] | None]:
+    """Per item, its completions' scores in the inspector's unit (``GateConfig.scale``):
+    "subset" maps G_k's worst score to 0 and its best to 1; "item" maps each item's own
+    worst to 0 and best to 1. None for an item whose completions all score alike (it
+    carries no preference)."""
+    if scale not in ("subset", "item"):
+        raise ValueError(f"scale must be 'subset' or 'item' (gate.scale), got {scale!r}")
+    every = [float(s) for item in items for s in item.scores]
+    g_lo, g_hi = (min(every), max(every)) if every else (0.0, 0.0)
     out: list[list[float] | None] = []
     for item in items:
         lo, hi = min(item.scores), max(item.scores)
-        out.append(None if not hi > lo else [(float(s) - lo) / (hi - lo) for s in item.scores])
+        if not hi > lo:
+            out.append(None)
+            continue
+        if scale == "subset":
+            lo, hi = g_lo, g_hi
+        out.append([(float(s) - lo) / (hi - lo) for s in item.scores])
     return out
+
+
+def lower_bound(resampled: torch.Tensor, estimate: float, confidence: float,
+                bound: str = "bc") -> float:
+    """One-sided lower confidence bound of ``estimate`` from its bootstrap replicates
+    (``GateConfig.bound``). "bc" (bias-corrected percentile, Efron 1981): the quantile at
+    Phi(2 z0 - z_c), z0 = Phi^-1(share of replicates below the estimate, ties counted half),
+    which undoes the bootstrap's median bias; "percentile": the (1 - confidence) quantile;
+    "normal": estimate - z_c * SD(replicates)."""
+    if bound not in ("bc", "percentile", "normal"):
+        raise ValueError(f"bound must be 'bc', 'percentile' or 'normal' (gate.bound), got {bound!r}")
+    normal = torch.distributions.Normal(0.0, 1.0)
+    z_c = float(normal.icdf(torch.tensor(confidence, dtype=torch.float64)))
+    b = resampled.double()
+    if bound == "normal":
+        return estimate - z_c * (float(b.std()) if b.numel() > 1 else 0.0)
+    level = 1.0 - confidence
+    if bound == "bc":
+        n = b.numel()
+        below = float((b < estimate).double().mean() + 0.5 * (b == estimate).double().mean())
+        below = min(max(below, 1.0 / (n + 1)), n / (n + 1))  # a finite z0
+        z0 = float(normal.icdf(torch.tensor(below, dtype=torch.float64)))
+        level = float(normal.cdf(torch.tensor(2.0 * z0 - z_c, dtype=torch.float64)))
+    return float(torch.quantile(b, level))
 
 
 def importance_gain(sum_logps: list[list[float]], ref_sum_logps: list[list[float]],
                     items: Sequence[GateItem], *, temperature: float = 1.0,
-                    confidence: float = 0.9, resamples: int = 1000, seed: int = 0
-                    ) -> GainEstimate:
+                    confidence: float = 0.9, resamples: int = 1000, seed: int = 0,
+                    scale: str = "subset", bound: str = "bc") -> GainEstimate:
     """S(pi), S(ref), their gain and its paired bootstrap lower bound (``GainEstimate``).
 
     ``sum_logps`` / ``ref_sum_logps``: per item, per completion sequence log-probs of the
     policy and of the reference (``GatePass.sum_logps[p]``, ``GatePass.ref_sum_logps``).
-    Deterministic for a given ``seed`` (the bootstrap's generator).
+    Deterministic for a given ``seed`` (the bootstrap's generator). ``scale`` and ``bound``:
+    ``GateConfig.scale`` and ``GateConfig.bound``.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature} (gate.temperature)")
@@ -244,7 +282,7 @@ def importance_gain(sum_logps: list[list[float]], ref_sum_logps: list[list[float
         raise ValueError(f"resamples must be >= 1, got {resamples} (gate.resamples)")
     gen = torch.Generator().manual_seed(int(seed))
     s_pol, s_ref, boot = [], [], []
-    for lp, rlp, u in zip(sum_logps, ref_sum_logps, normalised_scores(items)):
+    for lp, rlp, u in zip(sum_logps, ref_sum_logps, normalised_scores(items, scale)):
         if u is None:
             continue
         r = torch.tensor(lp, dtype=torch.float64) - torch.tensor(rlp, dtype=torch.float64)
@@ -263,7 +301,7 @@ def importance_gain(sum_logps: list[list[float]], ref_sum_logps: list[list[float
         return GainEstimate(nan, nan, nan, nan, nan, 0)
     score, ref_score = sum(s_pol) / len(s_pol), sum(s_ref) / len(s_ref)
     gains = torch.stack(boot).mean(0)
-    lower = float(torch.quantile(gains, 1.0 - confidence))
+    lower = lower_bound(gains, score - ref_score, confidence, bound)
     return GainEstimate(score=score, ref_score=ref_score, gain=score - ref_score,
                         lower=lower, se=float(gains.std()) if resamples > 1 else 0.0,
                         items=len(s_pol))
