@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_atlas_run_scores_the_gate_on_prompts_held_out_of_dk(tmp_path: Path) -> None:
-    # 2 islands served per round: 4 prompts per phase, one held out (gate.holdout 0.25)
+    # 2 islands served per round: 4 prompts per phase, two held out (gate.holdout 0.5)
     cfg = compose_cfg(["experiment=test", "method=atlas", "explore.islands_per_round=2",
                        "explore.samples_per_prompt=2", "method.skip_without_improvement=false",
                        "task.timeout_s=60"],  # a loaded shared machine: no spurious timeouts
@@ -39,6 +39,7 @@ def test_atlas_run_scores_the_gate_on_prompts_held_out_of_dk(tmp_path: Path) -> 
         assert g["chosen"] in {c["name"] for c in g["candidates"]}
         assert {"score", "ref_score", "kl", "lower_bound", "se", "gain_scale", "kl_scale"} <= set(g)
         assert g["epsilon"] == 0.0 and g["confidence"] == 0.9
+        assert (g["scale"], g["bound"]) == (cfg.gate.scale, cfg.gate.bound)  # S's unit, recorded
         if g["accepted"]:
             assert g["lower_bound"] >= g["epsilon"] and g["kl"] <= g["delta"]
 

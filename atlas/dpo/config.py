@@ -133,18 +133,21 @@ class GateConfig:
     largest |gain| and KL over C_k (both terms span at most 1)."""
     subset_size: Int = Field(8, ge=1)
     """Cap on |G_k|: gate prompts drawn afresh each phase among the held-out ones."""
-    holdout: Num = Field(0.25, gt=0.0, lt=1.0)
+    holdout: Num = Field(0.5, gt=0.0, lt=1.0)
     """Share of a phase's prompts held out of D_k for G_k (at least one when the phase has
-    two or more prompts; with one prompt nothing is held out and the gate rejects)."""
+    two or more prompts; with one prompt nothing is held out and the gate rejects). 0.5: with
+    a quarter, the gate bench's held-out evidence (4 prompts) was too thin to pass the
+    correctly trained policies it should."""
     confidence: Num = Field(0.9, gt=0.0, lt=1.0)
     """One-sided level of the paired bootstrap lower bound on the gain."""
     resamples: Int = Field(1000, ge=1)
     """Bootstrap resamples of each gate item's completions for that bound."""
-    scale: Literal["subset", "item"] = "subset"
-    """The unit of the inspector score. subset: one scale for all of G_k, 0 = its worst
-    score (a failure's floor when one failed), 1 = its best, so a near-tie between two valid
-    programs weighs as little as it scores; item: each item's own worst-to-best range (a
-    0.006 near-tie then counts as much as a failure against the best; before 2026-11)."""
+    scale: Literal["item", "subset"] = "item"
+    """The unit of the inspector score. item: each gate item's own worst completion 0, best
+    1, so every held-out prompt's ordering counts alike (DPO learns orderings); subset: one
+    scale for all of G_k (0 = its worst score, a failure's floor when one failed), so a
+    near-tie between two valid programs weighs as little as it scores. The gate bench
+    separated its arms better with item (README, the gate section)."""
     bound: Literal["bc", "percentile", "normal"] = "bc"
     """How the lower confidence bound is read off the paired bootstrap. bc: bias-corrected
     percentile (Efron), needed because resampling a handful of completions per item shrinks
