@@ -121,11 +121,11 @@ class DPOConfig:
 class GateConfig:
     """The Policy Inspector's numbers: Eq. 4 selection and the Eq. 5 trust-region gate."""
 
-    epsilon: Num = 0.0
-    """Minimum gain in normalised score units (share of each gate item's score range) that
-    the paired lower confidence bound of S(c*) - S(ref) must reach to accept a promotion.
-    0: a confident gain of any size; the bound already subtracts the measured noise, and at
-    0.02 the gate bench's correctly trained policies were never accepted (0/10)."""
+    epsilon: Num = 0.01
+    """Minimum gain in normalised score units (``scale``; 0.01 = 1% of G_k's score range) that
+    the paired lower confidence bound of S(c*) - S(ref) must reach to accept a promotion. A
+    margin over the bound: a policy with no effect clears a 90% bound 10% of the time by
+    construction, and the gate bench asks for at most 1 false promotion in 10."""
     delta: Num = Field(0.05, ge=0.0)
     """KL trust region: accept only if KL(cand || ref) <= delta (nats per completion token)."""
     lam: Num = Field(1.0, ge=0.0)
@@ -142,12 +142,12 @@ class GateConfig:
     """One-sided level of the paired bootstrap lower bound on the gain."""
     resamples: Int = Field(1000, ge=1)
     """Bootstrap resamples of each gate item's completions for that bound."""
-    scale: Literal["item", "subset"] = "item"
-    """The unit of the inspector score. item: each gate item's own worst completion 0, best
-    1, so every held-out prompt's ordering counts alike (DPO learns orderings); subset: one
-    scale for all of G_k (0 = its worst score, a failure's floor when one failed), so a
-    near-tie between two valid programs weighs as little as it scores. The gate bench
-    separated its arms better with item (README, the gate section)."""
+    scale: Literal["subset", "item"] = "subset"
+    """The unit of the inspector score. subset: one scale for all of G_k, 0 = its worst
+    score (a failure's floor when one failed), 1 = its best, so a near-tie between two valid
+    programs weighs as little as it scores; item: each item's own worst-to-best range (a
+    0.006 near-tie then counts as much as a failure against the best; the unit until
+    2026-11). README, the gate section, has both measured."""
     bound: Literal["bc", "percentile", "normal"] = "bc"
     """How the lower confidence bound is read off the paired bootstrap. bc: bias-corrected
     percentile (Efron), needed because resampling a handful of completions per item shrinks

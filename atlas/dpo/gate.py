@@ -5,8 +5,8 @@ gate subset G_k (prompts held out of D_k by the caller), picks c* by Eq. 4 and a
 promotion iff the paired lower confidence bound of S(c*) - S(ref) is >= epsilon and
 KL(c* || ref) <= delta (Eq. 5).
 
-Units. S is in *normalised score units* (``gate.scale``): per gate item 0 is its worst
-evaluated completion and 1 its best; S(pi) is the self-normalised
+Units. S is in *normalised score units* (``gate.scale``): 0 is G_k's worst evaluated score
+(a failure's floor when one failed) and 1 its best; S(pi) is the self-normalised
 importance-sampling estimate of pi's expected normalised score over each item's completions,
 with the sequence likelihood ratio pi(y) / ref(y) as weight (``atlas.dpo.scoring.importance_gain``), so S(ref) is their plain
 mean and S(c) - S(ref) is the share of the score range the candidate's re-weighting moves.

@@ -196,8 +196,7 @@ def mean_kl(per_item: list[float]) -> float:
 @dataclass
 class GainEstimate:
     """The inspector score of one policy against the reference on G_k, in normalised score
-    units (``GateConfig.scale``: by default per gate item 0 = its worst evaluated completion,
-    1 = its best).
+    units (``GateConfig.scale``: by default 0 = G_k's worst evaluated score, 1 = its best).
 
     ``score`` S(pi): per item, the self-normalised importance-sampling estimate of pi's
     expected normalised score over the item's evaluated completions (weights
@@ -218,7 +217,7 @@ class GainEstimate:
     items: int
 
 
-def normalised_scores(items: Sequence[GateItem], scale: str = "item"
+def normalised_scores(items: Sequence[GateItem], scale: str = "subset"
                       ) -> list[list[float] | None]:
     """Per item, its completions' scores in the inspector's unit (``GateConfig.scale``):
     "subset" maps G_k's worst score to 0 and its best to 1; "item" maps each item's own
@@ -267,7 +266,7 @@ def lower_bound(resampled: torch.Tensor, estimate: float, confidence: float,
 def importance_gain(sum_logps: list[list[float]], ref_sum_logps: list[list[float]],
                     items: Sequence[GateItem], *, temperature: float = 1.0,
                     confidence: float = 0.9, resamples: int = 1000, seed: int = 0,
-                    scale: str = "item", bound: str = "bc") -> GainEstimate:
+                    scale: str = "subset", bound: str = "bc") -> GainEstimate:
     """S(pi), S(ref), their gain and its paired bootstrap lower bound (``GainEstimate``).
 
     ``sum_logps`` / ``ref_sum_logps``: per item, per completion sequence log-probs of the
