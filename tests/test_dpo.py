@@ -80,7 +80,9 @@ def test_config_mirrors_yaml_validates_and_clamps():
         DPOConfig(bounds={"lr": [1e-3, 1e-6]})
     gate = GateConfig.from_cfg(OmegaConf.load(CONF / "gate" / "default.yaml"))
     assert (gate.epsilon, gate.delta, gate.lam, gate.subset_size, gate.score_mode) == \
-        (0.0, 0.05, 1.0, 8, "offline")
+        (0.01, 0.05, 1.0, 8, "offline")
+    # the YAML and the dataclass defaults are one configuration
+    assert gate == GateConfig()
     with pytest.raises(ValueError, match=r"gate\.score_mode"):
         GateConfig(score_mode="vibes")
 

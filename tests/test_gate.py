@@ -109,15 +109,16 @@ def brute_sums(model, tok, items, adapter_name: str | None) -> list[list[float]]
 
 def brute_score(model, tok, items, adapter_name: str | None) -> tuple[float, float]:
     """(S(policy adapter), S(ref adapter)) by the definition: per informative item, the
-    likelihood-ratio-weighted mean of the item's min-max normalised scores (gate.scale
-    item, the default); mean over items."""
+    likelihood-ratio-weighted mean of the scores normalised on G_k's range (gate.scale
+    subset, the default: 0 = its worst, 1 = its best); mean over items."""
     pol, ref = brute_sums(model, tok, items, adapter_name), brute_sums(model, tok, items, REF)
+    g_lo = min(x for item in items for x in item.scores)
+    g_hi = max(x for item in items for x in item.scores)
     s_pol, s_ref = [], []
     for item, lp, lr in zip(items, pol, ref):
-        lo, hi = min(item.scores), max(item.scores)
-        if hi == lo:
+        if max(item.scores) == min(item.scores):
             continue
-        u = [(x - lo) / (hi - lo) for x in item.scores]
+        u = [(x - g_lo) / (g_hi - g_lo) for x in item.scores]
         w = [math.exp(a - b) for a, b in zip(lp, lr)]
         s_pol.append(sum(wi * ui for wi, ui in zip(w, u)) / sum(w))
         s_ref.append(sum(u) / len(u))
@@ -147,23 +148,23 @@ def test_token_kl_equals_brute_force(reference):
 def test_importance_gain_hand_numbers():
     items = [GateItem("p", ["a", "b"], [1.0, 0.0], "a"), GateItem("q", ["c"], [0.3], "c"),
              GateItem("r", ["d", "e", "f"], [2.0, 0.0, 1.0], "d")]
-    # each item's own range (the default) or one unit for all of G_k (0 = its worst 0.0,
-    # 1 = its best 2.0)
-    assert normalised_scores(items) == [[1.0, 0.0], None, [1.0, 0.0, 0.5]]
-    assert normalised_scores(items, "subset") == [[0.5, 0.0], None, [1.0, 0.0, 0.5]]
+    # one unit for all of G_k (the default: 0 = its worst score 0.0, 1 = its best 2.0) or
+    # each item's own range
+    assert normalised_scores(items) == [[0.5, 0.0], None, [1.0, 0.0, 0.5]]
+    assert normalised_scores(items, "item") == [[1.0, 0.0], None, [1.0, 0.0, 0.5]]
     with pytest.raises(ValueError, match="gate.scale"):
         normalised_scores(items, "phase")
     # item p: ratio 3:1 -> weights 0.75 / 0.25 -> S 0.375 vs S(ref) 0.25 (on G_k's scale);
     # item q carries no preference (one score) and is left out; item r: policy = reference
     logps = [[math.log(3.0) - 7.0, -7.0], [-1.0], [-2.0, -3.0, -4.0]]
     ref = [[-7.0, -7.0], [-9.0], [-2.0, -3.0, -4.0]]
-    est = importance_gain(logps, ref, items, scale="subset")
+    est = importance_gain(logps, ref, items)
     assert est.items == 2
     assert est.score == pytest.approx((0.375 + 0.5) / 2)
     assert est.ref_score == pytest.approx((0.25 + 0.5) / 2)
     assert est.gain == pytest.approx(0.0625)
-    # on each item's own scale (the default) item p's difference counts in full: gain 0.125
-    assert importance_gain(logps, ref, items).gain == pytest.approx(0.125)
+    # on each item's own scale item p's difference counts in full: gain 0.125
+    assert importance_gain(logps, ref, items, scale="item").gain == pytest.approx(0.125)
     # temperature 2 halves the log-ratio: weights sqrt(3):1
     hot = importance_gain([[math.log(3.0), 0.0]], [[0.0, 0.0]], items[:1], temperature=2.0)
     assert hot.gain == pytest.approx(math.sqrt(3) / (1 + math.sqrt(3)) - 0.5)
@@ -331,8 +332,8 @@ def test_gate_disabled_promotes_phase_final_and_records_numbers():
 
 def test_gate_defaults_are_in_normalised_units():
     g = GateConfig()
-    assert (g.epsilon, g.lam, g.confidence, g.holdout) == (0.0, 1.0, 0.9, 0.5)
-    assert (g.scale, g.bound) == ("item", "bc")
+    assert (g.epsilon, g.lam, g.confidence, g.holdout) == (0.01, 1.0, 0.9, 0.5)
+    assert (g.scale, g.bound) == ("subset", "bc")
     with pytest.raises(ValueError, match="gate.holdout must be < 1"):
         GateConfig(holdout=1.0)
     with pytest.raises(ValueError, match="gate.confidence must be < 1"):

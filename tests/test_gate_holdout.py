@@ -38,7 +38,7 @@ def test_atlas_run_scores_the_gate_on_prompts_held_out_of_dk(tmp_path: Path) -> 
         # events show c*, S, KL and the bound
         assert g["chosen"] in {c["name"] for c in g["candidates"]}
         assert {"score", "ref_score", "kl", "lower_bound", "se", "gain_scale", "kl_scale"} <= set(g)
-        assert g["epsilon"] == 0.0 and g["confidence"] == 0.9
+        assert g["epsilon"] == cfg.gate.epsilon == 0.01 and g["confidence"] == 0.9
         assert (g["scale"], g["bound"]) == (cfg.gate.scale, cfg.gate.bound)  # S's unit, recorded
         if g["accepted"]:
             assert g["lower_bound"] >= g["epsilon"] and g["kl"] <= g["delta"]
@@ -50,9 +50,9 @@ def test_bench_trial_data_holds_the_gate_prompt_out_and_inverts_pairs() -> None:
                                      seed=0)
     gate, dpo = GateConfig(), DPOConfig()
     pairs, items, held = bench.trial_data(programs, db, gate, dpo, 0, 24)
-    # the loop's hold-out over the two shipped runs' 16 prompts: a quarter, informative first
-    assert len(held) == 4 and {it.prompt for it in items} <= held
-    assert len(pairs) == 24 and not {p.prompt for p in pairs} & held
+    # the loop's hold-out over the two shipped runs' 16 prompts: half, informative first
+    assert len(held) == 8 and {it.prompt for it in items} <= held
+    assert len(pairs) == 23 and not {p.prompt for p in pairs} & held  # docs/bench: 23 pairs
     assert {p.kind for p in pairs} == {"passed_vs_passed", "passed_vs_failed", "supporter_vs_agent"}
     assert len({p.id // 1_000_000 for p in programs}) == 2  # two runs, ids kept apart
     other = bench.trial_data(programs, db, gate, dpo, 1, 24)
@@ -74,13 +74,13 @@ def test_bench_runs_end_to_end_on_the_tiny_model(tmp_path: Path, capsys) -> None
     result = json.loads(out.read_text())
     rows = result["rows"]
     assert [r["arm"] for r in rows] == ["correct", "inverted"]
-    assert all(r["pairs"] == 2 and r["gate_items"] == 4 for r in rows)  # the loop's hold-out
+    assert all(r["pairs"] == 2 and r["gate_items"] == 8 for r in rows)  # the loop's hold-out (half)
     assert all(r["gate_items"] * 2 <= r["gate_completions"] <= r["gate_items"] * 3 for r in rows)
     # lr 5e-5 for 1 step barely moves the tiny model
     assert all(abs(r["gain"]) < 0.02 for r in rows)
-    # Eq. 5 at the default epsilon 0: accepted iff the bound clears 0 inside the trust region
-    assert result["gate"]["epsilon"] == 0.0
-    assert all(r["accepted"] == bench.accepted_at(r, 0.0, result["gate"]["delta"]) for r in rows)
+    # Eq. 5 at the default epsilon: accepted iff the bound clears it inside the trust region
+    assert result["gate"]["epsilon"] == 0.01
+    assert all(r["accepted"] == bench.accepted_at(r, 0.01, result["gate"]["delta"]) for r in rows)
     assert result["summary"]["correct"]["rate"] == float(rows[0]["accepted"])
     # the raw log-probs give the same decision back without the model (so --rows can
     # re-decide a recorded bench under other gate settings)
