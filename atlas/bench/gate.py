@@ -5,8 +5,8 @@ of the README (``docs/runs/cpu_bandit_s0``: EvoTune and ATLAS, seed 0, 16 prompt
 evaluated completions, shipped in ``atlas/bench/data``); ``--programs`` takes any runs'
 ``programs.jsonl``. Each trial (seed t):
 1. holds prompts out of D_k as a run does (``hold_out_prompts`` with the default gate
-   settings: a quarter of the prompts, informative ones first) and draws G_k from their
-   completions (``sample_gate_subset``, at most ``subset_size`` prompts);
+   settings: half of the prompts, informative ones first; ``--holdout-share`` changes it)
+   and draws G_k from their completions (``sample_gate_subset``, at most ``subset_size``);
 2. builds D_k from the other prompts with the loop's builder (``build_pairs``), phase by phase
    of each run as the loop does, shuffled (seeded) and cut to ``--pairs`` (default 24 =
    ``dpo.max_pairs``, a full phase);
@@ -17,7 +17,9 @@ evaluated completions, shipped in ``atlas/bench/data``); ``--programs`` takes an
 Printed: per trial and arm c*, S gain, its lower bound, bootstrap SE and KL; then both
 acceptance rates (targets: correct accepted >= 80%, inverted rejected >= 90%) and the
 measured noise (bootstrap SE of the gain) that epsilon is set against. ``--lr`` trains both
-arms with another learning rate (the gate's power against how far the policy moves).
+arms with another learning rate (the gate's power against how far the policy moves). Each
+row keeps the raw log-probs behind its decision, so ``--rows FILE`` re-decides recorded
+trials under other ``--scale`` / ``--bound`` / ``--confidence`` / ``--epsilons``.
 """
 
 from __future__ import annotations
