@@ -202,7 +202,7 @@ class GateDecision:
     se: float = math.nan  # bootstrap standard deviation of c*'s gain
     confidence: float = math.nan  # level of that bound
     scale: str = ""  # unit of S (gate.scale: subset | item)
-    bound: str = ""  # how the bound was read off the bootstrap (gate.bound: bc | percentile | normal)
+    bound: str = ""  # how the bound was read off the bootstrap: bc | percentile | normal (gate.bound; bc falls back to percentile on a thin G_k, gate.bc_min_completions)
     gain_scale: float = math.nan  # G in Eq. 4: max |gain| over C_k
     kl_scale: float = math.nan  # K in Eq. 4: max KL over C_k
     items: int = 0  # informative gate items S was measured on

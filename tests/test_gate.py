@@ -204,6 +204,21 @@ def test_bias_corrected_bound_undoes_the_bootstraps_shrinkage():
         lower_bound(sym, est, 0.9, "student")
 
 
+def test_bc_falls_back_to_the_percentile_bound_on_a_thin_gate_subset():
+    g = torch.Generator().manual_seed(2)
+    items = [GateItem(str(k), [str(i) for i in range(4)], [0.0, 1.0, 2.0, 3.0], "0")
+             for k in range(4)]
+    ref = [[0.0] * 4 for _ in items]
+    moved = [(0.3 * torch.randn(4, generator=g) + torch.tensor([-0.3, 0.0, 0.1, 0.3])).tolist()
+             for _ in items]
+    thin = importance_gain(moved, ref, items, seed=1)  # 16 completions < 32
+    assert (thin.completions, thin.bound) == (16, "percentile")
+    assert thin.lower == importance_gain(moved, ref, items, seed=1, bound="percentile").lower
+    full = importance_gain(moved, ref, items, seed=1, bc_min_completions=16)
+    assert full.bound == "bc" and full.lower > thin.lower  # BC lifts the shrunken bound
+    assert (full.gain, full.se) == (thin.gain, thin.se)  # the same resamples
+
+
 def test_importance_gain_bound_is_paired_seeded_and_below_the_gain():
     # 40 completions, half good half bad; the policy moved each by +-0.5 nats plus noise
     g = torch.Generator().manual_seed(0)

@@ -39,7 +39,8 @@ def test_atlas_run_scores_the_gate_on_prompts_held_out_of_dk(tmp_path: Path) -> 
         assert g["chosen"] in {c["name"] for c in g["candidates"]}
         assert {"score", "ref_score", "kl", "lower_bound", "se", "gain_scale", "kl_scale"} <= set(g)
         assert g["epsilon"] == cfg.gate.epsilon == 0.01 and g["confidence"] == 0.9
-        assert (g["scale"], g["bound"]) == (cfg.gate.scale, cfg.gate.bound)  # S's unit, recorded
+        # S's unit and the bound, recorded: a test-sized G_k is too thin for BC
+        assert (g["scale"], g["bound"]) == (cfg.gate.scale, "percentile")
         if g["accepted"]:
             assert g["lower_bound"] >= g["epsilon"] and g["kl"] <= g["delta"]
 

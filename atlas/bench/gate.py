@@ -133,12 +133,13 @@ def redecide(row: dict[str, Any], gate: Any) -> dict[str, Any]:
     items = [GateItem("", [""] * len(sc), sc, "") for sc in raw["scores"]]
     est = [importance_gain(lp, raw["ref_sum_logps"], items, temperature=gate.temperature,
                            confidence=gate.confidence, resamples=gate.resamples,
-                           seed=row["seed"], scale=gate.scale, bound=gate.bound)
+                           seed=row["seed"], scale=gate.scale, bound=gate.bound,
+                           bc_min_completions=gate.bc_min_completions)
            for lp in raw["sum_logps"]]
     d = decide([e.score for e in est], [mean_kl(k) for k in raw["kl"]], raw["names"],
                est[0].ref_score, gate, lowers=[e.lower for e in est], ses=[e.se for e in est])
     return {**row, "accepted": d.accepted, "reason": d.reason, "chosen": d.chosen,
-            "gain": d.gain, "lower": d.lower_bound, "se": d.se, "kl": d.kl}
+            "gain": d.gain, "lower": d.lower_bound, "se": d.se, "kl": d.kl, "bound": est[0].bound}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -153,6 +153,11 @@ class GateConfig:
     percentile (Efron), needed because resampling a handful of completions per item shrinks
     the re-weighting gain (a plug-in covariance, times (n-1)/n); percentile: the plain
     (1 - confidence) quantile (before 2026-11); normal: gain - z * bootstrap SE."""
+    bc_min_completions: Int = Field(32, ge=0)
+    """Fewest informative completions in G_k for ``bound=bc``; below it the plain percentile
+    bound is used. BC estimates the bootstrap's bias from the resamples, and with a handful
+    of completions it over-corrects: simulated no-effect policies cleared epsilon 0.01 24% of
+    the time with 4 items x 4 completions (percentile 7%), ~11% at 32 completions."""
     score_mode: Literal["offline", "online"] = "offline"
     """offline: re-weight already evaluated completions; online: each policy of C_k and the
     reference writes fresh programs for the gate prompts, scored in the sandbox."""

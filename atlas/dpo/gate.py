@@ -65,7 +65,7 @@ def inspector_score(model, tokenizer, items: list[GateItem], policy: PolicySpec,
     return importance_gain(res.sum_logps[0], res.ref_sum_logps, items,
                            temperature=gate.temperature, confidence=gate.confidence,
                            resamples=gate.resamples, seed=seed, scale=gate.scale,
-                           bound=gate.bound)
+                           bound=gate.bound, bc_min_completions=gate.bc_min_completions)
 
 
 def _scale(values: Sequence[float]) -> float:
@@ -173,12 +173,14 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
     else:
         est = [importance_gain(lp, res.ref_sum_logps, items, temperature=gate.temperature,
                                confidence=gate.confidence, resamples=gate.resamples, seed=seed,
-                               scale=gate.scale, bound=gate.bound)
+                               scale=gate.scale, bound=gate.bound,
+                               bc_min_completions=gate.bc_min_completions)
                for lp in res.sum_logps]
         scores, lowers, ses = [e.score for e in est], [e.lower for e in est], [e.se for e in est]
         ref_score, n_items = est[0].ref_score, est[0].items
     decision = decide(scores, kls, names, ref_score, gate, enabled=enabled,
                       steps=[c.step for c in candidates], lowers=lowers, ses=ses, items=n_items)
+    decision.bound = est[0].bound if gate.score_mode == "offline" else "none (online)"
     chosen = names.index(decision.chosen)
     decision.candidate_preferred = [_argmax(lp) for lp in res.mean_logps[chosen]]
     decision.reference_preferred = [_argmax(lp) for lp in res.ref_mean_logps]

@@ -207,6 +207,7 @@ class GainEstimate:
     off the replicates by ``lower_bound``).
     ``se``: the bootstrap standard deviation of ``gain``. ``items``: informative items (an
     item whose completions all score alike carries no preference and is left out).
+    ``completions``: theirs in all; ``bound``: how ``lower`` was read off the resamples.
     """
 
     score: float
@@ -215,6 +216,8 @@ class GainEstimate:
     lower: float
     se: float
     items: int
+    completions: int = 0  # the informative items' completions the bound was resampled from
+    bound: str = ""  # the bound used: ``bound``, or "percentile" below ``bc_min_completions``
 
 
 def normalised_scores(items: Sequence[GateItem], scale: str = "subset"
@@ -266,13 +269,15 @@ def lower_bound(resampled: torch.Tensor, estimate: float, confidence: float,
 def importance_gain(sum_logps: list[list[float]], ref_sum_logps: list[list[float]],
                     items: Sequence[GateItem], *, temperature: float = 1.0,
                     confidence: float = 0.9, resamples: int = 1000, seed: int = 0,
-                    scale: str = "subset", bound: str = "bc") -> GainEstimate:
+                    scale: str = "subset", bound: str = "bc", bc_min_completions: int = 32
+                    ) -> GainEstimate:
     """S(pi), S(ref), their gain and its paired bootstrap lower bound (``GainEstimate``).
 
     ``sum_logps`` / ``ref_sum_logps``: per item, per completion sequence log-probs of the
     policy and of the reference (``GatePass.sum_logps[p]``, ``GatePass.ref_sum_logps``).
-    Deterministic for a given ``seed`` (the bootstrap's generator). ``scale`` and ``bound``:
-    ``GateConfig.scale`` and ``GateConfig.bound``.
+    Deterministic for a given ``seed`` (the bootstrap's generator). ``scale``, ``bound`` and
+    ``bc_min_completions``: the ``GateConfig`` fields (with fewer informative completions
+    than that, "bc" falls back to the conservative "percentile").
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature} (gate.temperature)")
@@ -281,7 +286,7 @@ def importance_gain(sum_logps: list[list[float]], ref_sum_logps: list[list[float
     if resamples < 1:
         raise ValueError(f"resamples must be >= 1, got {resamples} (gate.resamples)")
     gen = torch.Generator().manual_seed(int(seed))
-    s_pol, s_ref, boot = [], [], []
+    s_pol, s_ref, boot, n = [], [], [], 0
     for lp, rlp, u in zip(sum_logps, ref_sum_logps, normalised_scores(items, scale)):
         if u is None:
             continue
@@ -291,6 +296,7 @@ def importance_gain(sum_logps: list[list[float]], ref_sum_logps: list[list[float
         r, uu = r[ok] / temperature, uu[ok]
         if r.numel() == 0:
             continue
+        n += r.numel()
         s_pol.append(float((torch.softmax(r, 0) * uu).sum()))
         s_ref.append(float(uu.mean()))
         idx = torch.randint(r.numel(), (resamples, r.numel()), generator=gen)
@@ -301,7 +307,8 @@ def importance_gain(sum_logps: list[list[float]], ref_sum_logps: list[list[float
         return GainEstimate(nan, nan, nan, nan, nan, 0)
     score, ref_score = sum(s_pol) / len(s_pol), sum(s_ref) / len(s_ref)
     gains = torch.stack(boot).mean(0)
-    lower = lower_bound(gains, score - ref_score, confidence, bound)
+    used = "percentile" if bound == "bc" and n < bc_min_completions else bound
+    lower = lower_bound(gains, score - ref_score, confidence, used)
     return GainEstimate(score=score, ref_score=ref_score, gain=score - ref_score,
                         lower=lower, se=float(gains.std()) if resamples > 1 else 0.0,
-                        items=len(s_pol))
+                        items=len(s_pol), completions=n, bound=used)
