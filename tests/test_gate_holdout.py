@@ -116,3 +116,13 @@ def test_bench_rows_are_resummarised_at_other_epsilons(tmp_path: Path, capsys) -
     path.write_text(json.dumps({"rows": rows}))
     bench.main(["--rows", str(path), "--epsilons", "0"])
     assert "epsilon +0.000: correct accepted 1/3, inverted accepted 0/2" in capsys.readouterr().out
+
+
+def test_bench_null_simulation_shows_bc_overcorrecting_on_a_thin_gate(capsys) -> None:
+    """``--null``: a no-effect policy against the gate, no model. One item of 2 completions:
+    half the resamples repeat one completion (gain 0), so BC puts the bound at the gain and
+    passes half the no-effect policies; the percentile bound passes none."""
+    rows = bench.null_rates([(1, 2)], 40, GateConfig())
+    assert rows[0]["percentile"] == 0.0 and 0.3 < rows[0]["bc"] < 0.7
+    bench.main(["--null", "1x2", "--null-trials", "5"])
+    assert "1 items x 2 completions: passed bc" in capsys.readouterr().out

@@ -201,6 +201,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "model": args.model, "programs": str(args.programs)}
 
 
+def null_rates(shapes: list[tuple[int, int]], trials: int, gate: Any, sigma: float = 0.5,
+               seed: int = 0) -> list[dict[str, Any]]:
+    """How often a policy with *no* effect clears the gate's bound + epsilon, per bound and
+    G_k shape (items x completions), without a model: each item has one failure (score -1)
+    and uniform scores, and the policy's sequence log-ratios are N(0, sigma) noise unrelated
+    to them (sigma 0.5 nats: the spread of the bench's recorded log-ratios is 0.3-1). A
+    calibrated 90% bound passes such a policy <= 10% of the time."""
+    import torch
+
+    from atlas.dpo.scoring import importance_gain
+    from atlas.types import GateItem
+
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for n_items, n in shapes:
+        passed = {b: 0 for b in ("bc", "percentile", "normal")}
+        for t in range(trials):
+            items, logps = [], []
+            for _ in range(n_items):
+                scores = [-1.0] + torch.rand(n - 1, generator=gen, dtype=torch.float64).tolist()
+                items.append(GateItem("", [""] * n, scores, ""))
+                logps.append((sigma * torch.randn(n, generator=gen, dtype=torch.float64)).tolist())
+            ref = [[0.0] * n for _ in range(n_items)]
+            for b in passed:
+                est = importance_gain(logps, ref, items, confidence=gate.confidence,
+                                      resamples=gate.resamples, seed=t, scale=gate.scale,
+                                      bound=b, bc_min_completions=0)
+                passed[b] += est.lower >= gate.epsilon
+        out.append({"items": n_items, "completions": n,
+                    **{b: v / trials for b, v in passed.items()}})
+    return out
+
+
 def gate_config(args: argparse.Namespace) -> Any:
     """conf/gate/default.yaml with the command line's --scale / --bound / --confidence /
     --holdout-share."""
@@ -301,8 +334,22 @@ def main(argv: list[str] | None = None) -> None:
                          "for G_k (default: conf/gate/default.yaml)")
     ap.add_argument("--confidence", type=float, default=None,
                     help="gate.confidence for this command (default: conf/gate/default.yaml)")
+    ap.add_argument("--null", default="",
+                    help="no model: how often a no-effect policy clears the gate, per bound, for "
+                         "these G_k shapes (items x completions), e.g. 4x4,4x8,8x9")
+    ap.add_argument("--null-trials", type=int, default=200, help="trials per --null shape")
     args = ap.parse_args(argv)
     epsilons = [float(e) for e in args.epsilons.split(",") if e.strip()]
+    if args.null:
+        g = gate_config(args)
+        shapes = [tuple(int(x) for x in s.split("x")) for s in args.null.split(",") if s]
+        print(f"no-effect policy, {args.null_trials} trials per shape; gate: epsilon {g.epsilon}, "
+              f"confidence {g.confidence}, scale {g.scale} (a calibrated bound passes <= "
+              f"{1 - g.confidence:.0%})")
+        for r in null_rates(shapes, args.null_trials, g):
+            print(f"  {r['items']} items x {r['completions']} completions: passed bc "
+                  f"{r['bc']:.3f}, percentile {r['percentile']:.3f}, normal {r['normal']:.3f}")
+        return
     if args.rows:
         g = gate_config(args)
         rows = json.loads(Path(args.rows).read_text())["rows"]
