@@ -7,11 +7,12 @@ KL(c* || ref) <= delta (Eq. 5).
 
 Units. S is in *normalised score units* (``gate.scale``): 0 is G_k's worst evaluated score
 (a failure's floor when one failed) and 1 its best; S(pi) is the self-normalised
-importance-sampling estimate of pi's expected normalised score over each item's completions,
-with the sequence likelihood ratio pi(y) / ref(y) as weight (``atlas.dpo.scoring.importance_gain``), so S(ref) is their plain
-mean and S(c) - S(ref) is the share of the score range the candidate's re-weighting moves.
-epsilon is in these units; the bound is a paired bootstrap over the items' completions,
-bias-corrected (``gate.bound``).
+importance-sampling estimate of pi's expected normalised score over each item's
+completions, with the sequence likelihood ratio pi(y) / ref(y) as weight
+(``atlas.dpo.scoring.importance_gain``), so S(ref) is their plain mean and S(c) - S(ref) is
+the share of the score range the candidate's re-weighting moves. epsilon is in these units;
+the bound is a paired bootstrap over the items' completions, bias-corrected (``gate.bound``;
+the plain percentile on a G_k thinner than ``gate.bc_min_completions``).
 
 Eq. 4 with both terms on the same footing: c* = argmax_c gain(c) / G - lam * KL(c) / K,
 where G = max_c |gain(c)| and K = max_c KL(c) over C_k (each term spans at most 1, so neither
