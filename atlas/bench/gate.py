@@ -20,6 +20,8 @@ measured noise (bootstrap SE of the gain) that epsilon is set against. ``--lr`` 
 arms with another learning rate (the gate's power against how far the policy moves). Each
 row keeps the raw log-probs behind its decision, so ``--rows FILE`` re-decides recorded
 trials under other ``--scale`` / ``--bound`` / ``--confidence`` / ``--epsilons``.
+``--null 4x4,8x9`` needs no model: how often a policy with no effect clears the gate, per
+bound and G_k shape (the calibration behind ``gate.bc_min_completions``).
 """
 
 from __future__ import annotations
