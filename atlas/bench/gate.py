@@ -127,17 +127,13 @@ def redecide(row: dict[str, Any], gate: Any) -> dict[str, Any]:
     """The row's gate decision recomputed from its raw log-probs under ``gate`` (another
     ``scale``, ``bound``, ``confidence``, ``epsilon``...): Eq. 4 and Eq. 5 exactly as
     ``select_and_gate`` computes them, without re-training or re-running the model."""
-    from atlas.dpo.gate import decide
-    from atlas.dpo.scoring import importance_gain, mean_kl
+    from atlas.dpo.gate import decide, offline_estimates
+    from atlas.dpo.scoring import mean_kl
     from atlas.types import GateItem
 
     raw = row["raw"]
     items = [GateItem("", [""] * len(sc), sc, "") for sc in raw["scores"]]
-    est = [importance_gain(lp, raw["ref_sum_logps"], items, temperature=gate.temperature,
-                           confidence=gate.confidence, resamples=gate.resamples,
-                           seed=row["seed"], scale=gate.scale, bound=gate.bound,
-                           bc_min_completions=gate.bc_min_completions)
-           for lp in raw["sum_logps"]]
+    est = offline_estimates(raw["sum_logps"], raw["ref_sum_logps"], items, gate, row["seed"])
     d = decide([e.score for e in est], [mean_kl(k) for k in raw["kl"]], raw["names"],
                est[0].ref_score, gate, lowers=[e.lower for e in est], ses=[e.se for e in est])
     return {**row, "accepted": d.accepted, "reason": d.reason, "chosen": d.chosen,

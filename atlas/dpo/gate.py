@@ -63,10 +63,19 @@ def inspector_score(model, tokenizer, items: list[GateItem], policy: PolicySpec,
     gate = GateConfig() if gate is None else gate
     res = gate_pass(model, tokenizer, items, [policy], kl_reference=reference, need_scores=True,
                     max_length=gate.max_length)
-    return importance_gain(res.sum_logps[0], res.ref_sum_logps, items,
-                           temperature=gate.temperature, confidence=gate.confidence,
-                           resamples=gate.resamples, seed=seed, scale=gate.scale,
-                           bound=gate.bound, bc_min_completions=gate.bc_min_completions)
+    return offline_estimates(res.sum_logps, res.ref_sum_logps, items, gate, seed)[0]
+
+
+def offline_estimates(sum_logps: Sequence[list[list[float]]], ref_sum_logps: list[list[float]],
+                      items: Sequence[GateItem], gate: GateConfig, seed: int
+                      ) -> list[GainEstimate]:
+    """The offline inspector score of each policy (``sum_logps[p]``) against the reference,
+    with the gate's unit, bound and bootstrap settings (``importance_gain``)."""
+    return [importance_gain(lp, ref_sum_logps, items, temperature=gate.temperature,
+                            confidence=gate.confidence, resamples=gate.resamples, seed=seed,
+                            scale=gate.scale, bound=gate.bound,
+                            bc_min_completions=gate.bc_min_completions)
+            for lp in sum_logps]
 
 
 def _scale(values: Sequence[float]) -> float:
@@ -172,11 +181,7 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
         scores = [online_score(c.state, c.name) for c in candidates]
         ref_score = online_score(_spec(reference), "reference")
     else:
-        est = [importance_gain(lp, res.ref_sum_logps, items, temperature=gate.temperature,
-                               confidence=gate.confidence, resamples=gate.resamples, seed=seed,
-                               scale=gate.scale, bound=gate.bound,
-                               bc_min_completions=gate.bc_min_completions)
-               for lp in res.sum_logps]
+        est = offline_estimates(res.sum_logps, res.ref_sum_logps, items, gate, seed)
         scores, lowers, ses = [e.score for e in est], [e.lower for e in est], [e.se for e in est]
         ref_score, n_items = est[0].ref_score, est[0].items
     decision = decide(scores, kls, names, ref_score, gate, enabled=enabled,
