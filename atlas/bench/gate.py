@@ -135,9 +135,10 @@ def redecide(row: dict[str, Any], gate: Any) -> dict[str, Any]:
     items = [GateItem("", [""] * len(sc), sc, "") for sc in raw["scores"]]
     est = offline_estimates(raw["sum_logps"], raw["ref_sum_logps"], items, gate, row["seed"])
     d = decide([e.score for e in est], [mean_kl(k) for k in raw["kl"]], raw["names"],
-               est[0].ref_score, gate, lowers=[e.lower for e in est], ses=[e.se for e in est])
+               est[0].ref_score, gate, lowers=[e.lower for e in est], ses=[e.se for e in est],
+               bound=est[0].bound)
     return {**row, "accepted": d.accepted, "reason": d.reason, "chosen": d.chosen,
-            "gain": d.gain, "lower": d.lower_bound, "se": d.se, "kl": d.kl, "bound": est[0].bound}
+            "gain": d.gain, "lower": d.lower_bound, "se": d.se, "kl": d.kl, "bound": d.bound}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -208,7 +209,7 @@ def null_rates(shapes: list[tuple[int, int]], trials: int, gate: Any, sigma: flo
     calibrated 90% bound passes such a policy <= 10% of the time."""
     import torch
 
-    from atlas.dpo.scoring import importance_gain
+    from atlas.dpo.gate import offline_estimates
     from atlas.types import GateItem
 
     gen = torch.Generator().manual_seed(seed)
@@ -222,11 +223,9 @@ def null_rates(shapes: list[tuple[int, int]], trials: int, gate: Any, sigma: flo
                 items.append(GateItem("", [""] * n, scores, ""))
                 logps.append((sigma * torch.randn(n, generator=gen, dtype=torch.float64)).tolist())
             ref = [[0.0] * n for _ in range(n_items)]
-            for b in passed:
-                est = importance_gain(logps, ref, items, confidence=gate.confidence,
-                                      resamples=gate.resamples, seed=t, scale=gate.scale,
-                                      bound=b, bc_min_completions=0)
-                passed[b] += est.lower >= gate.epsilon
+            for b in passed:  # each bound as such: no thin-G_k fallback
+                g = dataclasses.replace(gate, bound=b, bc_min_completions=0)
+                passed[b] += offline_estimates([logps], ref, items, g, t)[0].lower >= gate.epsilon
         out.append({"items": n_items, "completions": n,
                     **{b: v / trials for b, v in passed.items()}})
     return out

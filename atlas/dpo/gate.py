@@ -87,7 +87,7 @@ def _scale(values: Sequence[float]) -> float:
 def decide(scores: Sequence[float], kls: Sequence[float], names: Sequence[str], ref_score: float,
            gate: GateConfig, *, enabled: bool = True, steps: Sequence[int] | None = None,
            lowers: Sequence[float] | None = None, ses: Sequence[float] | None = None,
-           items: int = 0) -> GateDecision:
+           items: int = 0, bound: str | None = None) -> GateDecision:
     """Eq. 4 and Eq. 5 on numbers already computed (kept apart so they can be checked by hand).
 
     gain(c) = score(c) - ref_score; objective(c) = gain(c) / G - lam * KL(c) / K with
@@ -129,7 +129,8 @@ def decide(scores: Sequence[float], kls: Sequence[float], names: Sequence[str], 
                         delta=gate.delta, lam=gate.lam, score=scores[pick], enabled=enabled,
                         argmax=names[best], lower_bound=lower, se=ses[pick],
                         confidence=gate.confidence, gain_scale=g_scale, kl_scale=k_scale,
-                        items=items, scale=gate.scale, bound=gate.bound)
+                        items=items, scale=gate.scale,
+                        bound=gate.bound if bound is None else bound)
 
 
 def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: list[GateItem],
@@ -177,16 +178,17 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
     lowers: list[float] | None = None
     ses: list[float] | None = None
     n_items = len(items)
+    bound = "none (online)"
     if gate.score_mode == "online":
         scores = [online_score(c.state, c.name) for c in candidates]
         ref_score = online_score(_spec(reference), "reference")
     else:
         est = offline_estimates(res.sum_logps, res.ref_sum_logps, items, gate, seed)
         scores, lowers, ses = [e.score for e in est], [e.lower for e in est], [e.se for e in est]
-        ref_score, n_items = est[0].ref_score, est[0].items
+        ref_score, n_items, bound = est[0].ref_score, est[0].items, est[0].bound
     decision = decide(scores, kls, names, ref_score, gate, enabled=enabled,
-                      steps=[c.step for c in candidates], lowers=lowers, ses=ses, items=n_items)
-    decision.bound = est[0].bound if gate.score_mode == "offline" else "none (online)"
+                      steps=[c.step for c in candidates], lowers=lowers, ses=ses, items=n_items,
+                      bound=bound)
     chosen = names.index(decision.chosen)
     decision.candidate_preferred = [_argmax(lp) for lp in res.mean_logps[chosen]]
     decision.reference_preferred = [_argmax(lp) for lp in res.ref_mean_logps]
