@@ -54,6 +54,10 @@ class FailureKind(str, Enum):
     NON_FINITE = "non_finite"
     NO_CODE = "no_code"  # the completion held no extractable program
     TAMPERED = "tampered"  # a result no genuine program can produce (outside score_range, forged)
+    # the task's own scorer raised: a bug in the task, not in the candidate. A scorer blames
+    # the candidate only by raising CandidateError, RunnerFailed or ProtocolError; anything
+    # else it raises is this kind, and a run stops when the seed program hits it
+    TASK_ERROR = "task_error"
 
 
 @dataclass
