@@ -225,6 +225,8 @@ def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], nu
     ``on_done(row, text)``: called as soon as a row ends (EOS or stop string) with its final
     text (row = prompt index * num_samples + sample index), so a caller can start scoring it
     while the other rows still decode; rows cut by ``max_new_tokens`` are only returned.
+    ``pack``: decode through inference layers (LoRA merged into a weight copy; bf16 CPU
+    weights oneDNN-packed); False runs peft's layers as training does.
     """
     validate_sampling(num_samples, temperature, top_p, max_new_tokens)
     requests = [Request(p, int(num_samples), float(temperature)) for p in prompts]
