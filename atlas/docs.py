@@ -241,7 +241,7 @@ def type_text(annotation: Any, metadata: list[Any] | None = None) -> str:
         parts = [type_text(a) for a in args if a is not type(None)]
         text = " or ".join(parts) + (" or null" if type(None) in args else "")
     elif origin is typing.Literal:
-        text = " \\| ".join(str(a) for a in args)
+        text = " | ".join(str(a) for a in args)
     elif origin in (list, tuple) and args:
         inner = [type_text(a) for a in args if a is not Ellipsis]
         text = (f"list of {inner[0]}" if origin is list or Ellipsis in args
@@ -249,7 +249,7 @@ def type_text(annotation: Any, metadata: list[Any] | None = None) -> str:
     elif origin is dict or annotation is dict:
         text = "mapping"
     elif isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        text = " \\| ".join(str(m.value) for m in annotation)
+        text = " | ".join(str(m.value) for m in annotation)
     else:
         names = {bool: "true or false", int: "integer", float: "number", str: "string"}
         text = names.get(annotation, getattr(annotation, "__name__", str(annotation)))
@@ -294,20 +294,13 @@ def _leaves(data: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def _schema_for(group: str, key: str) -> tuple[type | None, str]:
-    """The schema that owns ``group.key`` and the field's name in it."""
+    """The schema that owns ``group.key`` and the field's name in it (None: no schema)."""
     parts = key.split(".")
-    if group == "experiment":
-        group, parts = parts[0], parts[1:]
-        if group in ("seed", "device", "resume", "progress"):
-            group, parts = "", [group]
-        if not parts:
-            return None, ""
-    for depth in range(len(parts) - 1, -1, -1):
-        owner = ".".join([group] + parts[:depth]) if group else ".".join(parts[:depth])
-        spec = SCHEMAS.get(owner)
-        if spec is not None and depth == len(parts) - 1:
-            return load_schema(spec), parts[-1]
-    return None, ""
+    if group == "experiment":  # an experiment sets fields of any group, or top-level ones
+        group, parts = (parts[0], parts[1:]) if len(parts) > 1 else ("", parts)
+    owner = ".".join(p for p in [group, *parts[:-1]] if p)
+    spec = SCHEMAS.get(owner)
+    return (load_schema(spec), parts[-1]) if spec is not None else (None, "")
 
 
 class Group:
@@ -414,8 +407,8 @@ def _plain(text: str) -> str:
 
 
 def _cell(text: str) -> str:
-    text = " ".join(text.split()).replace("|", "\\|").replace("\\\\|", "\\|")
-    return text
+    """One table cell: one line, its pipes escaped."""
+    return " ".join(text.split()).replace("|", "\\|")
 
 
 def _table(rows: list[Row]) -> list[str]:
@@ -428,10 +421,6 @@ def _table(rows: list[Row]) -> list[str]:
             if row.value else "")
         out.append(f"| `{row.field}` | {value} | {_cell(row.type)} | {_cell(row.description)} |")
     return out
-
-
-def _option_heading(group: str, option: str) -> str:
-    return f"### `{group}={option}`"
 
 
 def _defaults(conf_dir: Path) -> list[tuple[str, str, str]]:
@@ -469,7 +458,7 @@ def render_config(conf_dir: Path = CONF_DIR) -> str:
         prefix = "" if group == "experiment" else (
             "hydra.launcher." if group == "hydra/launcher" else f"{group}.")
         for option in g.docs:
-            lines += [_option_heading(group, option), ""]
+            lines += [f"### `{group}={option}`", ""]
             if g.docs[option].header:
                 lines += [_cell(g.docs[option].header), ""]
             lines += [*_table(g.rows(option, prefix)), ""]

@@ -95,6 +95,6 @@ def test_type_text_reads_the_schema_bounds() -> None:
     from atlas.schema import ExploreConfig
 
     assert docs.field_type(GateConfig, "holdout") == "number > 0, < 1"
-    assert docs.field_type(GateConfig, "bound") == "bc \\| percentile \\| normal"
+    assert docs.field_type(GateConfig, "bound") == "bc | percentile | normal"
     assert docs.field_type(ExploreConfig, "agent_threads") == "integer >= 1 or null"
     assert docs.field_type(ExploreConfig, "temperature_bounds") == "[number, number]"
