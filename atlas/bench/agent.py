@@ -281,7 +281,11 @@ def speed_rows(agents: dict[str, Any], cfg: dict[str, Any], prompt: str,
         del base
     for dtype, agent in agents.items():
         warm = argparse.Namespace(**{**vars(args), "max_new_tokens": 4})
-        sampler_row(agent, prompt, 1, warm)  # includes weight packing
+        t0 = time.perf_counter()
+        sampler_row(agent, prompt, 1, warm)  # one-off costs: weight packing, compilation
+        results.setdefault("first_call_s", {})[dtype] = first = time.perf_counter() - t0
+        print(f"  atlas sampler ({dtype}) first call (4 tokens; one-off packing/compilation "
+              f"included): {first:.2f} s", flush=True)
         for b in _ints(args.batches):
             add(f"atlas sampler ({dtype})", b, sampler_row(agent, prompt, b, args))
             if args.ablate:

@@ -1,0 +1,1 @@
+"""The research agent: a Hugging Face causal LM with two LoRA adapters, ``policy`` and ``ref``."""

@@ -1,0 +1,93 @@
+"""Two LoRA adapters on one base model: ``policy`` (trained) and ``ref`` (frozen reference).
+
+EvoTune's fixed reference is the base model (adapters disabled); EvoDPO's reference is the
+``ref`` adapter, moved forward by copying the policy's adapter tensors (``promote``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import PreTrainedModel
+
+POLICY = "policy"
+REF = "ref"
+
+
+def attach_adapters(model: PreTrainedModel, r: int = 16, alpha: int = 32, dropout: float = 0.0,
+                    targets: list[str] | tuple[str, ...] = ("q_proj", "v_proj")) -> PeftModel:
+    """Wrap ``model`` with a trainable ``policy`` adapter and a frozen ``ref`` copy of it."""
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets),
+                     bias="none", task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, cfg, adapter_name=POLICY)
+    peft_model.add_adapter(REF, cfg)
+    copy_adapter(peft_model, POLICY, REF)
+    use_adapter(peft_model, POLICY)
+    return peft_model
+
+
+def adapter_params(model: PeftModel, name: str) -> dict[str, torch.nn.Parameter]:
+    """Parameters of one adapter, keyed by their name with the adapter name removed."""
+    tag = f".{name}."
+    return {n.replace(tag, "."): p for n, p in model.named_parameters() if tag in n and "lora_" in n}
+
+
+def get_adapter_state(model: PeftModel, name: str) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of an adapter's tensors (a checkpoint or a C_k candidate)."""
+    return {k: p.detach().to("cpu", copy=True) for k, p in adapter_params(model, name).items()}
+
+
+@torch.no_grad()
+def set_adapter_state(model: PeftModel, name: str, state: dict[str, torch.Tensor]) -> None:
+    """Overwrite an adapter's tensors in place (shapes must match)."""
+    params = adapter_params(model, name)
+    missing = set(params) - set(state)
+    if missing:
+        raise KeyError(f"adapter state lacks {len(missing)} tensors, e.g. {sorted(missing)[:2]}")
+    for k, p in params.items():
+        p.copy_(state[k].to(p.device, p.dtype))
+
+
+def promote(model: PeftModel, state: dict[str, torch.Tensor]) -> None:
+    """ref <- ``state`` (tensors copied; the policy adapter is not touched).
+
+    The one place a promotion writes the reference: the gate's accepted candidate reaches it
+    through ``atlas.dpo.ReferenceSwapCallback`` (queued, applied at the next phase start or
+    at run end), ``ResearchAgent.promote`` copies the current policy. Restoring a checkpoint
+    sets both adapters directly; that is not a promotion.
+    """
+    if not isinstance(state, dict) or not state:
+        raise TypeError("state: promote needs a non-empty adapter state dict "
+                        "(GateDecision.promoted_state(C_k) or PolicyCandidate.state)")
+    set_adapter_state(model, REF, state)
+
+
+def copy_adapter(model: PeftModel, src: str, dst: str) -> None:
+    """Copy adapter ``src`` into ``dst`` (``attach_adapters`` starts ``ref`` as the policy)."""
+    set_adapter_state(model, dst, get_adapter_state(model, src))
+
+
+def use_adapter(model: PeftModel, name: str) -> None:
+    """Activate an adapter for forward passes; only ``policy`` ever requires grad."""
+    model.base_model.set_adapter(name)
+    for adapter in (POLICY, REF):
+        for p in adapter_params(model, adapter).values():
+            p.requires_grad_(adapter == POLICY)
+
+
+@contextmanager
+def adapter(model: PeftModel, name: str | None) -> Iterator[PeftModel]:
+    """Run a block under adapter ``name`` (``None``: the base model, adapters disabled)."""
+    if name is None:
+        with model.disable_adapter():
+            yield model
+        return
+    previous = model.active_adapter
+    use_adapter(model, name)
+    try:
+        yield model
+    finally:
+        use_adapter(model, previous if isinstance(previous, str) else POLICY)

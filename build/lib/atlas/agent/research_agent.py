@@ -1,0 +1,166 @@
+"""The research agent: base LM + LoRA adapters ``policy``/``ref``, chat prompts, fast sampling.
+
+One object owns the model so that the explorer (sampling), the DPO step (training the
+``policy`` adapter) and the gate (``ref`` vs candidates) all act on the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file, save_file
+
+from atlas.agent.adapters import (
+    POLICY,
+    REF,
+    adapter,
+    attach_adapters,
+    get_adapter_state,
+    promote,
+    set_adapter_state,
+)
+from atlas.agent.model import _get, load_base_model
+from atlas.agent.precision import Precision, choose_precision
+from atlas.agent.sampling import SampleStats, sample
+
+ADAPTER_FILE = "adapters.safetensors"
+ADAPTER_META = "adapters.json"
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` picks CUDA when present; anything else must be a torch device string."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"device={device!r} is not a torch device; use auto, cpu or cuda") from err
+    return device
+
+
+class ResearchAgent:
+    """A causal LM with two LoRA adapters and a batched sampler.
+
+    ``generate(..., adapter=None)`` samples from the base model (EvoTune's fixed reference);
+    ``adapter="policy"`` (default) from the trained adapter; ``promote()`` copies policy -> ref.
+    """
+
+    def __init__(self, model_cfg: Mapping, device: str = "cpu", seed: int = 0,
+                 precision: Precision | None = None) -> None:
+        self.device = resolve_device(device)
+        self.seed = int(seed)
+        # model.dtype=auto resolves per machine (atlas.agent.precision); a run passes the
+        # precision recorded in its folder so that a resume keeps it
+        self.precision = precision or choose_precision(
+            _get(model_cfg, "dtype", "float32"), self.device, _get(model_cfg, "cache_dir"))
+        self.cfg = {**_plain(model_cfg), "dtype": self.precision.dtype}
+        base, self.tokenizer = load_base_model(self.cfg)
+        targets = _get(model_cfg, "lora_targets", ["q_proj", "v_proj"])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)  # LoRA A init: same seed, same adapters
+            self.model: PeftModel = attach_adapters(
+                base, r=int(_get(model_cfg, "lora_r", 16)),
+                alpha=int(_get(model_cfg, "lora_alpha", 32)),
+                dropout=float(_get(model_cfg, "lora_dropout", 0.0)), targets=list(targets))
+        self.model.to(self.device)
+        self.model.eval()
+        self.last_stats: SampleStats | None = None
+        # generate(on_done=...) reports each finished row while the others decode
+        self.streams_results = True
+        # torch threads to generate with, polled while sampling (the run sets it to the cores
+        # sandbox workers leave free); None: the caller's torch setting
+        self.thread_budget: Callable[[], int] | None = None
+
+    # ------------------------------------------------------------------ prompts
+    def chat_prompt(self, system: str, user: str, prefill: str = "") -> str:
+        """Chat-template text ending in the assistant header, then ``prefill`` verbatim.
+
+        A prefill such as "```python\\ndef policy(" makes a small model continue code
+        instead of chatting; the completion returned by ``generate`` excludes it.
+        """
+        messages = [{"role": "user", "content": user}]
+        if system:
+            messages.insert(0, {"role": "system", "content": system})
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=True)
+        return text + prefill
+
+    # ------------------------------------------------------------------ sampling
+    def generate(self, prompts: list[str], num_samples: int, *, temperature: float, top_p: float,
+                 max_new_tokens: int, stop: list[str] | None = None,
+                 adapter: str | None = POLICY, seed: int | None = None,
+                 on_done: Callable[[int, str], None] | None = None) -> list[list[str]]:
+        """``num_samples`` completions per prompt (text after the prompt, cut at a stop string).
+
+        ``adapter=None`` samples from the base model with adapters disabled. Deterministic
+        for a given ``seed``; statistics of the call are left in ``self.last_stats``.
+        """
+        if isinstance(prompts, str):
+            raise TypeError("prompts must be a list of strings, not one string")
+        if adapter not in (None, POLICY, REF):
+            raise ValueError(f"adapter={adapter!r} is unknown; use {POLICY!r}, {REF!r} or None")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with _adapter_ctx(self.model, adapter):
+                texts, self.last_stats = sample(
+                    self.model, self.tokenizer, prompts, num_samples, temperature=temperature,
+                    top_p=top_p, max_new_tokens=max_new_tokens, stop=stop, seed=seed,
+                    threads=self.thread_budget, on_done=on_done)
+        finally:
+            self.model.train(was_training)
+        return texts
+
+    # ------------------------------------------------------------------ adapters
+    def promote(self) -> None:
+        """Move the reference forward: ``ref`` := ``policy`` (EvoDPO / accepted ATLAS gate)."""
+        promote(self.model, get_adapter_state(self.model, POLICY))
+
+    def save_adapters(self, path: str | Path) -> Path:
+        """Write both adapters to ``path/adapters.safetensors`` (a folder, created if needed)."""
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {}
+        for name in (POLICY, REF):
+            for k, v in get_adapter_state(self.model, name).items():
+                tensors[f"{name}/{k}"] = v.contiguous()
+        save_file(tensors, str(folder / ADAPTER_FILE))
+        meta = {k: _get(self.cfg, k) for k in ("source", "name_or_path", "lora_r", "lora_alpha")}
+        meta["lora_targets"] = list(_get(self.cfg, "lora_targets", []))
+        (folder / ADAPTER_META).write_text(json.dumps(meta, indent=1))
+        return folder / ADAPTER_FILE
+
+    def load_adapters(self, path: str | Path) -> None:
+        """Restore both adapters saved by ``save_adapters`` (shapes must match this model)."""
+        folder = Path(path)
+        file = folder / ADAPTER_FILE if folder.is_dir() else folder
+        if not file.is_file():
+            raise FileNotFoundError(f"no {ADAPTER_FILE} at {path}; pass the folder given to "
+                                    "save_adapters")
+        tensors = load_file(str(file))
+        for name in (POLICY, REF):
+            prefix = f"{name}/"
+            state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+            if not state:
+                raise KeyError(f"{file} holds no tensors for adapter {name!r}")
+            set_adapter_state(self.model, name, state)
+
+
+def _plain(cfg: Mapping) -> dict:
+    """A plain dict of a config node (OmegaConf or dict)."""
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            return dict(OmegaConf.to_container(cfg, resolve=True))
+    except ImportError:  # pragma: no cover - omegaconf ships with hydra
+        pass
+    return dict(cfg)
+
+
+def _adapter_ctx(model: PeftModel, name: str | None):
+    return adapter(model, name)

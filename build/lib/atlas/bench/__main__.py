@@ -1,0 +1,21 @@
+"""Dispatch ``python -m atlas.bench <name> [args]`` to ``atlas.bench.<name>.main(args)``."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHES = {"agent": "atlas.bench.agent", "dpo": "atlas.bench.dpo", "gate": "atlas.bench.gate",
+           "paper": "atlas.bench.paper", "pinn": "atlas.bench.pinn",
+           "supporters": "atlas.bench.supporters"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in BENCHES:
+        sys.exit(f"usage: python -m atlas.bench {{{'|'.join(BENCHES)}}} [options]")
+    importlib.import_module(BENCHES[argv[0]]).main(argv[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""Checks a composed config before anything expensive starts, with errors that name the fix.
+
+Hydra already rejects unknown groups/options and keys that do not exist, but not keys added
+with ``+`` (``+explore.roundz=3`` composes fine and would run with nothing reading it). These
+checks cover such keys, fields the chosen options ignore, values outside their documented
+bounds, and values that are well-formed YAML but wrong for ATLAS.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hydra.errors import CompactHydraException
+from omegaconf import DictConfig, OmegaConf
+
+from atlas.fields import check_known_fields
+from atlas.knobs import HARD_BOUNDS
+from atlas.loggers import builtin as builtin_logger
+from atlas.schema import (
+    ExploreConfig,
+    LoggerConfig,
+    MethodConfig,
+    ModelConfig,
+    RunConfig,
+    SandboxConfig,
+)
+from atlas.tasks import make_task, task_class
+
+log = logging.getLogger("atlas.config")
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+# sub-trees whose keys are validated by their consumer, not by the YAML schema
+_OPEN = frozenset({"dpo.bounds"})  # any DPO knob; DPOConfig checks the names
+_ROLE_BLOCKS = ("exploration", "strategist", "inspector")  # may repeat any supporters key
+
+
+class ConfigError(ValueError, CompactHydraException):
+    """A config value that cannot work; the message names the field and the fix.
+
+    A ``CompactHydraException``: on the command line Hydra prints the message, not a traceback.
+    """
+
+
+# -- known keys -------------------------------------------------------------------------------
+def _merge(into: dict[str, Any], data: Mapping[str, Any]) -> None:
+    """Union of key trees (a key that is a mapping in any option stays a mapping)."""
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            node = into.get(key)
+            if not isinstance(node, dict):
+                node = into[key] = {}
+            _merge(node, value)
+        else:
+            into.setdefault(key, None)
+
+
+@functools.lru_cache(maxsize=1)
+def schema(conf: Path = CONF) -> dict[str, Any]:
+    """Every key any option of ``conf/`` defines, as a tree (leaves are None).
+
+    Why from the YAML files: they are the documentation of every field, so a key that none of
+    them defines is read by nothing.
+    """
+    tree: dict[str, Any] = {}
+    top = OmegaConf.to_container(OmegaConf.load(conf / "train.yaml"), resolve=False)
+    _merge(tree, {k: v for k, v in top.items() if k not in ("defaults", "hydra")})
+    for group in sorted(p for p in conf.iterdir() if p.is_dir() and p.name != "hydra"):
+        for option in sorted(group.glob("*.yaml")):
+            text = option.read_text()
+            data = OmegaConf.to_container(OmegaConf.create(text), resolve=False) or {}
+            data.pop("defaults", None)
+            if "@package _global_" in text:
+                _merge(tree, data)
+            else:
+                _merge(tree.setdefault(group.name, {}), data)
+    return tree
+
+
+def _unknown(node: Mapping[str, Any], known: dict[str, Any], path: str) -> None:
+    if path in _OPEN:
+        return
+    allowed = dict(known)
+    if path.startswith("supporters.") and path.count(".") == 1 and path.split(".")[1] in _ROLE_BLOCKS:
+        # a role block overrides the shared supporters keys (`+supporters.exploration.max_tokens=`)
+        allowed.update({k: v for k, v in schema()["supporters"].items() if k not in _ROLE_BLOCKS})
+    extra = [k for k in node if k not in allowed]
+    if extra:
+        close = difflib.get_close_matches(str(extra[0]), [str(k) for k in allowed], n=1)
+        fix = f"; did you mean {path + '.' if path else ''}{close[0]}?" if close else ""
+        added = f" (a key added with `+{path + '.' if path else ''}{extra[0]}=...` is read by nothing)"
+        if not path:
+            raise ConfigError(f"unknown top-level key(s) {sorted(map(str, extra))}: {extra[0]} is "
+                              f"not a known field; remove it or use one of "
+                              f"{sorted(map(str, allowed))}{fix}{added}")
+        try:
+            check_known_fields(allowed, node, path, hint=fix)
+        except ValueError as exc:
+            raise ConfigError(f"{exc}{added}") from None
+    for key, value in node.items():
+        if isinstance(value, Mapping) and isinstance(allowed.get(key), dict):
+            _unknown(value, allowed[key], f"{path}.{key}" if path else str(key))
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """ConfigError naming the first key that no option of ``conf/`` defines.
+
+    A task or logger with its own ``_target_`` may come from another package's config folder:
+    its class checks its own fields (``Task(**cfg.task)`` fails naming an unknown one), not
+    this schema.
+    """
+    node = OmegaConf.to_container(cfg, resolve=False)
+    if isinstance(node.get("task"), Mapping) and "_target_" in node["task"]:
+        node = {k: v for k, v in node.items() if k != "task"}
+    if not builtin_logger(node.get("logger", {})):
+        node = {k: v for k, v in node.items() if k != "logger"}  # its factory checks its fields
+    _unknown(node, schema(), "")
+
+
+# -- fields the chosen options ignore ------------------------------------------------------------
+def check_ignored(cfg: DictConfig) -> None:
+    """Settings nothing reads under the chosen options: an error where a value was clearly
+    meant to take effect, a warning where a group's default merely stays in place."""
+    source = cfg.model.source
+    if source != "hf" and cfg.model.get("name_or_path"):
+        raise ConfigError(f"model.name_or_path={cfg.model.name_or_path!r} is ignored with "
+                          f"model.source={source}; set model.source=hf to load it, or drop it "
+                          f"(model.name_or_path=null)")
+    sized = [k for k in ("hidden_size", "num_layers", "num_heads")
+             if cfg.model.get(k) is not None]
+    if source not in ("tiny", "llama3_1b_shape") and sized:
+        log.warning("model.%s only apply to model.source=tiny or llama3_1b_shape; ignored with "
+                    "model.source=%s", "/".join(sized), source)
+    if not cfg.method.supporters and cfg.supporters.get("backend") != "embedded":
+        log.warning("supporters.backend=%s is ignored: method=%s runs no supporters (use "
+                    "method=atlas)", cfg.supporters.get("backend"), cfg.method.name)
+
+
+# -- values: every group's schema, built here ------------------------------------------------
+def _build(make: Any, *args: Any) -> Any:
+    try:
+        return make(*args)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def check_typed_groups(cfg: DictConfig) -> None:
+    """Build the typed DPO and gate configs now (their errors name the field) and refuse DPO
+    knobs outside ``dpo.bounds``: training would clamp them while the run's records said
+    otherwise."""
+    from atlas.dpo import DPOConfig, GateConfig
+
+    dpo = _build(DPOConfig.from_cfg, cfg.dpo)
+    _build(GateConfig.from_cfg, cfg.gate)
+    if cfg.method.supporters:  # the strategist keeps every knob inside its hard limits
+        for name, (low, high) in dpo.bounds.items():
+            hard = HARD_BOUNDS.get(name)
+            if hard is not None and not hard[0] <= low <= high <= hard[1]:
+                raise ConfigError(f"dpo.bounds.{name}=[{low:g}, {high:g}] exceeds the "
+                                  f"strategist's limits [{hard[0]:g}, {hard[1]:g}] (method="
+                                  f"{cfg.method.name}); keep dpo.bounds.{name} inside them")
+    clamped = dpo.clamped()
+    for name, (low, high) in dpo.bounds.items():
+        value = getattr(dpo, name)
+        if value is not None and getattr(clamped, name) != value:
+            raise ConfigError(f"dpo.{name}={value!r} is outside dpo.bounds.{name} = "
+                              f"[{low:g}, {high:g}] (DPO would train at {getattr(clamped, name)!r})"
+                              f"; set dpo.{name} within the bounds or widen dpo.bounds.{name}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ``ConfigError`` on the first invalid value: the one place a composed config is
+    checked, by building each group's schema (``atlas.schema``) before a model loads."""
+    check_known_keys(cfg)
+    _build(RunConfig.from_top, cfg)
+    try:  # a built-in name or a `_target_` Task subclass, built once: it checks its fields
+        task_class(OmegaConf.to_container(cfg.task, resolve=False))
+        make_task(**OmegaConf.to_container(cfg.task, resolve=True))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    method = _build(MethodConfig.from_cfg, cfg.method)
+    _build(ModelConfig.from_cfg, cfg.model)
+    _build(SandboxConfig.from_cfg, cfg.sandbox)
+    logger = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=False).items()
+              if k != "_target_"}
+    if builtin_logger(cfg.logger):  # else its factory checks its fields
+        _build(LoggerConfig.from_cfg, OmegaConf.create(logger))
+    _build(ExploreConfig.from_cfg, cfg.explore)
+    check_typed_groups(cfg)
+    if method.supporters:  # the roles' settings are read only when supporters run
+        from atlas.supporters.config import role_configs
+
+        _build(role_configs, cfg.supporters)
+    check_ignored(cfg)

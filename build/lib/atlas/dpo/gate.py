@@ -1,0 +1,239 @@
+"""The Policy Inspector's numeric gate: Eq. 3 KL, inspector score, Eq. 4 choice, Eq. 5 test.
+
+``select_and_gate`` scores every candidate of C_k and the current reference on the phase's
+gate subset G_k (prompts held out of D_k by the caller), picks c* by Eq. 4 and accepts the
+promotion iff the paired lower confidence bound of S(c*) - S(ref) is >= epsilon and
+KL(c* || ref) <= delta (Eq. 5).
+
+Units. S is in *normalised score units* (``gate.scale``): 0 is G_k's worst evaluated score
+(a failure's floor when one failed) and 1 its best; S(pi) is the self-normalised
+importance-sampling estimate of pi's expected normalised score over each item's
+completions, with the sequence likelihood ratio pi(y) / ref(y) as weight
+(``atlas.dpo.scoring.importance_gain``), so S(ref) is their plain mean and S(c) - S(ref) is
+the share of the score range the candidate's re-weighting moves. epsilon is in these units;
+the bound is a paired bootstrap over the items' completions, bias-corrected (``gate.bound``;
+the plain percentile on a G_k thinner than ``gate.bc_min_completions``).
+
+Eq. 4 with both terms on the same footing: c* = argmax_c gain(c) / G - lam * KL(c) / K,
+where G = max_c |gain(c)| and K = max_c KL(c) over C_k (each term spans at most 1, so neither
+dominates by construction; lam = 1 trades the largest gain against the largest KL).
+
+With the gate disabled (EvoDPO, paper B.1) the phase-final policy is promoted every phase and
+the numbers are still computed and recorded. The decision reaches the reference only through
+its owner, ``ReferenceSwapCallback.queue_decision(decision, C_k)``: the next
+``train_phase(..., pending_reference=callback)`` applies it, or ``flush`` at run end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from atlas.agent.adapters import REF
+from atlas.dpo.config import GateConfig
+from atlas.dpo.scoring import GainEstimate, PolicySpec, gate_pass, importance_gain, mean_kl
+from atlas.types import GateDecision, GateItem, PolicyCandidate, ReferenceMode
+
+ACCEPTED = "accepted"
+NO_GAIN = "rejected: no gain"
+KL_TOO_LARGE = "rejected: KL too large"
+DISABLED = "accepted: gate disabled"
+NO_ITEMS = "rejected: no held-out gate item"
+
+
+def token_kl(model, tokenizer, items: list[GateItem], candidate_state: PolicySpec,
+             reference: PolicySpec, batch_size: int = 8, *, max_length: int = 768) -> float:
+    """Eq. 3: mean over items of the token-average full-vocabulary KL(cand || ref) on the
+    item's preferred completion, teacher-forced after its prompt (prompt tokens masked).
+
+    ``reference``: "fixed" (adapters disabled), "ref"/"adaptive" (the ``ref`` adapter) or an
+    adapter state dict. The ``ref`` adapter is never written; the policy adapter is restored.
+    """
+    res = gate_pass(model, tokenizer, items, [candidate_state], kl_reference=reference,
+                    need_scores=False, batch_size=batch_size, max_length=max_length)
+    return mean_kl(res.kl[0])
+
+
+def inspector_score(model, tokenizer, items: list[GateItem], policy: PolicySpec,
+                    reference: PolicySpec = "ref", *, gate: GateConfig | None = None,
+                    seed: int = 0) -> GainEstimate:
+    """S(policy), S(reference), the gain and its paired lower bound on G_k (module docstring;
+    ``gate`` supplies temperature, confidence, resamples and max_length)."""
+    gate = GateConfig() if gate is None else gate
+    res = gate_pass(model, tokenizer, items, [policy], kl_reference=reference, need_scores=True,
+                    max_length=gate.max_length)
+    return offline_estimates(res.sum_logps, res.ref_sum_logps, items, gate, seed)[0]
+
+
+def offline_estimates(sum_logps: Sequence[list[list[float]]], ref_sum_logps: list[list[float]],
+                      items: Sequence[GateItem], gate: GateConfig, seed: int
+                      ) -> list[GainEstimate]:
+    """The offline inspector score of each policy (``sum_logps[p]``) against the reference,
+    with the gate's unit, bound and bootstrap settings (``importance_gain``)."""
+    return [importance_gain(lp, ref_sum_logps, items, temperature=gate.temperature,
+                            confidence=gate.confidence, resamples=gate.resamples, seed=seed,
+                            scale=gate.scale, bound=gate.bound,
+                            bc_min_completions=gate.bc_min_completions)
+            for lp in sum_logps]
+
+
+def _scale(values: Sequence[float]) -> float:
+    finite = [abs(v) for v in values if math.isfinite(v)]
+    top = max(finite, default=0.0)
+    return top if top > 0 else 1.0
+
+
+def decide(scores: Sequence[float], kls: Sequence[float], names: Sequence[str], ref_score: float,
+           gate: GateConfig, *, enabled: bool = True, steps: Sequence[int] | None = None,
+           lowers: Sequence[float] | None = None, ses: Sequence[float] | None = None,
+           items: int = 0, bound: str | None = None) -> GateDecision:
+    """Eq. 4 and Eq. 5 on numbers already computed (kept apart so they can be checked by hand).
+
+    gain(c) = score(c) - ref_score; objective(c) = gain(c) / G - lam * KL(c) / K with
+    G = max |gain|, K = max KL over C_k (1 when that is 0). Ties go to the earliest
+    candidate. Accept iff lower(c*) >= epsilon and KL(c*) <= delta, where lower is the
+    gain's paired lower confidence bound (``lowers``; the gain itself when none is given,
+    e.g. the on-line score). If both tests fail the reason is "no gain". Disabled: the last
+    candidate (the phase-final policy) is promoted regardless.
+    """
+    if not names:
+        raise ValueError("candidates: C_k is empty; pass at least the phase-final policy")
+    if not (len(scores) == len(kls) == len(names)):
+        raise ValueError(f"{len(names)} names, {len(scores)} scores, {len(kls)} KLs: must align")
+    gains = [s - ref_score for s in scores]
+    lowers = list(gains) if lowers is None else [g if math.isnan(lo) else lo
+                                                  for g, lo in zip(gains, lowers)]
+    if len(lowers) != len(names):
+        raise ValueError(f"{len(names)} names but {len(lowers)} lower bounds: must align")
+    ses = [math.nan] * len(names) if ses is None else list(ses)
+    g_scale, k_scale = _scale(gains), _scale(kls)
+    objectives = [g / g_scale - gate.lam * k / k_scale for g, k in zip(gains, kls)]
+    finite = [i for i, o in enumerate(objectives) if not math.isnan(o)]
+    best = max(finite, key=lambda i: (objectives[i], -i)) if finite else len(names) - 1
+    rows = [{"name": n, "step": None if steps is None else int(steps[i]), "score": scores[i],
+             "gain": gains[i], "lower": lowers[i], "se": ses[i], "kl": kls[i],
+             "objective": objectives[i]} for i, n in enumerate(names)]
+    pick = len(names) - 1 if not enabled else best
+    gain, kl, lower = gains[pick], kls[pick], lowers[pick]
+    if not enabled:
+        accepted, reason = True, DISABLED
+    elif not lower >= gate.epsilon:  # NaN fails too
+        accepted, reason = False, NO_GAIN
+    elif not kl <= gate.delta:
+        accepted, reason = False, KL_TOO_LARGE
+    else:
+        accepted, reason = True, ACCEPTED
+    return GateDecision(accepted=accepted, reason=reason, chosen=names[pick], gain=gain, kl=kl,
+                        candidates=rows, ref_score=ref_score, epsilon=gate.epsilon,
+                        delta=gate.delta, lam=gate.lam, score=scores[pick], enabled=enabled,
+                        argmax=names[best], lower_bound=lower, se=ses[pick],
+                        confidence=gate.confidence, gain_scale=g_scale, kl_scale=k_scale,
+                        items=items, scale=gate.scale,
+                        bound=gate.bound if bound is None else bound)
+
+
+def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: list[GateItem],
+                    gate: GateConfig, *, enabled: bool = True,
+                    reference: ReferenceMode | str = ReferenceMode.ADAPTIVE,
+                    online_score: Callable[[PolicySpec, str], float] | None = None,
+                    seed: int = 0, keep_pass: list | None = None) -> GateDecision:
+    """Score C_k and the reference on G_k, choose c* (Eq. 4), test it (Eq. 5).
+
+    ``items`` must be held out of the phase's D_k (the caller's duty; ``FineTuner`` does it).
+    ``seed``: the bootstrap's generator (pass the phase's seed: decisions are reproducible).
+    Without items and with the gate enabled nothing can be measured: rejected, NO_ITEMS.
+
+    ``reference``: "adaptive" (the ``ref`` adapter) or "fixed" (adapters disabled). Leaves the
+    policy adapter as it was on entry (the phase-final state) and never writes ``ref``.
+    ``online_score(spec, name)``: S for ``gate.score_mode=online`` (sample and evaluate, e.g.
+    ``atlas.evolution.online_inspection.OnlineInspector``); KL stays teacher-forced on G_k.
+    ``keep_pass``: a list the forward passes' ``GatePass`` is appended to (the gate bench
+    records the raw log-probs so other statistics can be recomputed without re-training).
+    """
+    if not isinstance(gate, GateConfig):
+        raise TypeError(f"gate must be a GateConfig (GateConfig.from_cfg(cfg.gate)), got {type(gate).__name__}")
+    if reference not in tuple(ReferenceMode):
+        raise ValueError(f"reference must be 'adaptive' or 'fixed' (method.reference), got {reference!r}")
+    if gate.score_mode == "online" and online_score is None:
+        raise ValueError("gate.score_mode=online needs online_score (a sampler and the sandbox: "
+                         "the phase loop passes an OnlineInspector); or use gate.score_mode=offline")
+    if not candidates:
+        raise ValueError("candidates: C_k is empty; pass at least the phase-final policy")
+    names = [c.name for c in candidates]
+    if len(set(names)) != len(names):
+        raise ValueError(f"candidates: names must be unique, got {names}")
+    if not items:  # nothing held out: EvoDPO promotes anyway, the gate cannot measure
+        d = decide([math.nan] * len(names), [math.nan] * len(names), names, math.nan, gate,
+                   enabled=enabled, steps=[c.step for c in candidates])
+        if enabled:
+            d.reason = NO_ITEMS
+        return d
+    res = gate_pass(model, tokenizer, items, [c.state for c in candidates],
+                    kl_reference=_spec(reference), need_scores=True,
+                    batch_size=gate.batch_size, max_length=gate.max_length)
+    if keep_pass is not None:
+        keep_pass.append(res)
+    kls = [mean_kl(k) for k in res.kl]
+    lowers: list[float] | None = None
+    ses: list[float] | None = None
+    n_items = len(items)
+    bound = "none (online)"
+    if gate.score_mode == "online":
+        scores = [online_score(c.state, c.name) for c in candidates]
+        ref_score = online_score(_spec(reference), "reference")
+    else:
+        est = offline_estimates(res.sum_logps, res.ref_sum_logps, items, gate, seed)
+        scores, lowers, ses = [e.score for e in est], [e.lower for e in est], [e.se for e in est]
+        ref_score, n_items, bound = est[0].ref_score, est[0].items, est[0].bound
+    decision = decide(scores, kls, names, ref_score, gate, enabled=enabled,
+                      steps=[c.step for c in candidates], lowers=lowers, ses=ses, items=n_items,
+                      bound=bound)
+    chosen = names.index(decision.chosen)
+    decision.candidate_preferred = [_argmax(lp) for lp in res.mean_logps[chosen]]
+    decision.reference_preferred = [_argmax(lp) for lp in res.ref_mean_logps]
+    return decision
+
+
+def _spec(reference: ReferenceMode | str) -> PolicySpec:
+    """The policy spec of the reference (``atlas.dpo.scoring``): the ``ref`` adapter or none."""
+    return REF if reference == ReferenceMode.ADAPTIVE else ReferenceMode.FIXED.value
+
+
+def _argmax(values: Sequence[float]) -> int:
+    finite = [i for i, v in enumerate(values) if not math.isnan(v)]
+    return max(finite, key=lambda i: values[i]) if finite else 0
+
+
+def hold_out_prompts(programs: Sequence[Any], gate: GateConfig, seed: int) -> set[str]:
+    """The prompts of this phase held out of D_k for G_k (paper 2.2: the gate must not score
+    a policy on what D_k trained it on).
+
+    ``round(holdout * n)`` of the phase's n pairable prompts, at least 1 when n >= 2, at most
+    ``subset_size`` and never all of them (D_k keeps at least one); none when n < 2. Prompts
+    that can inform the gate (two or more completions whose scores differ, failures counting
+    at the floor) are drawn first, at random with ``seed``.
+    """
+    import random
+    from collections import defaultdict
+
+    groups: dict[str, list[Any]] = defaultdict(list)
+    for p in sorted(programs, key=lambda q: q.id):
+        if p.prompt and p.completion:
+            groups[p.prompt].append(p)
+    prompts = list(groups)
+    n = len(prompts)
+    if n < 2:
+        return set()
+    k = min(max(1, round(gate.holdout * n)), gate.subset_size, n - 1)
+
+    def informative(ps: list[Any]) -> bool:
+        vals = {round(float(q.score), 12) if q.passed and math.isfinite(q.score) else None
+                for q in ps}
+        return len(ps) >= 2 and len(vals) >= 2
+
+    rng = random.Random(seed)
+    rng.shuffle(prompts)
+    ordered = [x for x in prompts if informative(groups[x])] + \
+        [x for x in prompts if not informative(groups[x])]
+    return set(ordered[:k])

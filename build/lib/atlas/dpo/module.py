@@ -1,0 +1,153 @@
+"""DPO on the ``policy`` LoRA adapter as a LightningModule, with the reference swap on it.
+
+Only the ``policy`` adapter's tensors reach the optimiser. The reference is either the base
+model (adapters disabled, EvoTune) or the frozen ``ref`` adapter (EvoDPO/ATLAS); it is moved
+only through ``swap_reference``, which a ``ReferenceSwapCallback`` calls at a phase boundary.
+The module's ``state_dict`` holds the adapter tensors (policy and ref) but not the frozen
+base weights, so a Lightning checkpoint is small and a load restores a swapped reference.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from atlas.agent.adapters import POLICY, adapter, adapter_params, promote, set_adapter_state
+from atlas.dpo.config import DPOConfig
+from atlas.dpo.loss import check_reference, dpo_loss, dpo_terms, reference_forward
+from atlas.dpo.prefix import PromptGroup, grouped_logps, pair_logps_table
+from atlas.types import ReferenceMode
+
+_LORA = "lora_"
+_CKPT_KEY = "atlas_reference"
+
+
+class DPOModule(pl.LightningModule):
+    """Trains ``model``'s policy adapter with the sigmoid DPO loss against ``reference``."""
+
+    def __init__(self, model: torch.nn.Module, cfg: DPOConfig, reference: ReferenceMode | str,
+                 optimizer_state: dict | None = None,
+                 encoded: list[PromptGroup] | None = None, recompute: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.cfg = cfg
+        self.reference = check_reference(reference)
+        self.optimizer_state = optimizer_state
+        # shared-prompt path: the phase's pairs, cut once, and their reference log-probs,
+        # computed once at train start (after a queued promotion moved the reference)
+        self.encoded = encoded
+        self.recompute = recompute
+        self.ref_table: torch.Tensor | None = None
+        self.ref_seconds = 0.0
+        self.reference_swaps = 0
+        self.history: list[dict[str, float]] = []
+        self._last_grad_norm = float("nan")
+        self._t0 = time.perf_counter()
+
+    # -- training ---------------------------------------------------------------------------
+    def policy_parameters(self) -> list[torch.nn.Parameter]:
+        """The only tensors the optimiser sees (sorted by name: a stable order for resume)."""
+        params = adapter_params(self.model, POLICY)
+        return [params[k] for k in sorted(params)]
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        params = self.policy_parameters()
+        for p in params:
+            p.requires_grad_(True)
+        opt = torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=0.0)
+        if self.optimizer_state is not None:
+            opt.load_state_dict(self.optimizer_state)
+            for group in opt.param_groups:  # the strategist may have changed lr since
+                group["lr"] = self.cfg.lr
+        return opt
+
+    def on_train_start(self) -> None:
+        # callbacks' on_train_start (the reference swap) ran before this hook
+        if self.encoded is not None:
+            t0 = time.perf_counter()
+            with reference_forward(self.model, self.reference):
+                self.ref_table = pair_logps_table(self.model, self.encoded)
+            self.ref_seconds = time.perf_counter() - t0
+        self._t0 = time.perf_counter()
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        if "groups" in batch:  # shared-prompt path
+            with adapter(self.model, POLICY):
+                flat = torch.cat(grouped_logps(self.model, batch["groups"], "sum",
+                                               recompute=self.recompute))
+            policy = flat[batch["slots"].to(flat.device)]
+            ref = self.ref_table[batch["index"].to(self.ref_table.device)]
+            terms = dpo_loss(policy[:, 0], policy[:, 1], ref[:, 0], ref[:, 1], self.cfg.beta)
+            tokens = int(batch["tokens"])
+        else:
+            terms = dpo_terms(self.model, batch, self.cfg.beta, self.reference)
+            tokens = int(batch["attention_mask"].sum())
+        record: dict[str, Any] = {"step": self.global_step + 1, "epoch": self.current_epoch,
+                                  **terms.stats(), "tokens": tokens}
+        self.history.append(record)
+        self.log("dpo/loss", record["loss"], on_step=True, batch_size=len(terms.losses))
+        return terms.loss
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer,
+                                    gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Clip (when ``cfg.grad_clip`` > 0) and record the pre-clip gradient norm."""
+        params = [p for p in self.policy_parameters() if p.grad is not None]
+        limit = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, limit) if params else torch.tensor(0.0)
+        self._last_grad_norm = float(norm)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.history:
+            rec = self.history[-1]
+            rec["grad_norm"] = self._last_grad_norm
+            rec["lr"] = float(self.trainer.optimizers[0].param_groups[0]["lr"])
+            rec["seconds"] = time.perf_counter() - self._t0
+
+    # -- the reference ----------------------------------------------------------------------
+    def swap_reference(self, state: dict[str, torch.Tensor]) -> None:
+        """ref <- ``state`` (copied). Only meaningful for the adaptive reference."""
+        if self.reference != ReferenceMode.ADAPTIVE:
+            raise ValueError("swap_reference: this module's reference is 'fixed' (the base model); "
+                             "use method.reference=adaptive to move the reference")
+        promote(self.model, state)
+        self.reference_swaps += 1
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[_CKPT_KEY] = {"mode": self.reference.value, "swaps": self.reference_swaps}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        info = checkpoint.get(_CKPT_KEY)
+        if info is None:
+            raise KeyError(f"checkpoint lacks '{_CKPT_KEY}': not written by DPOModule")
+        if info["mode"] != self.reference:
+            raise ValueError(f"checkpoint reference mode {info['mode']!r} != module's "
+                             f"{self.reference!r}; build the module with reference={info['mode']!r}")
+        self.reference_swaps = int(info["swaps"])
+
+    # -- adapter-only state -----------------------------------------------------------------
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        """Adapter tensors only: the base weights are frozen and come from the model source."""
+        full = super().state_dict(*args, **kwargs)
+        for key in [k for k in full if _LORA not in k]:
+            del full[key]
+        return full
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True,
+                        assign: bool = False) -> Any:
+        """Load adapter tensors; with ``strict`` every adapter tensor must be present."""
+        expected = {k for k in super().state_dict() if _LORA in k}
+        if strict:
+            missing = sorted(expected - set(state_dict))
+            unexpected = sorted(set(state_dict) - expected)
+            if missing or unexpected:
+                raise KeyError(f"adapter state mismatch: missing {missing[:2]}, "
+                               f"unexpected {unexpected[:2]} (same LoRA r/targets needed)")
+        return super().load_state_dict(state_dict, strict=False, assign=assign)
+
+    def load_policy(self, state: dict[str, torch.Tensor]) -> None:
+        """Overwrite the policy adapter (e.g. restore a checkpointed candidate)."""
+        set_adapter_state(self.model, POLICY, state)

@@ -1,0 +1,258 @@
+"""One fine-tuning phase k: DPO on D_k through a Lightning Trainer, returning C_k.
+
+The lead's phase loop calls ``train_phase``; it trains only the ``policy`` adapter, keeps the
+reference untouched (unless a queued promotion is applied first through the
+``ReferenceSwapCallback``), snapshots the policy ``cfg.checkpoints`` times in memory, and
+returns those snapshots plus the phase-final policy as the candidate set C_k.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader
+
+from atlas.agent.adapters import POLICY, get_adapter_state
+from atlas.dpo.batching import IndexedPairCollator, SharedPromptCollator
+from atlas.dpo.callbacks import PolicySnapshotCallback, ReferenceSwapCallback, snapshot_steps
+from atlas.dpo.config import DPOConfig
+from atlas.dpo.loss import check_reference
+from atlas.dpo.module import DPOModule
+from atlas.dpo.prefix import PromptGroup, encode_group
+from atlas.types import PolicyCandidate, PreferencePair, ReferenceMode
+
+
+@dataclass
+class PhaseResult:
+    """What one phase produced: C_k (final last), summary metrics and per-step records."""
+
+    candidates: list[PolicyCandidate]
+    metrics: dict[str, float]
+    history: list[dict]
+    optimizer_state: dict | None = None  # AdamW state, for resume (pass back to train_phase)
+    pairs_used: int = 0
+    skipped: list[str] = field(default_factory=list)  # why pairs were dropped, if any
+
+
+def _margin(pair: PreferencePair) -> float:
+    gap = pair.chosen_score - pair.rejected_score
+    return gap if not math.isnan(gap) else -math.inf
+
+
+def select_pairs(pairs: Sequence[PreferencePair], max_pairs: int) -> list[PreferencePair]:
+    """Keep at most ``max_pairs``, highest score margin first (a failed rejected = +inf)."""
+    for i, p in enumerate(pairs):
+        if not isinstance(p, PreferencePair):
+            raise TypeError(f"pairs[{i}] must be an atlas.types.PreferencePair, got {type(p).__name__}")
+    if len(pairs) <= max_pairs:
+        return list(pairs)
+    order = sorted(range(len(pairs)), key=lambda i: (-_margin(pairs[i]), i))
+    return [pairs[i] for i in sorted(order[:max_pairs])]
+
+
+@contextlib.contextmanager
+def _quiet_lightning() -> Iterator[None]:
+    """Silence Lightning's per-fit banners ("GPU available", "few workers") for this call."""
+    names = ["lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda",
+             "lightning.fabric.utilities.rank_zero", "pytorch_lightning.utilities.rank_zero"]
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+            warnings.filterwarnings("ignore", message=".*isn't a Lightning logger.*")
+            warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+            warnings.filterwarnings("ignore", message=".*`srun` command is available.*")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _summary(history: list[dict], steps: int, seconds: float, n_pairs: int) -> dict[str, float]:
+    keys = ("loss", "accuracy", "margin", "chosen_reward", "rejected_reward", "grad_norm")
+    out: dict[str, float] = {}
+    for key in keys:
+        vals = [float(r[key]) for r in history if key in r]
+        out[key] = sum(vals) / len(vals) if vals else math.nan
+        out[f"{key}_first"] = vals[0] if vals else math.nan
+        out[f"{key}_last"] = vals[-1] if vals else math.nan
+    out.update(steps=float(steps), seconds=seconds, pairs=float(n_pairs),
+               tokens=float(sum(r.get("tokens", 0) for r in history)))
+    return out
+
+
+def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
+                reference: ReferenceMode | str, *,
+                seed: int = 0, logger: Any = None, optimizer_state: dict | None = None,
+                pending_reference: dict[str, torch.Tensor] | ReferenceSwapCallback | None = None,
+                ) -> PhaseResult:
+    """Train the policy adapter on ``pairs`` for ``cfg.epochs`` epochs; return C_k and metrics.
+
+    ``reference``: "fixed" (adapters off, EvoTune) or "adaptive" (the ``ref`` adapter).
+    ``logger``: None, a Lightning logger (each step's record goes to ``log_metrics`` under
+    ``dpo_step/``, after the fit), or a callable taking each per-step record (a dict). ``optimizer_state``: a previous ``PhaseResult.optimizer_state``
+    to resume AdamW moments (lr is reset to ``cfg.lr``). ``pending_reference``: a promotion
+    queued by the gate (a state dict or a ``ReferenceSwapCallback``), applied through
+    ``DPOModule.swap_reference`` at this phase's start. Global RNG state is left as it was.
+    """
+    reference = check_reference(reference)
+    if not isinstance(cfg, DPOConfig):
+        raise TypeError(f"cfg must be a DPOConfig (DPOConfig.from_cfg(cfg.dpo)), got {type(cfg).__name__}")
+    if not pairs:
+        raise ValueError("pairs: train_phase needs at least one PreferencePair (skip the phase instead)")
+    if pending_reference is not None and reference != ReferenceMode.ADAPTIVE:
+        raise ValueError("pending_reference: a fixed reference cannot be promoted; "
+                         "use method.reference=adaptive or drop pending_reference")
+    if logger is not None and not (isinstance(logger, pl.loggers.Logger) or callable(logger)):
+        raise TypeError(f"logger must be None, a Lightning logger or a callable taking a dict, "
+                        f"got {type(logger).__name__}")
+    cfg = cfg.clamped()
+    chosen = select_pairs(pairs, cfg.max_pairs)
+    steps_per_epoch = math.ceil(len(chosen) / cfg.batch_size)
+    total_steps = steps_per_epoch * cfg.epochs
+
+    device = next(model.parameters()).device
+    accelerator = "gpu" if device.type == "cuda" else "cpu"
+    fork_devices = [device.index or 0] if device.type == "cuda" else []
+    if cfg.shared_prompt:
+        encoded = [encode_group(tokenizer, p.prompt, [p.chosen, p.rejected], cfg.max_length)
+                   for p in chosen]
+        collate: Any = SharedPromptCollator(encoded)
+        # the largest step any shuffle can make: the batch_size largest pairs, unshared
+        per_pair = sorted((estimate_step_gb(model, collate([i])) for i in range(len(chosen))),
+                          reverse=True)
+        step_gb = sum(per_pair[:cfg.batch_size])
+    else:
+        encoded, collate = None, IndexedPairCollator(tokenizer, cfg.max_length, chosen)
+        step_gb = math.nan
+    recompute = (cfg.gradient_checkpointing is True
+                 or (cfg.gradient_checkpointing == "auto" and step_gb > cfg.memory_budget_gb))
+    # the per-row path recomputes through transformers; the shared-prompt path per prompt
+    # group (transformers' checkpointing drops the prompt's KV cache in training)
+    hf_checkpointing = recompute and not cfg.shared_prompt
+    module = DPOModule(model, cfg, reference, optimizer_state=optimizer_state, encoded=encoded,
+                       recompute=recompute and cfg.shared_prompt)
+    snaps = PolicySnapshotCallback(snapshot_steps(total_steps, cfg.checkpoints))
+    callbacks: list[pl.Callback] = [snaps]
+    swap = pending_reference
+    if isinstance(swap, dict):
+        swap = ReferenceSwapCallback(swap, name="pending")
+    if swap is not None:
+        callbacks.append(swap)
+    was_training = model.training
+    t0 = time.perf_counter()
+    with torch.random.fork_rng(devices=fork_devices), _quiet_lightning():
+        torch.manual_seed(seed)
+        # a dataset of pair indices: the same shuffle, so the same batches, on either path
+        loader = DataLoader(list(range(len(chosen))), batch_size=cfg.batch_size, shuffle=True,
+                            collate_fn=collate, generator=torch.Generator().manual_seed(seed))
+        trainer = pl.Trainer(
+            accelerator=accelerator, devices=[device.index or 0] if accelerator == "gpu" else 1,
+            max_epochs=cfg.epochs, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+            log_every_n_steps=1, callbacks=callbacks, default_root_dir=None,
+        )
+        model.train()  # LoRA dropout on; the reference forward switches to eval itself
+        if hf_checkpointing:
+            set_checkpointing(model, True)
+        try:
+            trainer.fit(module, train_dataloaders=loader)
+        finally:
+            if hf_checkpointing:
+                set_checkpointing(model, False)
+            model.train(was_training)
+    seconds = time.perf_counter() - t0
+    history = module.history
+    _emit(logger, history)
+    candidates = [PolicyCandidate(name=f"step_{s}", state=st, step=s) for s, st in snaps.snapshots]
+    candidates.append(PolicyCandidate(name="final", state=get_adapter_state(model, POLICY),
+                                      step=trainer.global_step))
+    metrics = _summary(history, trainer.global_step, seconds, len(chosen))
+    metrics["reference_swapped"] = float(module.reference_swaps)
+    metrics.update(shared_prompt=float(cfg.shared_prompt), recompute=float(recompute),
+                   step_gb_estimate=step_gb, reference_table_seconds=module.ref_seconds)
+    opt_state = _cpu_state(trainer.optimizers[0].state_dict()) if trainer.optimizers else None
+    skipped = [f"{len(pairs) - len(chosen)} pairs over dpo.max_pairs={cfg.max_pairs}"] \
+        if len(chosen) < len(pairs) else []
+    return PhaseResult(candidates=candidates, metrics=metrics, history=history,
+                       optimizer_state=opt_state, pairs_used=len(chosen), skipped=skipped)
+
+
+def estimate_step_gb(model: Any, batch: dict[str, Any]) -> float:
+    """Activation memory a shared-prompt step keeps for its backward pass, in GB: per token
+    and decoder layer ~14 hidden-sized and 4 MLP-sized tensors, plus float32 logits over the
+    vocabulary for the completion tokens (``python -m atlas.bench dpo`` prints it beside the
+    measured peak RSS)."""
+    cfg = model.config
+    groups: list[PromptGroup] = batch["groups"]
+    tokens = sum(len(g.prompt) + sum(len(c) for c in g.completions) for g in groups)
+    scored = sum(len(c) for g in groups for c in g.completions)
+    size = next(model.parameters()).element_size()
+    per_token = cfg.num_hidden_layers * (14 * cfg.hidden_size + 4 * cfg.intermediate_size) * size
+    return (tokens * per_token + scored * cfg.vocab_size * 4 * 3) / 1e9
+
+
+def set_checkpointing(model: Any, on: bool) -> None:
+    """Recompute decoder layers in backward (non-reentrant: the frozen base needs no input
+    grads). transformers 5 calls it activation checkpointing; older releases gradient
+    checkpointing."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        if on:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.activation_checkpointing_disable()
+    elif on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_disable()
+
+
+def is_checkpointing(model: Any) -> bool:
+    """Whether ``set_checkpointing(model, True)`` is in force."""
+    inner = model.base_model.model if hasattr(model, "base_model") else model
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(inner), name):  # the class: reading a deprecated property warns
+            return bool(getattr(inner, name))
+    return False
+
+
+def _emit(logger: Any, history: list[dict]) -> None:
+    """Hand per-step records to the caller's logger.
+
+    A Lightning logger is not given to the phase's Trainer: every phase starts a new Trainer
+    at step 0 and would finalize the logger; the run's logger outlives the phases.
+    """
+    if logger is None:
+        return
+    if isinstance(logger, pl.loggers.Logger):
+        for record in history:
+            logger.log_metrics({f"dpo_step/{k}": float(v) for k, v in record.items()})
+    elif callable(logger):
+        for record in history:
+            logger(dict(record))
+
+
+def _cpu_state(obj: Any) -> Any:
+    """Deep-copy an optimizer state to CPU tensors (safe to keep while training continues)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_state(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_cpu_state(v) for v in obj]
+    return obj

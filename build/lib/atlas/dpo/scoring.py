@@ -1,0 +1,314 @@
+"""Forward passes of the Policy Inspector: length-normalised log-probs and token-level KL.
+
+One pass serves every number the gate needs. Per gate item (a prompt with its evaluated
+completions and its preferred completion) the reference runs once and each candidate policy
+runs once, and each run computes the prompt once for all the item's completions
+(``atlas.dpo.prefix``), so |C_k| candidates cost 1 + |C_k| prompt passes per item and the
+reference's full-vocabulary log-probs never outlive their item. A prompt and its
+completions share one cut to ``max_length`` (the prompt loses tokens from the left).
+
+A *policy spec* names the policy a forward uses: ``"fixed"`` (adapters disabled, the base
+model), ``"ref"``/``"adaptive"`` (the ``ref`` adapter), ``"policy"`` (the policy adapter as
+it was on entry) or a state dict (loaded into the *policy* adapter for the pass). The
+``ref`` adapter is only ever read; the policy adapter is restored bit for bit on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from atlas.agent.adapters import POLICY, REF, adapter, get_adapter_state, set_adapter_state
+from atlas.dpo.prefix import PromptGroup, completion_logits, encode_group
+from atlas.types import GateItem, ReferenceMode
+
+PolicySpec = str | dict  # "fixed" | "ref" | "adaptive" | "policy" | adapter state dict
+#: specs that run the ``ref`` adapter: its name, or the reference mode that uses it
+REF_SPECS = (REF, ReferenceMode.ADAPTIVE.value)
+_NAMED = (ReferenceMode.FIXED.value, *REF_SPECS, POLICY)
+
+
+def check_spec(spec: PolicySpec, what: str) -> PolicySpec:
+    """Fail early, naming the argument, on a policy spec we cannot run."""
+    if isinstance(spec, dict):
+        if not spec or not all(isinstance(v, torch.Tensor) for v in spec.values()):
+            raise TypeError(f"{what}: an adapter state must map names to tensors "
+                            "(use get_adapter_state or PolicyCandidate.state)")
+        return spec
+    if spec not in _NAMED:
+        raise ValueError(f"{what} must be one of {_NAMED} or an adapter state dict, got {spec!r}")
+    return spec
+
+
+def check_items(items: Sequence[GateItem], need_scores: bool) -> None:
+    """Validate gate items; failed completions must already carry a finite floor score."""
+    if not items:
+        raise ValueError("items: the gate needs at least one GateItem (gate.subset_size >= 1)")
+    for i, item in enumerate(items):
+        if not isinstance(item, GateItem):
+            raise TypeError(f"items[{i}] must be an atlas.types.GateItem, got {type(item).__name__}")
+        if not need_scores:
+            continue
+        if not item.completions:
+            raise ValueError(f"items[{i}].completions is empty; drop the item or add its evaluated "
+                             "completions")
+        if len(item.completions) != len(item.scores):
+            raise ValueError(f"items[{i}]: {len(item.completions)} completions but "
+                             f"{len(item.scores)} scores; they must align")
+        bad = [s for s in item.scores if not math.isfinite(float(s))]
+        if bad:
+            raise ValueError(f"items[{i}].scores holds {bad[0]!r}; give failed completions a "
+                             "finite floor score")
+
+
+@dataclass
+class GatePass:
+    """Numbers per policy (in the order given): per item, per completion mean and summed
+    (sequence) log-probs; per item, token-average KL(policy || reference) on the preferred
+    completion. The reference's log-probs are given when a KL reference was run."""
+
+    mean_logps: list[list[list[float]]]
+    ref_mean_logps: list[list[float]] | None
+    kl: list[list[float]] | None
+    sum_logps: list[list[list[float]]] = field(default_factory=list)
+    ref_sum_logps: list[list[float]] | None = None
+
+
+@contextlib.contextmanager
+def _running(model, spec: PolicySpec, original: dict) -> Iterator[None]:
+    if isinstance(spec, dict) or spec == "policy":
+        set_adapter_state(model, POLICY, original if spec == "policy" else spec)
+        with adapter(model, POLICY):
+            yield
+    elif spec in REF_SPECS:
+        with adapter(model, REF):
+            yield
+    else:
+        with adapter(model, None):
+            yield
+
+
+@contextlib.contextmanager
+def running_policy(model, spec: PolicySpec) -> Iterator[None]:
+    """Run a block under the policy ``spec`` names; the policy adapter is restored on exit
+    (used by the on-line inspector, which samples from each candidate of C_k)."""
+    spec = check_spec(spec, "policy")
+    original = get_adapter_state(model, POLICY)
+    try:
+        with _running(model, spec, original):
+            yield
+    finally:
+        set_adapter_state(model, POLICY, original)
+
+
+@torch.no_grad()
+def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[PolicySpec], *,
+              kl_reference: PolicySpec | None, need_scores: bool = True, batch_size: int = 8,
+              max_length: int = 768) -> GatePass:
+    """Run every policy (and the KL reference) over the gate items, item by item: each item's
+    prompt runs once per policy and its completions after it, one unpadded row each
+    (``atlas.dpo.prefix``); the reference's full-vocabulary log-probs live for one item only.
+    ``batch_size`` is checked and kept for the caller's API (rows are not padded together)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    check_items(items, need_scores)
+    policies = [check_spec(s, f"policies[{i}]") for i, s in enumerate(policies)]
+    if kl_reference is not None:
+        check_spec(kl_reference, "reference")
+    n_pol = len(policies)
+    mean = [[[math.nan] * len(it.completions) for it in items] for _ in range(n_pol)]
+    ref_mean = [[math.nan] * len(it.completions) for it in items]
+    total = [[[math.nan] * len(it.completions) for it in items] for _ in range(n_pol)]
+    ref_total = [[math.nan] * len(it.completions) for it in items]
+    kl = [[math.nan] * len(items) for _ in range(n_pol)]
+
+    original = get_adapter_state(model, POLICY)
+    was_training = model.training
+    model.eval()
+    try:
+        for i, item in enumerate(items):
+            texts = list(item.completions) if need_scores else []
+            pref = None
+            if kl_reference is not None:
+                pref = texts.index(item.preferred) if item.preferred in texts else len(texts)
+                if pref == len(texts):
+                    texts.append(item.preferred)
+            group = encode_group(tokenizer, item.prompt, texts, max_length)
+            ref_logsm = None
+            if kl_reference is not None:
+                with _running(model, kl_reference, original):
+                    ref_logsm = _item_pass(model, group, ref_mean[i], pref, ref_total[i])
+            for p, spec in enumerate(policies):
+                with _running(model, spec, original):
+                    logsm = _item_pass(model, group, mean[p][i], pref, total[p][i])
+                if ref_logsm is not None and logsm is not None and logsm.shape[0] > 0:
+                    kl[p][i] = float((logsm.exp() * (logsm - ref_logsm)).sum(-1).mean())
+    finally:
+        set_adapter_state(model, POLICY, original)
+        model.train(was_training)
+    has_ref = kl_reference is not None
+    return GatePass(mean_logps=mean, ref_mean_logps=ref_mean if has_ref else None,
+                    kl=kl if has_ref else None, sum_logps=total,
+                    ref_sum_logps=ref_total if has_ref else None)
+
+
+def _item_pass(model, group: PromptGroup, mean_out: list[float], pref: int | None,
+               sum_out: list[float] | None = None) -> torch.Tensor | None:
+    """One policy over one item: each completion's mean (and, into ``sum_out``, summed)
+    log-prob into ``mean_out`` (those that are the item's completions) and, when ``pref`` is
+    given, the log-softmax over the vocabulary at the preferred completion's tokens (T, V)."""
+    pref_logsm = None
+    for j, (logits, ids) in enumerate(completion_logits(model, group)):
+        logsm = torch.log_softmax(logits, dim=-1)
+        if j < len(mean_out):
+            token_lp = logsm.gather(-1, ids[:, None])
+            mean_out[j] = float(token_lp.mean())
+            if sum_out is not None:
+                sum_out[j] = float(token_lp.double().sum())
+        if j == pref:
+            pref_logsm = logsm
+    return pref_logsm
+
+
+def weighted_score(mean_logps: list[list[float]], items: Sequence[GateItem],
+                   temperature: float = 1.0) -> float:
+    """Inspector score: per item, softmax(mean log-probs / T)-weighted mean task score;
+    then the mean over items."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    totals = []
+    for lp, item in zip(mean_logps, items):
+        w = torch.softmax(torch.tensor(lp, dtype=torch.float64) / temperature, dim=0)
+        totals.append(float((w * torch.tensor(item.scores, dtype=torch.float64)).sum()))
+    return sum(totals) / len(totals)
+
+
+def mean_kl(per_item: list[float]) -> float:
+    """Average the per-pair token-average KL over pairs (items with no tokens are skipped)."""
+    vals = [v for v in per_item if not math.isnan(v)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+@dataclass
+class GainEstimate:
+    """The inspector score of one policy against the reference on G_k, in normalised score
+    units (``GateConfig.scale``: by default 0 = G_k's worst evaluated score, 1 = its best).
+
+    ``score`` S(pi): per item, the self-normalised importance-sampling estimate of pi's
+    expected normalised score over the item's evaluated completions (weights
+    ``softmax((log pi(y) - log ref(y)) / T)``, sequence log-probs); mean over items.
+    ``ref_score`` S(ref): the same with ratio 1, i.e. the mean normalised score.
+    ``lower``: one-sided bootstrap lower bound of ``gain`` at ``confidence`` (completions
+    resampled within each item, the same resamples for pi and the reference: paired; read
+    off the replicates by ``lower_bound``).
+    ``se``: the bootstrap standard deviation of ``gain``. ``items``: informative items (an
+    item whose completions all score alike carries no preference and is left out).
+    ``completions``: theirs in all; ``bound``: how ``lower`` was read off the resamples.
+    """
+
+    score: float
+    ref_score: float
+    gain: float
+    lower: float
+    se: float
+    items: int
+    completions: int = 0  # the informative items' completions the bound was resampled from
+    bound: str = ""  # the bound used: ``bound``, or "percentile" below ``bc_min_completions``
+
+
+def normalised_scores(items: Sequence[GateItem], scale: str = "subset"
+                      ) -> list[list[float] | None]:
+    """Per item, its completions' scores in the inspector's unit (``GateConfig.scale``):
+    "subset" maps G_k's worst score to 0 and its best to 1; "item" maps each item's own
+    worst to 0 and best to 1. None for an item whose completions all score alike (it
+    carries no preference)."""
+    if scale not in ("subset", "item"):
+        raise ValueError(f"scale must be 'subset' or 'item' (gate.scale), got {scale!r}")
+    every = [float(s) for item in items for s in item.scores]
+    g_lo, g_hi = (min(every), max(every)) if every else (0.0, 0.0)
+    out: list[list[float] | None] = []
+    for item in items:
+        lo, hi = min(item.scores), max(item.scores)
+        if not hi > lo:
+            out.append(None)
+            continue
+        if scale == "subset":
+            lo, hi = g_lo, g_hi
+        out.append([(float(s) - lo) / (hi - lo) for s in item.scores])
+    return out
+
+
+def lower_bound(resampled: torch.Tensor, estimate: float, confidence: float,
+                bound: str = "bc") -> float:
+    """One-sided lower confidence bound of ``estimate`` from its bootstrap replicates
+    (``GateConfig.bound``). "bc" (bias-corrected percentile, Efron 1981): the quantile at
+    Phi(2 z0 - z_c), z0 = Phi^-1(share of replicates below the estimate, ties counted half),
+    which undoes the bootstrap's median bias; "percentile": the (1 - confidence) quantile;
+    "normal": estimate - z_c * SD(replicates)."""
+    if bound not in ("bc", "percentile", "normal"):
+        raise ValueError(f"bound must be 'bc', 'percentile' or 'normal' (gate.bound), got {bound!r}")
+    normal = torch.distributions.Normal(0.0, 1.0)
+    z_c = float(normal.icdf(torch.tensor(confidence, dtype=torch.float64)))
+    b = resampled.double()
+    if bound == "normal":
+        return estimate - z_c * (float(b.std()) if b.numel() > 1 else 0.0)
+    level = 1.0 - confidence
+    if bound == "bc":
+        n = b.numel()
+        below = float((b < estimate).double().mean() + 0.5 * (b == estimate).double().mean())
+        below = min(max(below, 1.0 / (n + 1)), n / (n + 1))  # a finite z0
+        z0 = float(normal.icdf(torch.tensor(below, dtype=torch.float64)))
+        level = float(normal.cdf(torch.tensor(2.0 * z0 - z_c, dtype=torch.float64)))
+    return float(torch.quantile(b, level))
+
+
+def importance_gain(sum_logps: list[list[float]], ref_sum_logps: list[list[float]],
+                    items: Sequence[GateItem], *, temperature: float = 1.0,
+                    confidence: float = 0.9, resamples: int = 1000, seed: int = 0,
+                    scale: str = "subset", bound: str = "bc", bc_min_completions: int = 32
+                    ) -> GainEstimate:
+    """S(pi), S(ref), their gain and its paired bootstrap lower bound (``GainEstimate``).
+
+    ``sum_logps`` / ``ref_sum_logps``: per item, per completion sequence log-probs of the
+    policy and of the reference (``GatePass.sum_logps[p]``, ``GatePass.ref_sum_logps``).
+    Deterministic for a given ``seed`` (the bootstrap's generator). ``scale``, ``bound`` and
+    ``bc_min_completions``: the ``GateConfig`` fields (with fewer informative completions
+    than that, "bc" falls back to the conservative "percentile").
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature} (gate.temperature)")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence} (gate.confidence)")
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples} (gate.resamples)")
+    gen = torch.Generator().manual_seed(int(seed))
+    s_pol, s_ref, boot, n = [], [], [], 0
+    for lp, rlp, u in zip(sum_logps, ref_sum_logps, normalised_scores(items, scale)):
+        if u is None:
+            continue
+        r = torch.tensor(lp, dtype=torch.float64) - torch.tensor(rlp, dtype=torch.float64)
+        uu = torch.tensor(u, dtype=torch.float64)
+        ok = torch.isfinite(r)
+        r, uu = r[ok] / temperature, uu[ok]
+        if r.numel() == 0:
+            continue
+        n += r.numel()
+        s_pol.append(float((torch.softmax(r, 0) * uu).sum()))
+        s_ref.append(float(uu.mean()))
+        idx = torch.randint(r.numel(), (resamples, r.numel()), generator=gen)
+        rb, ub = r[idx], uu[idx]
+        boot.append((torch.softmax(rb, 1) * ub).sum(1) - ub.mean(1))
+    if not s_pol:
+        nan = math.nan
+        return GainEstimate(nan, nan, nan, nan, nan, 0)
+    score, ref_score = sum(s_pol) / len(s_pol), sum(s_ref) / len(s_ref)
+    gains = torch.stack(boot).mean(0)
+    used = "percentile" if bound == "bc" and n < bc_min_completions else bound
+    lower = lower_bound(gains, score - ref_score, confidence, used)
+    return GainEstimate(score=score, ref_score=ref_score, gain=score - ref_score,
+                        lower=lower, se=float(gains.std()) if resamples > 1 else 0.0,
+                        items=len(s_pol), completions=n, bound=used)

@@ -1,0 +1,207 @@
+"""The six-island program database (paper 2.1): per-island buffers, clusters, coverage-aware top-k.
+
+Layout:
+- an *archive* of every program ever added (passed or failed), for telemetry, preference
+  data and resume;
+- per island, a *buffer* of at most ``buffer_size`` passed programs, each labelled with a
+  cluster (see ``clustering``); failed programs never take buffer slots.
+
+Eviction (when a buffer overflows) removes the lowest-scoring program among clusters that have
+more than one member in the buffer, so a cluster keeps its last representative as long as
+possible; only when every cluster is a singleton does the globally worst program go.
+
+Coverage-aware count-based top-k (``select_top_k``), the rule the paper describes as
+"prioritise candidates that preserve diverse coverage rather than concentrating on a single
+mode":
+1. rank passed programs by score (ties: older id first) and drop exact code duplicates;
+2. keep the *pool* of the best ``max(k, ceil(pool_factor * k))`` of them ("high scorers");
+3. walk the pool best-first and take each program whose cluster is not yet represented;
+4. fill the remaining slots from the pool best-first.
+So a lower-scored program from a new cluster beats a duplicate of a covered cluster, but
+only if it is inside the pool: diversity never pulls in a program outside the top
+``pool_factor * k``. The result is returned best first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from atlas.evolution.clustering import FAILED, IslandClusters
+from atlas.types import Program
+
+STATE_VERSION = 1
+
+
+def _rank_key(p: Program) -> tuple[float, int]:
+    return (-p.score, p.id)
+
+
+def select_top_k(programs: Iterable[Program], k: int, pool_factor: float = 2.0) -> list[Program]:
+    """Coverage-aware count-based top-k passed programs (rule in the module docstring)."""
+    if k < 0:
+        raise ValueError(f"top_k must be >= 0, got {k} (config field dpo.top_k or "
+                         "explore.programs_in_prompt)")
+    if pool_factor < 1.0:
+        raise ValueError(f"pool_factor must be >= 1, got {pool_factor} "
+                         "(config field explore.topk_pool_factor)")
+    ranked, seen_code = [], set()
+    for p in sorted((p for p in programs if p.passed and math.isfinite(p.score)), key=_rank_key):
+        key = p.code.strip()
+        if key in seen_code:
+            continue
+        seen_code.add(key)
+        ranked.append(p)
+    pool = ranked[:max(k, math.ceil(pool_factor * k))]
+    picked: list[Program] = []
+    covered: set[str] = set()
+    for p in pool:
+        if len(picked) < k and p.cluster not in covered:
+            covered.add(p.cluster)
+            picked.append(p)
+    taken = {id(p) for p in picked}
+    for p in pool:
+        if len(picked) < k and id(p) not in taken:
+            picked.append(p)
+    return sorted(picked, key=_rank_key)
+
+
+class ProgramDatabase:
+    """Independent island populations with clustering and coverage tracking."""
+
+    def __init__(self, num_islands: int, buffer_size: int, max_clusters: int, seed: int = 0, *,
+                 pool_factor: float = 2.0, cluster_similarity: float = 0.85) -> None:
+        if num_islands < 1:
+            raise ValueError(f"num_islands must be >= 1, got {num_islands} (explore.islands)")
+        if buffer_size < 1:
+            raise ValueError(f"buffer_size must be >= 1, got {buffer_size} (explore.buffer_size)")
+        if pool_factor < 1.0:
+            raise ValueError(f"pool_factor must be >= 1, got {pool_factor} "
+                             "(explore.topk_pool_factor)")
+        self.num_islands = num_islands
+        self.buffer_size = buffer_size
+        self.max_clusters = max_clusters
+        self.seed = seed  # stored for resume checks; the database itself is deterministic
+        self.pool_factor = pool_factor
+        self.cluster_similarity = cluster_similarity
+        self._clusters = [IslandClusters(max_clusters, cluster_similarity)
+                          for _ in range(num_islands)]
+        self._buffers: list[list[Program]] = [[] for _ in range(num_islands)]
+        self._archive: list[Program] = []
+        self._next_id = 0
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], seed: int = 0) -> "ProgramDatabase":
+        """Build from the ``explore`` config group."""
+        return cls(int(cfg["islands"]), int(cfg["buffer_size"]), int(cfg["clusters"]), seed,
+                   pool_factor=float(cfg.get("topk_pool_factor", 2.0)),
+                   cluster_similarity=float(cfg.get("cluster_similarity", 0.85)))
+
+    # ---- ids and filing -------------------------------------------------------------------
+    def next_id(self) -> int:
+        """A fresh program id (monotonic, survives ``state_dict`` round trips)."""
+        i = self._next_id
+        self._next_id += 1
+        return i
+
+    def _check_island(self, island: int) -> None:
+        if not 0 <= island < self.num_islands:
+            raise ValueError(f"island {island} out of range [0, {self.num_islands}) "
+                             "(explore.islands sets the number of islands)")
+
+    def add(self, program: Program, *, buffer: bool = True) -> None:
+        """Archive ``program`` and, if it passed, file it in its island's buffer and cluster
+        (``buffer=False``: archive only, e.g. an incumbent re-scored on a new equation)."""
+        self._check_island(program.island)
+        self._next_id = max(self._next_id, program.id + 1)
+        if not buffer:
+            program.cluster = ""
+        elif program.passed and math.isfinite(program.score):
+            program.cluster = self._clusters[program.island].assign(program.code)
+            buf = self._buffers[program.island]
+            buf.append(program)
+            if len(buf) > self.buffer_size:
+                buf.remove(self._victim(buf))
+        else:
+            program.cluster = FAILED
+        self._archive.append(program)
+
+    @staticmethod
+    def _victim(buf: list[Program]) -> Program:
+        counts: dict[str, int] = {}
+        for p in buf:
+            counts[p.cluster] = counts.get(p.cluster, 0) + 1
+        shared = [p for p in buf if counts[p.cluster] > 1]
+        return max(shared or buf, key=_rank_key)  # max rank key = lowest score, newest id
+
+    # ---- queries --------------------------------------------------------------------------
+    def island(self, i: int) -> list[Program]:
+        """The island's buffer (passed programs, insertion order)."""
+        self._check_island(i)
+        return list(self._buffers[i])
+
+    def top_k(self, island: int, k: int) -> list[Program]:
+        """Coverage-aware count-based top-k of the island's buffer, best first."""
+        self._check_island(island)
+        return select_top_k(self._buffers[island], k, self.pool_factor)
+
+    def select_top_k(self, programs: Iterable[Program], k: int) -> list[Program]:
+        """The same rule applied to any list (e.g. one phase's programs of an island)."""
+        return select_top_k(programs, k, self.pool_factor)
+
+    def coverage(self, island: int, k: int) -> dict[str, Any]:
+        """Clusters represented in the buffer and in the top-k, and their ratio."""
+        self._check_island(island)
+        in_buffer = {p.cluster for p in self._buffers[island]}
+        in_top = {p.cluster for p in self.top_k(island, k)}
+        return {"clusters_in_buffer": len(in_buffer), "clusters_in_top_k": len(in_top),
+                "ratio": len(in_top) / len(in_buffer) if in_buffer else 0.0,
+                "buffer_size": len(self._buffers[island])}
+
+    def best(self, island: int | None = None) -> Program | None:
+        """Best passed program overall or of one island (``None`` when nothing passed)."""
+        if island is not None:
+            self._check_island(island)
+        cands = [p for p in self._archive if p.passed and math.isfinite(p.score)
+                 and (island is None or p.island == island)]
+        return min(cands, key=_rank_key) if cands else None
+
+    def all_programs(self) -> list[Program]:
+        """Every program ever added (passed and failed), in insertion order."""
+        return list(self._archive)
+
+    def __len__(self) -> int:
+        return len(self._archive)
+
+    # ---- persistence ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able snapshot (non-finite scores become ``null`` via ``Program.to_dict``)."""
+        return {
+            "version": STATE_VERSION,
+            "num_islands": self.num_islands, "buffer_size": self.buffer_size,
+            "max_clusters": self.max_clusters, "seed": self.seed,
+            "pool_factor": self.pool_factor, "cluster_similarity": self.cluster_similarity,
+            "next_id": self._next_id,
+            "programs": [p.to_dict() for p in self._archive],
+            "buffers": [[p.id for p in buf] for buf in self._buffers],
+            "cluster_leaders": [dict(c.leaders) for c in self._clusters],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a snapshot taken by ``state_dict`` (shape settings must match)."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"database state version {state.get('version')!r} is not "
+                             f"{STATE_VERSION}; start a fresh run_dir")
+        for name in ("num_islands", "buffer_size", "max_clusters"):
+            if state[name] != getattr(self, name):
+                raise ValueError(f"resumed database has {name}={state[name]} but the config "
+                                 f"gives {getattr(self, name)}; use the original explore config "
+                                 "or a fresh run_dir")
+        programs = [Program.from_dict(d) for d in state["programs"]]
+        by_id = {p.id: p for p in programs}
+        self._archive = programs
+        self._buffers = [[by_id[i] for i in ids] for ids in state["buffers"]]
+        self._clusters = [IslandClusters(self.max_clusters, self.cluster_similarity, dict(lead))
+                          for lead in state["cluster_leaders"]]
+        self._next_id = int(state["next_id"])

@@ -1,0 +1,347 @@
+"""Producer/consumer exploration rounds (paper 2.1).
+
+The *producer* (this process) picks islands round-robin, builds each island's prompt from its
+coverage-aware top programs, and samples completions from the agent; the *consumers* are the
+sandbox's worker processes, which evaluate candidates while the producer is already generating
+for the next island (``sandbox.submit`` returns a future at once).
+
+Determinism: ids are assigned when a candidate is created, and results are filed in the
+database in id order (the longest completed prefix is filed after each island's generation,
+the rest at the end of the round), so clustering and buffer eviction do not depend on which
+worker finished first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from atlas.evolution.database import ProgramDatabase
+from atlas.evolution.extract import extract_program
+from atlas.evolution.prompts import build_prompt, prefill_of
+from atlas.tasks.base import Task
+from atlas.types import Evaluation, FailureKind, Program
+
+#: generation stops at a closing fence on its own line (the prefill opened the fence)
+STOP = ["\n```"]
+NO_CODE_MESSAGE = "the completion held no extractable program"
+
+
+def regime_key(context: Mapping[str, Any]) -> str:
+    """The equation a context scores on: the context without its round, as sorted JSON.
+
+    Scores compare only within one regime: the PINN viscosity drifts between phases, so a
+    loss at nu=0.1/pi and one at nu=0.01/pi measure different problems; the bandit's context
+    is the round alone, so all its programs share the regime ``"{}"``.
+    """
+    return json.dumps({k: v for k, v in context.items() if k != "round"}, sort_keys=True)
+
+
+def split_samples(total: int, islands: int) -> list[int]:
+    """``total`` samples over ``islands`` prompts as evenly as possible, earlier islands first."""
+    base, extra = divmod(max(0, total), islands)
+    return [base + (1 if j < extra else 0) for j in range(islands)]
+
+
+class Agent(Protocol):
+    def chat_prompt(self, system: str, user: str, prefill: str) -> str: ...
+
+    def generate(self, prompts: list[str], num_samples: int, *, temperature: float, top_p: float,
+                 max_new_tokens: int, stop: Sequence[str] | None, adapter: str | None,
+                 seed: int) -> list[list[str]]: ...
+    # optional: ``streams_results = True`` and ``generate(..., on_done=callback(row, text))``
+
+
+class Sandbox(Protocol):
+    def submit(self, code: str, context: dict[str, Any]) -> Future: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ExploreSettings:
+    """The validated subset of the ``explore`` config group the explorer uses."""
+
+    islands: int
+    islands_per_round: int
+    samples_per_prompt: int
+    programs_in_prompt: int
+    max_new_tokens: int
+    temperatures: tuple[float, ...]
+    top_p: float
+    temperature_bounds: tuple[float, float] = (0.1, 2.0)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> "ExploreSettings":
+        def need(name: str) -> Any:
+            if name not in cfg or cfg[name] is None:
+                raise ValueError(f"explore.{name} is missing; see conf/explore/default.yaml")
+            return cfg[name]
+
+        islands = int(need("islands"))
+        temps = need("temperatures")
+        temps = [float(temps)] * islands if isinstance(temps, (int, float)) else [float(t) for t in temps]
+        if len(temps) == 1:
+            temps = temps * islands
+        if len(temps) < islands:
+            raise ValueError(f"explore.temperatures has {len(temps)} values but explore.islands="
+                             f"{islands}; give one temperature per island or a single value")
+        bounds = tuple(float(b) for b in cfg.get("temperature_bounds", None) or (0.1, 2.0))
+        if len(bounds) != 2 or not 0 < bounds[0] <= bounds[1]:
+            raise ValueError(f"explore.temperature_bounds must be [low, high] with 0 < low <= "
+                             f"high, got {list(bounds)}")
+        s = cls(islands=islands, islands_per_round=int(need("islands_per_round")),
+                samples_per_prompt=int(need("samples_per_prompt")),
+                programs_in_prompt=int(need("programs_in_prompt")),
+                max_new_tokens=int(need("max_new_tokens")), temperatures=tuple(temps[:islands]),
+                top_p=float(need("top_p")), temperature_bounds=(bounds[0], bounds[1]))
+        checks = [
+            (s.islands >= 1, "islands", "must be >= 1"),
+            (1 <= s.islands_per_round <= s.islands, "islands_per_round",
+             f"must be in [1, islands={s.islands}]"),
+            (s.samples_per_prompt >= 1, "samples_per_prompt", "must be >= 1"),
+            (s.programs_in_prompt >= 0, "programs_in_prompt", "must be >= 0"),
+            (s.max_new_tokens >= 1, "max_new_tokens", "must be >= 1"),
+            (all(math.isfinite(t) and t > 0 for t in s.temperatures), "temperatures",
+             "must all be finite and > 0"),
+            (0 < s.top_p <= 1, "top_p", "must be in (0, 1]"),
+        ]
+        for ok, name, rule in checks:
+            if not ok:
+                raise ValueError(f"explore.{name}={getattr(s, name)!r} {rule}")
+        return s
+
+
+class Explorer:
+    """Runs exploration rounds: prompts -> samples -> extraction -> sandbox -> database."""
+
+    def __init__(self, task: Task, agent: Agent, sandbox: Sandbox, db: ProgramDatabase,
+                 cfg: Mapping[str, Any], seed: int) -> None:
+        self.settings = ExploreSettings.from_config(cfg)
+        if db.num_islands != self.settings.islands:
+            raise ValueError(f"the database has {db.num_islands} islands but explore.islands="
+                             f"{self.settings.islands}; build it with the same explore config")
+        self.task, self.agent, self.sandbox, self.db, self.seed = task, agent, sandbox, db, seed
+        self.spec = task.prompt_spec()
+        self.last_stats: dict[str, Any] = {}  # telemetry of the latest round
+
+    # ---- scheduling -----------------------------------------------------------------------
+    def islands_for_round(self, round_index: int) -> list[int]:
+        """Round-robin: round r serves islands r*m .. r*m+m-1 (mod the number of islands)."""
+        n, m = self.settings.islands, self.settings.islands_per_round
+        start = (round_index * m) % n
+        return [(start + j) % n for j in range(m)]
+
+    def temperature(self, island: int, overrides: Mapping[int, float] | None = None) -> float:
+        """The island's sampling temperature; an override is clamped to temperature_bounds."""
+        temp = self.settings.temperatures[island]
+        if overrides and island in overrides:
+            value = float(overrides[island])
+            if math.isfinite(value):
+                lo, hi = self.settings.temperature_bounds
+                temp = min(max(value, lo), hi)
+        return temp
+
+    def _generation_seed(self, round_index: int, island: int) -> int:
+        return (self.seed * 1_000_003 + round_index * 1_009 + island) % (2**31 - 1)
+
+    # ---- evaluation plumbing --------------------------------------------------------------
+    @staticmethod
+    def _done(evaluation: Evaluation) -> Future:
+        fut: Future = Future()
+        fut.set_result(evaluation)
+        return fut
+
+    @staticmethod
+    def _outcome(fut: Future) -> Evaluation:
+        try:
+            ev = fut.result()
+        except Exception as exc:  # a broken worker pool must not kill the run
+            return Evaluation.failure(FailureKind.KILLED, f"sandbox error: {exc!r}")
+        if not isinstance(ev, Evaluation):
+            return Evaluation.failure(FailureKind.KILLED, f"sandbox returned {type(ev).__name__}")
+        return ev
+
+    def _submit(self, code: str | None, context: dict[str, Any]) -> Future:
+        if code is None:
+            return self._done(Evaluation.failure(FailureKind.NO_CODE, NO_CODE_MESSAGE))
+        return self.sandbox.submit(code, context)
+
+    def _file(self, pending: list[tuple[Program, Future]], out: list[Program], block: bool) -> None:
+        while pending and (block or pending[0][1].done()):
+            prog, fut = pending.pop(0)
+            prog.evaluation = self._outcome(fut)
+            self.db.add(prog)
+            out.append(prog)
+
+    # ---- public API -----------------------------------------------------------------------
+    def seed_islands(self, round_index: int = 0) -> list[Program]:
+        """File the task's seed program in every island (evaluated once, one copy per island).
+
+        Raises when the seed fails: every prompt would then start from nothing, which means
+        the task or the sandbox is broken, not the agent.
+        """
+        code = self.task.seed_program()
+        context = self.task.context(round_index)
+        ev = self._outcome(self.sandbox.submit(code, context))
+        if not ev.passed:
+            raise RuntimeError(f"the task's seed program failed in the sandbox "
+                               f"({ev.failure_kind}: {ev.message[:300]}); fix the task "
+                               f"{self.task.name!r} seed_program or its evaluator")
+        out = []
+        for island in range(self.settings.islands):
+            prog = Program(id=self.db.next_id(), island=island, round=round_index, code=code,
+                           evaluation=dataclasses.replace(ev, metrics=dict(ev.metrics)),
+                           source="seed", phase=0, regime=regime_key(context))
+            self.db.add(prog)
+            out.append(prog)
+        return out
+
+    def parents_for(self, island: int) -> list[Program]:
+        """The island's coverage-aware top programs; the global best if the island is empty."""
+        parents = self.db.top_k(island, self.settings.programs_in_prompt)
+        if not parents and self.settings.programs_in_prompt > 0:
+            best = self.db.best()
+            parents = [best] if best is not None else []
+        return parents
+
+    def round_budget(self) -> int:
+        """Evaluated candidates one round may spend: ``islands_per_round * samples_per_prompt``
+        (supporter programs are paid out of it, so every method evaluates as many)."""
+        return self.settings.islands_per_round * self.settings.samples_per_prompt
+
+    def run_round(self, round_index: int, phase: int, critiques: dict[int, str] | None = None,
+                  temperature_overrides: dict[int, float] | None = None,
+                  agent_samples: int | None = None) -> list[Program]:
+        """One producer/consumer round; returns its new programs in id order.
+
+        ``agent_samples``: completions this round over all served islands (default
+        ``round_budget()``; the loop passes less when supporter programs already spent part
+        of it), split evenly; each served island gets at least one.
+        """
+        from atlas.agent.adapters import POLICY  # deferred: peft is slow to import
+
+        s, critiques = self.settings, critiques or {}
+        context = self.task.context(round_index)
+        regime = regime_key(context)
+        served = self.islands_for_round(round_index)
+        total = self.round_budget() if agent_samples is None else int(agent_samples)
+        if total < len(served):
+            raise ValueError(f"agent_samples={total} leaves an island of round {round_index} "
+                             f"without samples; it must be >= islands_per_round={len(served)}")
+        counts = dict(zip(served, split_samples(total, len(served))))
+        pending: list[tuple[Program, Future]] = []
+        out: list[Program] = []
+        stats: dict[str, Any] = {"round": round_index, "phase": phase, "islands": {},
+                                 "generation_s": 0.0}
+        t_round = time.perf_counter()
+        for island in served:
+            parents = self.parents_for(island)
+            system, user, prefill = build_prompt(self.spec, parents, critiques.get(island))
+            text = self.agent.chat_prompt(system, user, prefill)
+            temp = self.temperature(island, temperature_overrides)
+            # a sample that ends early goes to the sandbox while the others still decode
+            early: dict[int, tuple[str, str | None, Future]] = {}
+
+            def score_now(row: int, completion: str, prefill: str = prefill,
+                          early: dict = early) -> None:
+                code = extract_program(prefill, completion, self.spec.entry_point)
+                early[row] = (completion, code, self._submit(code, context))
+
+            streams = {"on_done": score_now} if getattr(self.agent, "streams_results", False) \
+                else {}
+            t0 = time.perf_counter()
+            completions = self.agent.generate(
+                [text], counts[island], temperature=temp, top_p=s.top_p,
+                max_new_tokens=s.max_new_tokens, stop=STOP, adapter=POLICY,
+                seed=self._generation_seed(round_index, island), **streams)[0]
+            stats["generation_s"] += time.perf_counter() - t0
+            stats["scored_while_generating"] = stats.get("scored_while_generating", 0) + len(early)
+            for row, completion in enumerate(completions):
+                if row in early and early[row][0] == completion:
+                    _, code, fut = early[row]
+                else:
+                    code = extract_program(prefill, completion, self.spec.entry_point)
+                    fut = self._submit(code, context)
+                prog = Program(id=self.db.next_id(), island=island, round=round_index,
+                               code=code or "", evaluation=Evaluation.failure(FailureKind.KILLED, "pending"),
+                               prompt=text, completion=completion,
+                               parents=[p.id for p in parents], source="agent", phase=phase,
+                               regime=regime)
+                pending.append((prog, fut))
+            stats["islands"][island] = {"temperature": temp, "samples": len(completions),
+                                        "critique": bool(critiques.get(island))}
+            self._file(pending, out, block=False)  # file what finished while we generated
+        t_wait = time.perf_counter()
+        self._file(pending, out, block=True)
+        stats["evaluate_wait_s"] = time.perf_counter() - t_wait  # sandbox time not hidden
+        stats["agent_threads"] = getattr(getattr(self.agent, "last_stats", None), "threads", None)
+        for island, row in stats["islands"].items():
+            mine = [p for p in out if p.island == island]
+            row["valid"] = sum(p.passed for p in mine)
+            row["failure_kinds"] = dict(Counter(p.evaluation.failure_kind for p in mine))
+        stats["wall_s"] = time.perf_counter() - t_round
+        self.last_stats = stats
+        return out
+
+    def sample_and_score(self, prompts: list[str], *, samples: int, temperature: float,
+                         seed: int, context: dict[str, Any], adapter: str | None
+                         ) -> list[list[Evaluation]]:
+        """Sample ``samples`` completions per stored prompt from ``adapter`` and score them in
+        the sandbox, filing nothing (the on-line Policy Inspector's measurement)."""
+        s = self.settings
+        completions = self.agent.generate(prompts, samples, temperature=temperature,
+                                          top_p=s.top_p, max_new_tokens=s.max_new_tokens,
+                                          stop=STOP, adapter=adapter, seed=seed)
+        futures = [[self._submit(extract_program(prefill_of(prompt), c, self.spec.entry_point),
+                                 context) for c in comps]
+                   for prompt, comps in zip(prompts, completions)]
+        return [[self._outcome(f) for f in row] for row in futures]
+
+    def add_external(self, code: str, island: int, round_index: int, phase: int, source: str,
+                     parents: list[int], *, prompt: str = "", completion: str = "") -> Program:
+        """Evaluate and file a program from outside the agent (e.g. a supporter's patch).
+
+        Without ``prompt``/``completion`` it cannot enter preference pairs (DPO needs the
+        agent-side prompt); with them it can, e.g. as a supporter's proposed completion, and
+        then the program evaluated is the one the completion yields after the prompt's
+        prefill (exactly what the agent would have produced with those tokens).
+        """
+        if not 0 <= island < self.settings.islands:
+            raise ValueError(f"add_external: island={island} is outside [0, "
+                             f"{self.settings.islands}) (explore.islands)")
+        if bool(prompt) != bool(completion):
+            raise ValueError("add_external: give both prompt and completion, or neither")
+        if prompt:
+            extracted = extract_program(prefill_of(prompt), completion, self.spec.entry_point)
+        else:
+            extracted = extract_program("", code, self.spec.entry_point)
+        context = self.task.context(round_index)
+        ev = self._outcome(self._submit(extracted, context))
+        prog = Program(id=self.db.next_id(), island=island, round=round_index,
+                       code=extracted or "", evaluation=ev, prompt=prompt,
+                       completion=completion, parents=list(parents), source=source, phase=phase,
+                       regime=regime_key(context))
+        self.db.add(prog)
+        return prog
+
+    def rescore(self, programs: Sequence[Program], round_index: int, phase: int
+                ) -> list[Program]:
+        """Score already-filed programs again under round ``round_index``'s context and
+        archive the results as ``source="rescore"`` (``parents=[original id]``) without
+        putting them in island buffers: they measure an incumbent on the new equation, they
+        are not new candidates and cost no exploration budget."""
+        context = self.task.context(round_index)
+        futures = [(p, self._submit(p.code, context)) for p in programs]
+        out = []
+        for p, fut in futures:
+            prog = Program(id=self.db.next_id(), island=p.island, round=round_index, code=p.code,
+                           evaluation=self._outcome(fut), parents=[p.id], source="rescore",
+                           phase=phase, regime=regime_key(context))
+            self.db.add(prog, buffer=False)
+            out.append(prog)
+        return out

@@ -1,0 +1,295 @@
+"""One fine-tuning phase k of EvoTune / EvoDPO / ATLAS (paper 2.2, App. B.1, B.4).
+
+Order inside a phase: efficiency check (skip without improvement) -> strategist adjusts
+the knobs -> build D_k -> DPO on the ``policy`` adapter against the method's reference ->
+C_k -> Eq. 4 selection and Eq. 5 gate on a fresh gate subset G_k -> inspector review ->
+promotion (copy into ``ref``) only when accepted and not vetoed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from statistics import median
+from typing import Any
+
+from atlas.agent.adapters import get_adapter_state
+from atlas.dpo import (
+    DPOConfig,
+    GateConfig,
+    ReferenceSwapCallback,
+    hold_out_prompts,
+    select_and_gate,
+    train_phase,
+)
+from atlas.evolution.online_inspection import OnlineInspector
+from atlas.evolution.preferences import (
+    PAIR_KINDS,
+    build_pairs,
+    failure_floor,
+    sample_gate_subset,
+)
+from atlas.knobs import KNOBS
+from atlas.supporters import Supporters
+from atlas.supporters import requests as supporter_requests
+from atlas.supporters.schemas import KNOB_FIELDS
+from atlas.types import Program, ReferenceMode
+
+log = logging.getLogger("atlas.fine_tuning")
+
+
+
+@dataclass
+class PhaseRecord:
+    """What one phase did: the ``phase`` event of ``events.jsonl`` (``to_event``) and the
+    compact entry the strategist reads in later phases (``history_entry``).
+
+    A phase ends at one of three points, and the event holds the fields filled up to there,
+    in this order: skipped for no improvement (App. B.4: the first five fields), skipped for
+    no pairs (the D_k fields too), or trained (DPO's numbers, then, with the adaptive
+    reference, the gate's and the promotion's).
+    """
+
+    phase: int
+    scores: dict[str, Any]
+    improved: bool
+    best_before: float | None
+    reference: str
+    # D_k (absent when the phase was skipped for no improvement)
+    built: bool = False
+    strategist: dict[str, Any] | None = None
+    pairs: int = 0
+    pair_prompts: int = 0
+    held_out_prompts: int = 0
+    dk_prompt_hashes: list[str] = dataclasses.field(default_factory=list)
+    pair_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
+    knobs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # why nothing was trained (None: trained)
+    skip_reason: str | None = None
+    # training
+    dpo: dict[str, float] | None = None
+    seconds_dpo: float = 0.0
+    # the gate and the promotion (adaptive reference only)
+    gate: dict[str, Any] | None = None
+    promoted: bool | None = None
+    vetoed: bool = False
+    inspector: dict[str, Any] | None = None
+    seconds_gate: float = 0.0
+    seconds: float = 0.0
+
+    def skip(self, reason: str) -> "PhaseRecord":
+        self.skip_reason = reason
+        return self
+
+    def to_event(self) -> dict[str, Any]:
+        """The ``phase`` event's fields (keys and their order are part of the file format)."""
+        out: dict[str, Any] = {"phase": self.phase, "scores": self.scores,
+                               "improved": self.improved, "best_before": self.best_before,
+                               "reference": self.reference}
+        if self.built:
+            out.update(strategist=self.strategist, pairs=self.pairs,
+                       pair_prompts=self.pair_prompts, held_out_prompts=self.held_out_prompts,
+                       dk_prompt_hashes=self.dk_prompt_hashes, pair_kinds=self.pair_kinds,
+                       knobs=self.knobs)
+        if self.skip_reason is not None:
+            out.update(skipped=True, reason=self.skip_reason)
+            return out
+        out.update(dpo=self.dpo, seconds_dpo=self.seconds_dpo)
+        if self.gate is not None:
+            out.update(gate=self.gate, promoted=self.promoted, vetoed=self.vetoed,
+                       inspector=self.inspector, seconds_gate=self.seconds_gate)
+        out["seconds"] = self.seconds
+        return out
+
+    def history_entry(self) -> dict[str, Any]:
+        """The strategist's view of this phase (kept in the checkpoint, so plain data)."""
+        if self.skip_reason is not None:
+            return {"phase": self.phase, "skipped": True, **({"pairs": 0} if self.built else {})}
+        return {"phase": self.phase, "skipped": False, "pairs": self.pairs, "dpo": self.dpo,
+                "gate": self.gate, "promoted": self.promoted}
+
+
+def score_stats(programs: list[Program]) -> dict[str, float | None]:
+    scores = sorted(p.score for p in programs if p.passed and math.isfinite(p.score))
+    return {
+        "best": scores[-1] if scores else None,
+        "median": median(scores) if scores else None,
+        "min": scores[0] if scores else None,
+        "valid_rate": (sum(p.passed for p in programs) / len(programs)) if programs else None,
+        "n": len(programs),
+    }
+
+
+class FineTuner:
+    """Holds what persists across phases: the knobs, optimiser state, gate history."""
+
+    def __init__(self, agent: Any, method: Any, dpo_cfg: DPOConfig, gate_cfg: GateConfig,
+                 supporters: Supporters | None, task_name: str, seed: int,
+                 explorer: Any = None, quality_metrics: Any = None) -> None:
+        if gate_cfg.score_mode == "online" and explorer is None:
+            raise ValueError("gate.score_mode=online samples and scores programs: pass the "
+                             "run's Explorer (EvolutionLoop does)")
+        self.explorer = explorer  # only for gate.score_mode=online
+        # the task's declared quality metrics: the only ones the Policy Inspector compares
+        self.quality_metrics = tuple(quality_metrics if quality_metrics is not None else
+                                     getattr(getattr(explorer, "task", None), "quality_metrics", ()))
+        self.agent = agent
+        self.method = method
+        self.dpo_cfg = dpo_cfg
+        self.gate_cfg = gate_cfg
+        self.supporters = supporters
+        self.task_name = task_name
+        self.seed = seed
+        self.optimizer_state: dict | None = None
+        self.history: list[dict[str, Any]] = []  # compact per-phase records the strategist reads
+        # an accepted promotion is queued here and applied by Lightning (DPOModule.swap_reference)
+        # at the start of the next phase's training; flush_promotion() applies it at run end
+        self.reference_swap = ReferenceSwapCallback()
+
+    # -- persistence (crash-safe resume) -----------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"dpo_cfg": dataclasses.asdict(self.dpo_cfg), "optimizer_state": self.optimizer_state,
+                "history": self.history, "reference_swap": self.reference_swap.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dpo_cfg = DPOConfig(**state["dpo_cfg"])
+        self.optimizer_state = state["optimizer_state"]
+        self.history = list(state["history"])
+        self.reference_swap.load_state_dict(state["reference_swap"])
+
+    def flush_promotion(self) -> None:
+        """Apply a promotion still queued after the last phase (no next phase will)."""
+        self.reference_swap.flush(self.agent.model)
+
+    # -- the phase ---------------------------------------------------------------------
+    def run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
+                  db: Any = None, logger: Any = None) -> PhaseRecord:
+        """Run phase ``phase`` on this phase's programs; returns its record (the caller logs
+        ``record.to_event()``)."""
+        record = self._run_phase(phase, phase_programs, best_before, db, logger)
+        self.history.append(record.history_entry())
+        return record
+
+    def _run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
+                   db: Any, logger: Any) -> PhaseRecord:
+        t0 = time.time()
+        reference = ReferenceMode.parse(self.method.reference)
+        adaptive = reference == ReferenceMode.ADAPTIVE
+        stats = score_stats([p for p in phase_programs if p.source != "seed"])
+        best_now = max((p.score for p in phase_programs if p.passed), default=-math.inf)
+        improved = best_now > best_before
+        record = PhaseRecord(phase=phase, scores=stats, improved=improved,
+                             best_before=best_before if math.isfinite(best_before) else None,
+                             reference=self.method.reference)
+        if self.method.skip_without_improvement and not improved:
+            return record.skip("no score improvement this phase (paper B.4)")
+
+        record.built = True
+        record.strategist = self._consult_strategist(phase, phase_programs, stats)
+        cfg = self.dpo_cfg
+        # G_k's prompts are held out of D_k (the gate never scores a policy on what it was
+        # trained on); only when the gate decides (EvoDPO's ungated numbers are record-only)
+        held = hold_out_prompts(phase_programs, self.gate_cfg, seed=self.seed * 1000 + phase) \
+            if adaptive and self.method.gate else set()
+        pairs = build_pairs(db, [p for p in phase_programs if p.prompt not in held],
+                            top_k=cfg.top_k, max_pairs=cfg.max_pairs,
+                            score_threshold=cfg.score_threshold, seed=self.seed * 1000 + phase)
+        record.pairs = len(pairs)
+        record.pair_prompts = len({p.prompt for p in pairs})
+        record.held_out_prompts = len(held)
+        record.dk_prompt_hashes = sorted({prompt_hash(p.prompt) for p in pairs})
+        record.pair_kinds = {k: sum(1 for p in pairs if p.kind == k) for k in PAIR_KINDS}
+        record.knobs = {k: getattr(cfg, k) for k in KNOB_FIELDS}
+        if not pairs:
+            return record.skip("no preference pairs could be built")
+
+        t1 = time.time()
+        result = train_phase(self.agent.model, self.agent.tokenizer, pairs, cfg, reference,
+                             seed=self.seed * 1000 + phase, logger=logger,
+                             optimizer_state=self.optimizer_state,
+                             pending_reference=self.reference_swap if adaptive else None)
+        self.optimizer_state = getattr(result, "optimizer_state", None)
+        record.dpo = result.metrics
+        record.seconds_dpo = time.time() - t1
+
+        if adaptive:
+            t2 = time.time()
+            gated = bool(self.method.gate)
+            items = sample_gate_subset(
+                [p for p in phase_programs if p.prompt in held] if gated else phase_programs,
+                self.gate_cfg.subset_size, seed=self.seed * 1000 + phase,
+                failure_score=failure_floor(phase_programs))
+            online = self._online_inspector(phase, items, phase_programs)
+            decision = select_and_gate(self.agent.model, self.agent.tokenizer, result.candidates,
+                                       items, self.gate_cfg, enabled=gated,
+                                       reference=reference, online_score=online,
+                                       seed=self.seed * 1000 + phase)
+            gate_record = decision.to_dict()
+            gate_record["held_out"] = gated  # G_k's prompts are not in D_k
+            gate_record["gate_prompts"] = len(items)
+            gate_record["gk_prompt_hashes"] = sorted({prompt_hash(it.prompt) for it in items})
+            if online is not None:
+                gate_record["online"] = online.records
+            promoted, vetoed, verdict = decision.accepted, False, None
+            if decision.accepted and gated and self.supporters is not None:
+                verdict = self.supporters.inspector.review(supporter_requests.inspector_request(
+                    phase, decision, items, phase_programs, gate_cfg=self.gate_cfg,
+                    quality_metrics=self.quality_metrics))
+                vetoed = bool(verdict.veto)
+                promoted = not vetoed
+            if promoted:
+                self.reference_swap.queue_decision(decision, result.candidates)
+            record.gate, record.promoted, record.vetoed = gate_record, promoted, vetoed
+            record.inspector = verdict.model_dump() if verdict is not None else None
+            record.seconds_gate = time.time() - t2
+        record.seconds = time.time() - t0
+        return record
+
+    def _online_inspector(self, phase: int, items: list, programs: list[Program]
+                          ) -> OnlineInspector | None:
+        """gate.score_mode=online: each policy writes fresh programs for G_k's prompts, scored
+        under the task context of the phase's last round."""
+        if self.gate_cfg.score_mode != "online" or not items:
+            return None
+        last_round = max((p.round for p in programs), default=0)
+        return OnlineInspector(self.explorer, [it.prompt for it in items],
+                               self.explorer.task.context(last_round),
+                               samples=self.gate_cfg.online_samples,
+                               temperature=self.gate_cfg.online_temperature,
+                               failure_score=failure_floor(programs),
+                               seed=self.seed * 1000 + phase)
+
+    def _consult_strategist(self, phase: int, programs: list[Program],
+                            stats: dict[str, Any]) -> dict[str, Any] | None:
+        """ATLAS only: the strategist may change beta / lr / epochs / score_threshold."""
+        if self.supporters is None:
+            return None
+        request = supporter_requests.strategist_request(phase, self.dpo_cfg, programs, stats,
+                                                        self.history, gate_cfg=self.gate_cfg)
+        advice = self.supporters.strategist.advise(request)
+        before = dataclasses.asdict(self.dpo_cfg)
+        updated = dataclasses.replace(self.dpo_cfg, beta=advice.beta, lr=advice.lr,
+                                      epochs=int(advice.epochs),
+                                      score_threshold=advice.score_threshold).clamped()
+        changed = [k for k in KNOBS if getattr(updated, k) != before[k]]
+        self.dpo_cfg = updated
+        return {"changed": changed, "backend": advice.backend,
+                "fallback_cause": advice.fallback_cause,
+                "rationale": getattr(advice, "rationale", ""),
+                "reasons": dict(getattr(advice, "reasons", {}) or {}),
+                "values": {k: getattr(updated, k) for k in KNOB_FIELDS}}
+
+
+def prompt_hash(prompt: str) -> str:
+    """A short stable name of a prompt for events.jsonl (G_k's and D_k's prompts, compared)."""
+    return hashlib.sha1(prompt.encode()).hexdigest()[:10]
+
+
+def adapter_snapshot(agent: Any) -> dict[str, Any]:
+    """Both adapters' tensors, for the checkpoint."""
+    return {"policy": get_adapter_state(agent.model, "policy"),
+            "ref": get_adapter_state(agent.model, "ref")}

@@ -1,0 +1,29 @@
+"""The DPO knobs the strategist may change, and their hard limits: defined here, once.
+
+Everything else derives from this module: ``DPOConfig``'s default ``bounds`` and the check of
+``dpo.bounds`` against the strategist's limits (``atlas.dpo.config``, ``atlas.config``), the
+supporters' ``Knobs`` / ``KnobBounds`` schemas and the bounds sent to the strategist
+(``atlas.supporters``), the phase record's list of changed knobs (``atlas.fine_tuning``), and
+the per-knob intervention counts of ``results.json``, W&B and the report tables
+(``atlas.results``, ``atlas.telemetry``, ``atlas.report``). ``conf/dpo/default.yaml``
+documents the configured ``bounds``, which may only narrow ``HARD_BOUNDS``.
+
+A leaf module (no atlas imports), so that any layer can read it without an import cycle.
+"""
+
+from __future__ import annotations
+
+#: the strategist's knobs, in the order records and reports list them (Table 3 columns)
+KNOBS: tuple[str, ...] = ("score_threshold", "epochs", "beta", "lr")
+
+#: hard [low, high] limits of the bounded knobs (score_threshold is unbounded: any score)
+HARD_BOUNDS: dict[str, tuple[float, float]] = {
+    "beta": (0.01, 2.0),
+    "lr": (1e-6, 1e-3),
+    "epochs": (1, 5),
+}
+
+#: knobs that take integer values (their bounds are integers too)
+INTEGER_KNOBS: frozenset[str] = frozenset({"epochs"})
+
+assert set(HARD_BOUNDS) < set(KNOBS)

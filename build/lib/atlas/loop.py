@@ -1,0 +1,401 @@
+"""The self-evolution loop: rounds of exploration, a fine-tuning phase every F rounds.
+
+Read top to bottom, this is the algorithm (paper 2.1-2.2, App. B.1):
+
+    seed every island with the task's seed program
+    for round r:
+        the equation changed (PINN: a new phase's viscosity)? re-score the incumbents on it
+        producer samples programs from the agent; consumers score them in the sandbox
+        (atlas) exploration supporter reviews the islands just served: critique for their next
+            prompt, patches scored as completions of the prompt it reviewed (they enter D_k);
+            every patch is paid out of the next round's agent samples (equal budgets)
+        every F rounds: phase k = FineTuner.run_phase (D_k, DPO, C_k, gate, promotion)
+        checkpoint atomically (a crash loses at most the round in flight)
+    write results.json
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from atlas import checkpoint
+from atlas.agent.adapters import set_adapter_state
+from atlas.agent.precision import run_precision
+from atlas.agent.research_agent import ResearchAgent
+from atlas.dpo import DPOConfig, GateConfig
+from atlas.evolution.database import ProgramDatabase
+from atlas.evolution.explorer import Explorer, regime_key
+from atlas.evolution.extract import extract_program
+from atlas.evolution.prompts import prefill_of
+from atlas.fine_tuning import FineTuner, adapter_snapshot
+from atlas.results import summarise
+from atlas.sandbox import Sandbox
+from atlas.sandbox.secret import run_secret, sweep_secret_file
+from atlas.supporters import build_supporters
+from atlas.supporters import requests as supporter_requests
+from atlas.supporters.patching import as_completion
+from atlas.tasks import make_task
+from atlas.telemetry import Telemetry, dumps
+from atlas.types import Program
+
+log = logging.getLogger("atlas.loop")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run a block with ``n`` torch threads (restored afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask; a SLURM job's allocation)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def agent_thread_budget(cfg: DictConfig, sandbox: Sandbox) -> Callable[[], int]:
+    """Torch threads for the agent at any moment: the cores that sandbox workers are not
+    scoring on right now (each busy worker holds one core; oversubscribed OpenMP threads
+    spin-wait on each other and slow everything many times over), at least one.
+    ``explore.agent_threads`` fixes the number instead."""
+    fixed = cfg.explore.get("agent_threads")
+    if fixed:
+        return lambda: int(fixed)
+    cores = usable_cores()
+    return lambda: max(1, cores - sandbox.busy_workers)
+
+
+def island_summary(db: ProgramDatabase, islands: int, k: int) -> dict[str, Any]:
+    """Best / median score and cluster coverage per island (the per-round W&B charts)."""
+    out: dict[str, Any] = {}
+    for i in range(islands):
+        scores = sorted(p.score for p in db.island(i) if p.passed)
+        out[str(i)] = {"best": scores[-1] if scores else None,
+                       "median": float(np.median(scores)) if scores else None,
+                       "size": len(db.island(i)), "coverage": db.coverage(i, k)}
+    return out
+
+
+class EvolutionLoop:
+    """Owns the run's components; ``run()`` executes (or resumes) the whole run."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, logger: Any = None) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.logger = logger
+        seed_everything(int(cfg.seed))
+        task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
+        self.task = make_task(task_cfg.pop("name"), **task_cfg)
+        device = resolve_device(cfg.device)
+        self.precision = run_precision(self.run_dir, cfg.model.get("dtype") or "float32", device,
+                                       cfg.model.get("cache_dir"), resume=bool(cfg.resume))
+        log.info("precision: %s (%s)", self.precision.dtype, self.precision.reason)
+        self.agent = ResearchAgent(cfg.model, device=device, seed=int(cfg.seed),
+                                   precision=self.precision)
+        ex = cfg.explore
+        self.db = ProgramDatabase.from_config(ex, seed=int(cfg.seed))
+        secret_file = cfg.sandbox.secret_file or sweep_secret_file()
+        self.sandbox = Sandbox.for_task(
+            self.task, secret=run_secret(self.run_dir, secret_file), workers=int(ex.workers),
+            isolation=str(cfg.sandbox.isolation),
+            hide=[str(self.run_dir), *([str(secret_file)] if secret_file else [])])
+        log.info("sandbox isolation: %s", self.sandbox.isolation)
+        self.threads = agent_thread_budget(cfg, self.sandbox)
+        self.agent.thread_budget = self.threads
+        self.explorer = Explorer(self.task, self.agent, self.sandbox, self.db, ex, int(cfg.seed))
+        use_supporters = bool(cfg.method.supporters)
+        self.supporters = (build_supporters(cfg.supporters, task_name=self.task.name,
+                                            seed=int(cfg.seed)) if use_supporters else None)
+        self.finetuner = FineTuner(self.agent, cfg.method, DPOConfig.from_cfg(cfg.dpo),
+                                   GateConfig.from_cfg(cfg.gate), self.supporters,
+                                   self.task.name, int(cfg.seed), explorer=self.explorer)
+        self.telemetry = Telemetry(self.run_dir, logger)
+        self.critiques: dict[int, str] = {}
+        self.temperatures: dict[int, float] = {}
+        self.next_round = 0
+        self.regime = regime_key(self.task.context(0))  # the equation scores are compared on
+        self.supporter_debt = 0  # supporter programs the next round's agent samples pay for
+        self.started = time.time()
+        self.wall_before = 0.0  # wall seconds spent before a resume
+
+    # -- checkpointing --------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_round": self.next_round, "db": self.db.state_dict(),
+                "explorer": getattr(self.explorer, "state_dict", dict)(),
+                "finetuner": self.finetuner.state_dict(), "adapters": adapter_snapshot(self.agent),
+                "critiques": self.critiques, "temperatures": self.temperatures,
+                "regime": self.regime, "supporter_debt": self.supporter_debt,
+                "telemetry": self.telemetry.offsets(), "rng": checkpoint.rng_state(),
+                "wall_seconds": self.wall_before + time.time() - self.started,
+                "supporter_stats": self.supporters.stats() if self.supporters else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.next_round = int(state["next_round"])
+        self.db.load_state_dict(state["db"])
+        if hasattr(self.explorer, "load_state_dict"):
+            self.explorer.load_state_dict(state["explorer"])
+        self.finetuner.load_state_dict(state["finetuner"])
+        for name, tensors in state["adapters"].items():
+            set_adapter_state(self.agent.model, name, tensors)
+        self.critiques = {int(k): v for k, v in state["critiques"].items()}
+        self.temperatures = {int(k): float(v) for k, v in state["temperatures"].items()}
+        self.regime = str(state.get("regime", self.regime))
+        self.supporter_debt = int(state.get("supporter_debt", 0))
+        self.telemetry.truncate_to(state["telemetry"])
+        checkpoint.set_rng_state(state["rng"])
+        self.wall_before = float(state["wall_seconds"])
+        if self.supporters is not None and state.get("supporter_stats"):
+            self.supporters.load_stats(state["supporter_stats"])
+
+    def save(self) -> None:
+        checkpoint.save(self.run_dir, self.state_dict())
+
+    # -- the loop -------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        ex = self.cfg.explore
+        rounds, every = int(ex.rounds), int(ex.phase_every)
+        state = checkpoint.load(self.run_dir) if self.cfg.resume else None
+        if state is not None and state.get("finished") and (self.run_dir / "results.json").exists():
+            log.info("%s already holds a finished run; set name=<new> for a new one", self.run_dir)
+            return json.loads((self.run_dir / "results.json").read_text())
+        if state is None and not self.cfg.resume and (self.run_dir / "results.json").exists():
+            log.warning("resume=false: overwriting the run in %s", self.run_dir)
+        if state is not None:
+            self.load_state_dict(state)
+            log.info("resumed from round %d", self.next_round)
+        else:
+            self.telemetry.truncate_to({})
+            self.telemetry.event("config", config=OmegaConf.to_container(self.cfg, resolve=True),
+                                 isolation=self.sandbox.isolation,
+                                 precision=self.precision.to_dict())
+            seeds = self.explorer.seed_islands(0)
+            self.telemetry.programs(seeds)
+            self.telemetry.event("seed", round=0, score=max(p.score for p in seeds),
+                                 passed=all(p.passed for p in seeds))
+            if not any(p.passed for p in seeds):
+                raise RuntimeError(f"the seed program of task {self.task.name!r} fails: "
+                                   f"{seeds[0].evaluation.failure_kind}: {seeds[0].evaluation.message}")
+            self.next_round = 1
+            self.save()
+        progress = _progress(self.cfg, rounds, self.next_round - 1)
+        try:
+            for r in range(self.next_round, rounds + 1):
+                self._round(r, every)
+                self.next_round = r + 1
+                self.save()
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix(best=f"{self._best_now():.4g}")
+        finally:
+            if progress is not None:
+                progress.close()
+        return self.finish()
+
+    def _round(self, r: int, every: int) -> None:
+        t0 = time.time()
+        phase = (r - 1) // every + 1
+        self._enter_regime(r, phase)
+        budget = self.explorer.round_budget()
+        agent_samples, self.supporter_debt = budget - self.supporter_debt, 0
+        with torch_threads(self.threads()):
+            programs = self.explorer.run_round(r, phase, critiques=self.critiques or None,
+                                               temperature_overrides=self.temperatures or None,
+                                               agent_samples=agent_samples)
+        t_explore = time.time() - t0
+        served = sorted({p.island for p in programs})
+        if self.supporters is not None:
+            programs += self._explore_support(served, r, phase, programs,
+                                              last=r == int(self.cfg.explore.rounds))
+        self.telemetry.programs(programs)
+        agent_programs = [p for p in programs if p.source == "agent"]
+        failures: dict[str, int] = {}
+        for p in agent_programs:
+            failures[p.evaluation.failure_kind] = failures.get(p.evaluation.failure_kind, 0) + 1
+        self.telemetry.event(
+            "round", round=r, phase=phase, islands_served=served,
+            candidates=len(agent_programs), budget=budget,
+            supporter_candidates=sum(1 for p in programs if p.source == "supporter"),
+            next_round_agent_samples=budget - self.supporter_debt,
+            valid_rate=(sum(p.passed for p in agent_programs) / len(agent_programs)) if agent_programs else None,
+            best=self._best_now(), round_best=max((p.score for p in programs if p.passed), default=None),
+            failures=failures, islands=island_summary(self.db, int(self.cfg.explore.islands),
+                                                      int(self.cfg.dpo.top_k)),
+            seconds={"explore": t_explore, "total": time.time() - t0,
+                     "generate": self.explorer.last_stats.get("generation_s"),
+                     "evaluate_wait": self.explorer.last_stats.get("evaluate_wait_s")},
+            agent_threads=self.explorer.last_stats.get("agent_threads"),
+            scored_while_generating=self.explorer.last_stats.get("scored_while_generating"))
+        if r % every == 0:
+            self._phase(phase, r, every)
+
+    def _explore_support(self, islands: list[int], r: int, phase: int,
+                         round_programs: list[Program], last: bool) -> list[Program]:
+        """ATLAS: critiques for the next prompt, patches evaluated as candidates, temperatures.
+
+        Budget: every patch evaluated is taken from the next round's agent samples
+        (``supporter_debt``), at most ``round_budget - islands_per_round`` of them so each
+        island served next round keeps one sample; the last round has no next round, so its
+        patches are dropped (counted). Supervision: a patch is written as a completion of the
+        prompt the island was served with this round (the prompt whose completions the
+        supporter reviewed) and, with ``supporters.exploration.as_preferences``, filed with
+        it so D_k takes it as chosen (``supporter_vs_agent``); the program scored is the one
+        that completion yields, with or without the switch, so the ablation scores the same
+        code.
+        """
+        added: list[Program] = []
+        as_preferences = bool(getattr(self.supporters.exploration.cfg, "as_preferences", True))
+        room = 0 if last else max(0, self.explorer.round_budget()
+                                  - self.explorer.settings.islands_per_round - self.supporter_debt)
+        entry = self.task.prompt_spec().entry_point
+        for island in islands:
+            request = supporter_requests.exploration_request(
+                self.task, island, self.db.island(island),
+                self.temperatures.get(island, self.explorer.temperature(island)))
+            advice = self.supporters.exploration.advise(request)
+            if advice.critique:
+                self.critiques[island] = advice.critique
+            if advice.temperature is not None:
+                self.temperatures[island] = float(advice.temperature)
+            parents = [p.id for p in self.db.top_k(island, 1)]
+            prompt = next((p.prompt for p in round_programs if p.island == island and p.prompt),
+                          "")
+            mine: list[Program] = []
+            dropped = unwritable = 0
+            for code in advice.patches:
+                if room <= 0:
+                    dropped += 1
+                    continue
+                completion = as_completion(prefill_of(prompt), code, entry) if prompt else None
+                if completion is None:
+                    unwritable += 1
+                    prog = self.explorer.add_external(code, island, r, phase, "supporter", parents)
+                elif as_preferences:
+                    prog = self.explorer.add_external(code, island, r, phase, "supporter", parents,
+                                                      prompt=prompt, completion=completion)
+                else:  # the ablation scores the very program the completion would have
+                    written = extract_program(prefill_of(prompt), completion, entry) or code
+                    prog = self.explorer.add_external(written, island, r, phase, "supporter",
+                                                      parents)
+                mine.append(prog)
+                room -= 1
+                self.supporter_debt += 1
+            added += mine
+            self.telemetry.event("exploration", round=r, island=island, backend=advice.backend,
+                                 fallback_cause=advice.fallback_cause, critique=advice.critique,
+                                 patches=len(mine), patches_dropped_for_budget=dropped,
+                                 as_preferences=sum(1 for p in mine if p.prompt),
+                                 not_writable_as_completion=unwritable,
+                                 temperature=advice.temperature,
+                                 patch_scores=[p.score for p in mine])
+        return added
+
+    # -- like-for-like scores under a drifting equation -------------------------------------
+    def _origin(self, p: Program) -> Program:
+        """The program a re-score measured (a re-score's parent), else ``p`` itself."""
+        if p.source == "rescore" and p.parents:
+            return next((q for q in self.db.all_programs() if q.id == p.parents[0]), p)
+        return p
+
+    def _best_now(self) -> float:
+        """Best passed score on the equation in force (scores on others do not compare)."""
+        return max((p.score for p in self.db.all_programs()
+                    if p.passed and p.regime == self.regime), default=-math.inf)
+
+    def _enter_regime(self, r: int, phase: int) -> None:
+        """When round ``r`` scores on a new equation, re-score the incumbents on it: the seed,
+        the best program of any source and the best the agent wrote (on the old equation),
+        so initial, final, the skip test and Figure 2 compare programs on one equation."""
+        new = regime_key(self.task.context(r))
+        if new == self.regime:
+            return
+        old = [p for p in self.db.all_programs() if p.passed and p.regime == self.regime]
+        picks: list[tuple[Program, float]] = []  # (the original program, its score on `old`)
+        for keep in (lambda q: q.source == "seed", lambda q: True, lambda q: q.source == "agent"):
+            best = max((p for p in old if keep(self._origin(p))), key=lambda p: (p.score, -p.id),
+                       default=None)
+            if best is not None and all(best.code != q.code for q, _ in picks):
+                picks.append((self._origin(best), best.score))
+        rescored = self.explorer.rescore([p for p, _ in picks], r, phase)
+        self.telemetry.programs(rescored)
+        self.telemetry.event("regime", round=r, phase=phase, previous=json.loads(self.regime),
+                             regime=json.loads(new),
+                             rescored=[{"id": q.id, "of": p.id, "source": p.source,
+                                        "score_before": before,
+                                        "score": q.score if q.passed else None}
+                                       for (p, before), q in zip(picks, rescored)])
+        self.regime = new
+
+    def _phase(self, phase: int, r: int, every: int) -> None:
+        """Fine-tune on this phase's candidates; the skip test (App. B.4) compares their best
+        with the best before the phase *on the same equation* (incl. re-scored incumbents)."""
+        everything = self.db.all_programs()
+        programs = [p for p in everything if (r - every) < p.round <= r and p.source != "rescore"]
+        before = [p.score for p in everything if p.passed and p.regime == self.regime
+                  and (p.round <= r - every or p.source == "rescore")]
+        with torch_threads(self.threads()):  # DPO and the gate: every core workers leave free
+            record = self.finetuner.run_phase(phase, programs, max(before, default=-math.inf),
+                                              db=self.db, logger=self.logger)
+        self.telemetry.event("phase", round=r, **record.to_event())
+
+    def finish(self) -> dict[str, Any]:
+        self.finetuner.flush_promotion()
+        wall = self.wall_before + time.time() - self.started
+        meta = {"task": self.task.name, "method": self.cfg.method.name, "seed": int(self.cfg.seed),
+                "model": self.cfg.model.source, "isolation": self.sandbox.isolation,
+                "isolation_reason": self.sandbox.isolation_reason,
+                "dtype": self.precision.dtype, "dtype_reason": self.precision.reason,
+                "wall_seconds": wall, "score_label": self.task.score_label,
+                "supporters": self.supporters.stats() if self.supporters else None}
+        results = summarise(self.run_dir, meta)
+        self.telemetry.event("end", results=results)
+        tmp = self.run_dir / ".results.json.tmp"
+        tmp.write_text(dumps(results) + "\n")
+        os.replace(tmp, self.run_dir / "results.json")
+        checkpoint.save(self.run_dir, {**self.state_dict(), "finished": True})
+        return results
+
+    def close(self) -> None:
+        self.sandbox.close()
+        self.telemetry.close()
+
+
+def _progress(cfg: DictConfig, total: int, done: int) -> Any:
+    if not cfg.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=done, desc=f"{cfg.task.name}/{cfg.method.name}", unit="round")
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device=cuda but torch sees no GPU; use device=cpu or install CUDA torch")
+    return device

@@ -1,0 +1,493 @@
+"""``python -m atlas.report <multirun dir> [...]``: the paper's Tables 2, 3, 5 and Figure 2.
+
+Everything is recomputed from the run folders' ``events.jsonl`` / ``programs.jsonl`` (via
+``atlas.results.summarise``), so a table can be rebuilt from an archived sweep without
+re-running anything, including runs that crashed before writing ``results.json``.
+
+For a seed study it adds (statistics in ``atlas.stats``): each method's mean with a 95%
+Student-t interval, paired differences between methods on the same seeds (bootstrap and t
+95% intervals, the exact signed-rank p and the smallest p that test can give with that many
+seeds), both for the best of any source and the agent's own best, and the agent's
+valid-program rate per phase. ``--out`` receives every table as Markdown (``report.md``),
+CSV and JSON (``report.json``), plus the Figure 2 PNGs, so a study's tables can be committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from atlas import stats
+from atlas.results import KNOBS, summarise
+from atlas.telemetry import EVENTS, PROGRAMS, dumps, read_jsonl
+
+METHOD_ORDER = ("evotune", "evodpo", "atlas")
+
+
+def find_runs(roots: list[Path]) -> list[Path]:
+    """Every folder below ``roots`` that holds an ``events.jsonl``."""
+    runs: set[Path] = set()
+    for root in roots:
+        root = Path(root)
+        if (root / EVENTS).exists():
+            runs.add(root)
+        runs.update(p.parent for p in root.rglob(EVENTS) if "wandb" not in p.parts)
+    return sorted(runs)
+
+
+def load_run(run_dir: Path) -> dict[str, Any]:
+    """A run's results, recomputed from its JSONL files."""
+    events = read_jsonl(run_dir / EVENTS)
+    config = next((e["config"] for e in events if e["event"] == "config"), None)
+    if config is None:
+        raise ValueError(f"{run_dir}/events.jsonl has no config event; is it an atlas run folder?")
+    meta = {"task": config["task"]["name"], "method": arm(config),
+            "seed": config["seed"], "run_dir": str(run_dir),
+            "score_label": score_label(config["task"])}
+    end = next((e for e in reversed(events) if e["event"] == "end"), None)
+    meta["wall_seconds"] = end["results"].get("wall_seconds") if end else None
+    meta["complete"] = end is not None
+    out = summarise(run_dir, meta)
+    out["valid_by_phase"] = valid_by_phase(read_jsonl(run_dir / PROGRAMS))
+    out["phase_log"] = phase_log(events)
+    return out
+
+
+def phase_log(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per fine-tuning phase: the data D_k (pairs by kind, held-out prompts), the
+    gate's decision on the held-out G_k (c*, its score S and the reference's, the gain, its
+    paired lower bound, KL) and the strategist's changes with their reasons, so a reader sees
+    per phase what the accept rate and intervention rate summarise."""
+    rows = []
+    for e in events:
+        if e.get("event") != "phase":
+            continue
+        gate = e.get("gate") or {}
+        strat = e.get("strategist") or {}
+        if e.get("skipped"):
+            decision = f"skipped: {e.get('reason', '')}"
+        elif not gate:
+            decision = "trained (no gate)"
+        elif e.get("vetoed"):
+            decision = "vetoed by the inspector"
+        else:
+            decision = "promoted" if e.get("promoted") else str(gate.get("reason", "rejected"))
+        rows.append({
+            "phase": e.get("phase"), "round": e.get("round"), "pairs": e.get("pairs"),
+            "pair_kinds": e.get("pair_kinds") or {}, "held_out_prompts": e.get("held_out_prompts"),
+            "decision": decision, "chosen": gate.get("chosen"), "score": gate.get("score"),
+            "ref_score": gate.get("ref_score"), "gain": gate.get("gain"),
+            "lower": gate.get("lower_bound"), "kl": gate.get("kl"),
+            "gate_items": gate.get("items"),
+            "strategist": {k: (strat.get("reasons") or {}).get(k, "")
+                           for k in strat.get("changed") or []},
+        })
+    return rows
+
+
+def arm(config: dict[str, Any]) -> str:
+    """The row a run belongs to: its method, or ``method:name`` when the run was given its own
+    label (``name=`` differing from the experiment's), so an ablation swept under another name
+    (``name=study_nopref supporters.exploration.as_preferences=false``) is its own arm and is
+    compared pair-wise with the method on the same seeds, not averaged into it."""
+    method = str(config["method"]["name"])
+    name, experiment = config.get("name"), config.get("experiment_name")
+    return f"{method}:{name}" if name and experiment and name != experiment else method
+
+
+def valid_by_phase(programs: list[dict[str, Any]]) -> dict[int, float]:
+    """Share of the agent's programs that passed, per phase (phase k: the programs phase k
+    trains on, written by the policy after k-1 fine-tunings)."""
+    seen: dict[int, list[bool]] = defaultdict(list)
+    for p in programs:
+        if p.get("source") == "agent":
+            seen[int(p.get("phase", 0))].append(bool(p["evaluation"].get("passed")))
+    return {k: sum(v) / len(v) for k, v in sorted(seen.items()) if v}
+
+
+def score_label(task_cfg: dict[str, Any]) -> str:
+    """The task's own name for its score (``Task.score_label``), from the run's task config."""
+    from atlas.tasks import make_task
+
+    cfg = dict(task_cfg)
+    try:
+        return str(make_task(cfg.pop("name"), **cfg).score_label)
+    except Exception:  # a task renamed or removed since the run: the plain word
+        return "score"
+
+
+def _mean_std(values: list[float | None]) -> tuple[float, float, int]:
+    xs = [v for v in values if v is not None and math.isfinite(v)]
+    if not xs:
+        return math.nan, math.nan, 0
+    return float(np.mean(xs)), float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0, len(xs)
+
+
+def _arm_order(method: str) -> tuple[int, str]:
+    return (METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER), method)
+
+
+def _group(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        groups[(r["task"], r["method"])].append(r)
+    return dict(sorted(groups.items(), key=lambda kv: (kv[0][0], _arm_order(kv[0][1]))))
+
+
+def table2(runs: list[dict[str, Any]]) -> str:
+    """Initial, final, improvement per task and method: mean +- std over seeds."""
+    keys = ("initial_score", "final_score", "improvement_pct", "final_agent",
+            "improvement_agent_pct")
+    lines = ["Table 2: best score, mean +- std over seeds (higher is better); final: any source "
+             "(agent, supporter, seed), agent: the agent's own programs (or the seed); "
+             "candidates: evaluated agent+supporter programs (the equal budget)",
+             f"{'task':8} {'method':8} {'seeds':>5} {'initial':>18} {'final':>18} "
+             f"{'improv. %':>16} {'final agent':>18} {'agent improv. %':>16} {'candidates':>12}"]
+    labels: dict[str, str] = {}
+    for (task, method), rs in _group(runs).items():
+        labels.setdefault(task, str(rs[0].get("score_label") or "score"))
+        cols = []
+        for key in keys:
+            m, s, _ = _mean_std([r.get(key) for r in rs])
+            cols.append(f"{m:.4g} +- {s:.2g}")
+        cand = sorted({str(r["candidates"]) if r.get("candidate_budget") is None
+                       else f"{r['candidates']}/{r['candidate_budget']}" for r in rs})
+        lines.append(f"{task:8} {method:8} {len(rs):>5} {cols[0]:>18} {cols[1]:>18} "
+                     f"{cols[2]:>16} {cols[3]:>18} {cols[4]:>16} {','.join(cand):>12}")
+    lines.insert(1, "score: " + "; ".join(f"{t} = {lab}" for t, lab in labels.items()))
+    return "\n".join(lines)
+
+
+def table3(runs: list[dict[str, Any]], per_trial: bool = False) -> str:
+    """Strategist intervention rate per knob and inspector accept rate (Table 3; Table 5 per trial)."""
+    title = "Table 5: per trial" if per_trial else "Table 3: agent dynamics, mean over seeds"
+    head = f"{'task':8} {'method':8} {'seed':>5} " if per_trial else f"{'task':8} {'method':8} "
+    lines = [title, head + " ".join(f"{k:>16}" for k in (*KNOBS, "accept_rate"))]
+    for (task, method), rs in _group(runs).items():
+        if per_trial:
+            for r in sorted(rs, key=lambda r: r["seed"]):
+                n = r["phases_trained"]
+                cells = [f"{r['interventions'][k]}/{n}" for k in KNOBS]
+                cells.append(f"{r['promotions']}/{n}" if r["accept_rate"] is not None else "-")
+                lines.append(f"{task:8} {method:8} {r['seed']:>5} " + " ".join(f"{c:>16}" for c in cells))
+        else:
+            cells = []
+            for k in KNOBS:
+                m, _, _ = _mean_std([r["intervention_rates"][k] for r in rs])
+                cells.append("-" if math.isnan(m) else f"{100 * m:.1f}%")
+            m, _, _ = _mean_std([r["accept_rate"] for r in rs])
+            cells.append("-" if math.isnan(m) else f"{100 * m:.1f}%")
+            lines.append(f"{task:8} {method:8} " + " ".join(f"{c:>16}" for c in cells))
+    return "\n".join(lines)
+
+
+# -- the seed study: intervals, paired differences, valid rate per phase ---------------------
+
+#: (results key, column name): the best of any source and the agent's own, as scores and as %
+STUDY_METRICS = (("final_score", "final (any source)"), ("improvement_pct", "improv. % (any)"),
+                 ("final_agent", "final (agent)"), ("improvement_agent_pct", "improv. % (agent)"))
+
+
+def _methods(rs: dict[str, Any]) -> list[str]:
+    return sorted(rs, key=_arm_order)
+
+
+def study_means(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per task, method and metric: n seeds, mean, std and the 95% t interval of the mean."""
+    rows = []
+    for (task, method), rs in _group(runs).items():
+        for key, _ in STUDY_METRICS:
+            ci = stats.t_interval([r.get(key) for r in rs])
+            rows.append({"task": task, "method": method, "metric": key, **ci})
+    return rows
+
+
+def study_paired(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per task and metric, A - B for each pair of methods (later in METHOD_ORDER minus
+    earlier), over the seeds both ran: the seeds face the same hidden environments."""
+    by_task: dict[str, dict[str, dict[int, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
+    for r in runs:
+        by_task[r["task"]][r["method"]][int(r["seed"])] = r
+    rows = []
+    for task, methods in sorted(by_task.items()):
+        order = _methods(methods)
+        for key, _ in STUDY_METRICS:
+            for j, a in enumerate(order):
+                for b in order[:j]:
+                    res = stats.paired({s: r.get(key) for s, r in methods[a].items()},
+                                       {s: r.get(key) for s, r in methods[b].items()})
+                    rows.append({"task": task, "metric": key, "a": a, "b": b, **res})
+    return rows
+
+
+def study_valid(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per task, method and phase: the agent's valid-program rate, mean and t interval."""
+    rows = []
+    for (task, method), rs in _group(runs).items():
+        phases = sorted({k for r in rs for k in r.get("valid_by_phase", {})})
+        for k in phases:
+            ci = stats.t_interval([r["valid_by_phase"].get(k) for r in rs])
+            rows.append({"task": task, "method": method, "phase": k, **ci})
+    return rows
+
+
+def _g(v: Any, fmt: str = ".4g") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return format(v, fmt)
+
+
+def _ci(row: dict[str, Any], lo: str = "lo", hi: str = "hi") -> str:
+    return f"[{_g(row[lo])}, {_g(row[hi])}]" if not math.isnan(row[lo]) else "-"
+
+
+def study_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The study's tables as (title, header, rows of cells): printed, and written as
+    Markdown and CSV by ``write_outputs``."""
+    labels = {m: lab for m, lab in STUDY_METRICS}
+    means = [[r["task"], r["method"], labels[r["metric"]], str(r["n"]), _g(r["mean"]),
+              _g(r["std"], ".2g"), _ci(r)] for r in study_means(runs)]
+    paired_rows = study_paired(runs)
+    p_floor = sorted({r["p_min"] for r in paired_rows if r["n"]})
+    paired = [[r["task"], labels[r["metric"]], f"{r['a']} - {r['b']}", str(r["n"]),
+               _g(r["mean"]), _ci(r, "boot_lo", "boot_hi"), _ci(r, "t_lo", "t_hi"),
+               f"{r['wins']}/{r['losses']}", _g(r["p_signed_rank"], ".3g"), _g(r["p_min"], ".3g")]
+              for r in paired_rows]
+    valid = [[r["task"], r["method"], str(r["phase"]), str(r["n"]), _g(r["mean"], ".3f"), _ci(r)]
+             for r in study_valid(runs)]
+    floor = ", ".join(_g(p, ".4g") for p in p_floor) or "-"
+    kind_abbr = {"passed_vs_passed": "pp", "passed_vs_failed": "pf", "supporter_vs_agent": "sa"}
+    phases = [[r["task"], r["method"], str(r["seed"]), str(p["phase"]), _g(p["pairs"]),
+               " ".join(f"{kind_abbr.get(k, k)}{v}" for k, v in p["pair_kinds"].items() if v) or "-",
+               _g(p["held_out_prompts"]), p["decision"], p["chosen"] or "-",
+               _g(p["score"]), _g(p["ref_score"]), _g(p["gain"], "+.4g"), _g(p["lower"], "+.4g"),
+               _g(p["kl"], ".2e"),
+               "; ".join(f"{k}: {why}" for k, why in p["strategist"].items()) or "-"]
+              for r in sorted(runs, key=lambda r: (r["task"], _arm_order(r["method"]), r["seed"]))
+              for p in r.get("phase_log", [])]
+    return [
+        ("Means with 95% Student-t intervals over seeds (mean +- t(0.975, n-1) s/sqrt(n))",
+         ["task", "method", "metric", "n", "mean", "std", "95% CI (t)"], means),
+        ("Paired differences A - B on the same seeds (same hidden environments): bootstrap "
+         f"percentile 95% CI ({stats.RESAMPLES} resamples) and paired t 95% CI; wins/losses: "
+         "seeds with A > B / A < B; exact two-sided Wilcoxon signed-rank p and the smallest p "
+         f"it can give with n non-zero pairs ({floor} here): no p below that floor exists, so "
+         "these are not claims of significance at 0.05",
+         ["task", "metric", "A - B", "n", "mean diff", "95% CI (bootstrap)", "95% CI (t)",
+          "wins/losses", "p (signed-rank)", "min p"], paired),
+        ("Valid-program rate of the agent per phase (phase k: written by the policy after k-1 "
+         "fine-tunings), mean over seeds with 95% t CI",
+         ["task", "method", "phase", "n", "valid rate", "95% CI (t)"], valid),
+        ("Phases: DPO pairs by kind (pp passed/passed, pf passed/failed, sa supporter/agent), "
+         "held-out G_k prompts, the decision, and for a gated phase the snapshot c* the gate "
+         "chose, its inspector score S on G_k beside the reference's, the gain, its paired 90% "
+         "lower bound and the KL; the strategist's changes with their reasons",
+         ["task", "method", "seed", "phase", "pairs", "kinds", "G_k", "decision", "c*", "S(c*)",
+          "S(ref)", "gain", "lower", "KL", "strategist"], phases),
+    ]
+
+
+def _text(title: str, header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([title, line(header), *(line(r) for r in rows)])
+
+
+def _markdown(title: str, header: list[str], rows: list[list[str]]) -> str:
+    esc = lambda c: c.replace("|", "\\|")  # noqa: E731
+    return "\n".join([f"**{title}**", "", "| " + " | ".join(header) + " |",
+                       "|" + "---|" * len(header),
+                       *("| " + " | ".join(esc(c) for c in r) + " |" for r in rows)])
+
+
+def classic_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """Tables 2, 3 and 5 as (title, header, rows) for the Markdown/CSV files (the printed
+    versions are ``table2`` and ``table3``)."""
+    t2 = []
+    for (task, method), rs in _group(runs).items():
+        cells = [task, method, str(len(rs))]
+        for key in ("initial_score", "final_score", "improvement_pct", "final_agent",
+                    "improvement_agent_pct"):
+            m, sd, _ = _mean_std([r.get(key) for r in rs])
+            cells.append(f"{_g(m)} +- {_g(sd, '.2g')}")
+        cells.append(",".join(sorted({str(r["candidates"]) for r in rs})))
+        t2.append(cells)
+    t3, t5 = [], []
+    for (task, method), rs in _group(runs).items():
+        cells = [task, method]
+        for k in KNOBS:
+            m, _, _ = _mean_std([r["intervention_rates"][k] for r in rs])
+            cells.append("-" if math.isnan(m) else f"{100 * m:.1f}%")
+        m, _, _ = _mean_std([r["accept_rate"] for r in rs])
+        t3.append(cells + ["-" if math.isnan(m) else f"{100 * m:.1f}%"])
+        for r in sorted(rs, key=lambda r: r["seed"]):
+            n = r["phases_trained"]
+            t5.append([task, method, str(r["seed"]), *(f"{r['interventions'][k]}/{n}" for k in KNOBS),
+                       f"{r['promotions']}/{n}" if r["accept_rate"] is not None else "-"])
+    return [
+        ("Table 2: best score, mean +- std over seeds (final: any source; agent: the agent's own)",
+         ["task", "method", "seeds", "initial", "final", "improv. %", "final agent",
+          "agent improv. %", "candidates"], t2),
+        ("Table 3: strategist intervention rate per knob and inspector accept rate, mean over seeds",
+         ["task", "method", *KNOBS, "accept_rate"], t3),
+        ("Table 5: per trial (interventions / trained phases, promotions / trained phases)",
+         ["task", "method", "seed", *KNOBS, "accept_rate"], t5),
+    ]
+
+
+CSV_NAMES = ("table2", "table3", "table5", "means_ci", "paired", "valid_by_phase", "phases")
+
+
+def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]) -> list[Path]:
+    """``report.md`` (every table), one CSV per table and ``report.json`` (per-run records
+    and the study's numbers unrounded) into ``out_dir``."""
+    import csv
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tables = classic_tables(runs) + study_tables(runs)
+    written = []
+    for name, (_, header, rows) in zip(CSV_NAMES, tables):
+        path = out_dir / f"{name}.csv"
+        with path.open("w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(header)
+            w.writerows(rows)
+        written.append(path)
+    md = ["# Study report", "",
+          f"{len(runs)} runs; regenerate with `python -m atlas.report <run folders> --out <this folder>`.",
+          ""]
+    for table in tables:
+        md += [_markdown(*table), ""]
+    md += [f"![{f.stem}]({f.name})" for f in figures if f.parent.resolve() == out_dir.resolve()]
+    (out_dir / "report.md").write_text("\n".join(md) + "\n")
+    written.append(out_dir / "report.md")
+    keep = ("task", "method", "seed", "complete", "wall_seconds", "score_label", "candidates",
+            "initial_score", "final_score", "improvement_pct", "final_agent",
+            "improvement_agent_pct", "valid_rate", "valid_by_phase", "best_by_round",
+            "best_by_round_agent", "phases", "phases_trained", "promotions", "accept_rate",
+            "interventions", "pair_kinds", "candidates_by_source", "phase_log")
+    doc = {"runs": [{k: r.get(k) for k in keep} | {"run": Path(r["run_dir"]).name} for r in runs],
+           "means": study_means(runs), "paired": study_paired(runs), "valid_by_phase": study_valid(runs)}
+    (out_dir / "report.json").write_text(dumps(doc) + "\n")
+    written.append(out_dir / "report.json")
+    return written
+
+
+def _band(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per column: mean over the finite rows and its 95% t interval (NaN where n < 2)."""
+    from scipy.stats import t
+
+    n = np.sum(np.isfinite(arr), axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.nanmean(np.where(np.isfinite(arr), arr, np.nan), axis=0) if arr.size else arr
+        std = np.array([np.nanstd(c, ddof=1) if k > 1 else np.nan for c, k in zip(arr.T, n)])
+        half = np.where(n > 1, t.ppf(0.975, np.maximum(n - 1, 1)) * std / np.sqrt(np.maximum(n, 1)),
+                        np.nan)
+    return mean, mean - half, mean + half
+
+
+def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """Best-so-far score per round, one PNG per task with two panels: the best of any source
+    (agent, supporter, seed) and the agent's own programs (and the seed). Each method: the
+    mean over seeds and its 95% t band. A score labelled "-X" that is never positive is drawn
+    as X on a log axis (lower is better), e.g. PINN's "-validation loss"."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    by_task: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    labels: dict[str, str] = {}
+    for r in runs:
+        by_task[r["task"]][r["method"]].append(r)
+        labels.setdefault(r["task"], str(r.get("score_label") or "score"))
+    for task, methods in sorted(by_task.items()):
+        label = labels[task]
+        values = [v for rs in methods.values() for r in rs for v in r["best_by_round"]
+                  if v is not None]
+        negated = label.startswith("-") and bool(values) and max(values) < 0
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+        for ax, key, who in ((axes[0], "best_by_round", "any source"),
+                             (axes[1], "best_by_round_agent", "agent only")):
+            for ci, method in enumerate(_methods(methods)):
+                curves = [r.get(key) for r in methods[method] if r.get(key)]
+                if not curves:
+                    continue
+                length = max(len(c) for c in curves)
+                arr = np.full((len(curves), length), np.nan)
+                for i, c in enumerate(curves):
+                    arr[i, : len(c)] = [np.nan if v is None else v for v in c]
+                mean, lo, hi = _band(-arr if negated else arr)
+                x = np.arange(length)
+                color = f"C{METHOD_ORDER.index(method) if method in METHOD_ORDER else 3 + ci}"
+                # a line style per method: identical curves (EvoDPO equal to EvoTune when the
+                # agent never beats the seed after their references part) stay visible
+                style = ("-", "--", ":", "-.")[_arm_order(method)[0] % 4]
+                ax.plot(x, mean, style, color=color, linewidth=2.4 - 0.5 * (ci % 3),
+                        label=f"{method} (n={len(curves)})")
+                if negated:  # a band reaching <= 0 cannot be drawn on the log axis
+                    lo = np.where(lo > 0, lo, np.nan)
+                ax.fill_between(x, lo, hi, alpha=0.2, color=color, linewidth=0)
+            ax.set_title(f"{task}: best so far, {who}")
+            ax.set_xlabel("round")
+            ax.legend(fontsize=8)
+        if negated:
+            axes[0].set_yscale("log")
+            axes[0].set_ylabel(f"{label[1:].strip()} (lower is better)")
+        else:
+            axes[0].set_ylabel(f"best {label} (higher is better)")
+        fig.suptitle(f"Figure 2: {task}, mean over seeds with 95% t band")
+        fig.tight_layout()
+        path = out_dir / f"figure2_{task}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m atlas.report", description=__doc__)
+    parser.add_argument("dirs", nargs="+", type=Path, help="multirun or run folders")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where the PNGs, report.md, the CSVs and report.json go (default: first dir)")
+    args = parser.parse_args(argv)
+    for d in args.dirs:
+        if not d.exists():
+            parser.error(f"{d} does not exist")
+    paths = find_runs(args.dirs)
+    if not paths:
+        parser.error(f"no run folders (with {EVENTS}) under {[str(d) for d in args.dirs]}: "
+                     f"pass a sweep folder (multirun/<name>) or a run folder")
+    runs = []
+    for path in paths:
+        try:
+            runs.append(load_run(path))
+        except (ValueError, KeyError) as exc:  # a run killed before its config event
+            print(f"skipping {path}: {exc!r}", file=sys.stderr)
+    if not runs:
+        parser.error(f"none of the {len(paths)} run folders under {[str(d) for d in args.dirs]} "
+                     f"could be read (see above)")
+    incomplete = [r["run_dir"] for r in runs if not r["complete"]]
+    print(f"{len(runs)} runs ({len(incomplete)} incomplete)\n")
+    print(table2(runs), end="\n\n")
+    print(table3(runs), end="\n\n")
+    print(table3(runs, per_trial=True), end="\n\n")
+    for table in study_tables(runs):
+        print(_text(*table), end="\n\n")
+    out = args.out or args.dirs[0]
+    figures = figure2(runs, out)
+    for path in figures + write_outputs(runs, out, figures):
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""``results.json``: the per-run summary the paper's tables are computed from.
+
+Derived only from ``events.jsonl`` and ``programs.jsonl``, so a report can recompute it
+for any run folder without re-running anything.
+
+Two columns of every score: ``final_score`` is the best program of any source (the agent,
+the ATLAS exploration supporter, the seed); ``final_agent`` is the best the agent wrote (or
+the seed, where the agent never beat it), so a supporter's hand-written tuning is never
+credited to the agent, nor is the agent's verbatim copy of a supporter program from its
+prompt. Like for like: scores compare only on one equation (``Program.regime``; the PINN
+viscosity steps between phases), so initial and final are both taken on the last
+equation of the run, the seed and the incumbents re-scored on it (``source="rescore"``), and
+Figure 2's best-so-far at round r is over programs scored on round r's equation.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from atlas.knobs import KNOBS
+from atlas.telemetry import EVENTS, PROGRAMS, read_jsonl
+
+__all__ = ["KNOBS", "summarise"]
+
+
+def _score(p: dict[str, Any]) -> float:
+    s = p["evaluation"].get("score")
+    return -math.inf if s is None or not p["evaluation"].get("passed") else float(s)
+
+
+def code_key(code: str) -> str:
+    """What makes two programs the same program: their syntax tree, so a copy that differs only
+    in comments, blank lines or formatting is recognised (the stripped text where it does not
+    parse)."""
+    try:
+        return ast.dump(ast.parse(code))
+    except (SyntaxError, ValueError):
+        return "\n".join(line.strip() for line in code.strip().splitlines() if line.strip())
+
+
+def _origins(programs: list[dict[str, Any]]) -> dict[int, str]:
+    """Program id -> who wrote its code. A re-score counts as the program it re-scored, and an
+    agent program that repeats an earlier supporter program (same syntax tree) counts as the
+    supporter's: the agent's prompt shows its island's best programs, supporter patches
+    included, and copying one out of the prompt is not the agent's own discovery (in the seed
+    study's ATLAS bandit runs the agent's best was such a verbatim copy in 3 of 5 seeds). A
+    copy with any change of its own (one literal) stays the agent's."""
+    by_id = {int(p["id"]): p for p in programs}
+    supporter_code: set[str] = set()
+    out = {}
+    for p in sorted(programs, key=lambda p: int(p["id"])):
+        q = p
+        while q.get("source") == "rescore" and q.get("parents") and int(q["parents"][0]) in by_id:
+            q = by_id[int(q["parents"][0])]
+        source = q.get("source", "agent")
+        key = code_key(q["code"]) if isinstance(q.get("code"), str) else None
+        if source == "supporter" and key is not None:
+            supporter_code.add(key)
+        elif source == "agent" and key is not None and key in supporter_code:
+            source = "supporter_copy"
+        out[int(p["id"])] = source
+    return out
+
+
+def valid_rate(programs: list[dict[str, Any]]) -> float | None:
+    agent = [p for p in programs if p.get("source") == "agent"]
+    if not agent:
+        return None
+    return sum(1 for p in agent if p["evaluation"].get("passed")) / len(agent)
+
+
+def round_regimes(programs: list[dict[str, Any]], rounds: int) -> list[str]:
+    """The equation each round scored on (a round without programs keeps the previous one)."""
+    seen: dict[int, str] = {}
+    for p in programs:
+        if p.get("source") != "rescore" or int(p["round"]) not in seen:
+            seen[int(p["round"])] = p.get("regime", "")
+    out, current = [], seen.get(0, "")
+    for r in range(rounds + 1):
+        current = seen.get(r, current)
+        out.append(current)
+    return out
+
+
+def best_so_far(programs: list[dict[str, Any]], rounds: int,
+                sources: tuple[str, ...] | None = None) -> list[float | None]:
+    """Best passed score after each round among programs on that round's equation
+    (Figure 2's trajectory); ``sources`` keeps only code those sources wrote."""
+    origins = _origins(programs)
+    regimes = round_regimes(programs, rounds)
+    out = []
+    for r in range(rounds + 1):
+        best = max((_score(p) for p in programs if int(p["round"]) <= r
+                    and p.get("regime", "") == regimes[r]
+                    and (sources is None or origins[int(p["id"])] in sources)),
+                   default=-math.inf)
+        out.append(best if math.isfinite(best) else None)
+    return out
+
+
+def _pct(new: float, old: float) -> float | None:
+    if math.isfinite(old) and math.isfinite(new) and old != 0:
+        return 100.0 * (new - old) / abs(old)
+    return None
+
+
+def _budget(events: list[dict[str, Any]], rounds: int) -> int | None:
+    """Evaluated candidates the config allows: rounds x islands_per_round x samples_per_prompt."""
+    cfg = next((e["config"] for e in events if e["event"] == "config"), None)
+    ex = (cfg or {}).get("explore") or {}
+    if "islands_per_round" not in ex or "samples_per_prompt" not in ex:
+        return None
+    return int(ex.get("rounds", rounds)) * int(ex["islands_per_round"]) * int(ex["samples_per_prompt"])
+
+
+def summarise(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Compute the results record of a run folder; ``meta`` adds task/method/seed/wall time."""
+    run_dir = Path(run_dir)
+    programs = read_jsonl(run_dir / PROGRAMS)
+    events = read_jsonl(run_dir / EVENTS)
+    rounds = max((int(p["round"]) for p in programs), default=0)
+    origins = _origins(programs)
+    last_regime = round_regimes(programs, rounds)[-1]  # the equation the run ends on
+    at_last = [p for p in programs if p.get("regime", "") == last_regime]
+    seeds = [p for p in at_last if origins[int(p["id"])] == "seed"]
+    initial = max((_score(p) for p in seeds), default=-math.inf)
+    final = max((_score(p) for p in at_last), default=-math.inf)
+    final_agent = max((_score(p) for p in at_last if origins[int(p["id"])] in ("seed", "agent")),
+                      default=-math.inf)
+    improvement = _pct(final, initial)
+    by_source = Counter(p.get("source", "agent") for p in programs if p.get("source") != "seed")
+    agent_rounds = sorted({int(p["round"]) for p in programs if p.get("source") == "agent"})
+    first = [p for p in programs if p.get("source") == "agent" and agent_rounds and int(p["round"]) == agent_rounds[0]]
+    last = [p for p in programs if p.get("source") == "agent" and agent_rounds and int(p["round"]) == agent_rounds[-1]]
+
+    phases = [e for e in events if e["event"] == "phase"]
+    pair_kinds: Counter[str] = Counter()
+    for e in phases:
+        pair_kinds.update(e.get("pair_kinds") or {})
+    trained = [e for e in phases if not e.get("skipped")]
+    gated = [e for e in trained if e.get("gate") is not None]
+    promotions = sum(1 for e in gated if e.get("promoted"))
+    strategist = [e.get("strategist") or {} for e in trained]
+    interventions = {k: sum(1 for s in strategist if k in (s.get("changed") or [])) for k in KNOBS}
+    failures = Counter(p["evaluation"].get("failure_kind", "ok") for p in programs if p.get("source") == "agent")
+
+    def rate(n: int, d: int) -> float | None:
+        return n / d if d else None
+
+    return {
+        **meta,
+        "initial_score": initial if math.isfinite(initial) else None,
+        "final_score": final if math.isfinite(final) else None,
+        "improvement_pct": improvement,
+        "final_agent": final_agent if math.isfinite(final_agent) else None,
+        "improvement_agent_pct": _pct(final_agent, initial),
+        "rounds": rounds,
+        # evaluated candidates (the budget every method spends equally): agent + supporter
+        "candidates": by_source.get("agent", 0) + by_source.get("supporter", 0),
+        "candidate_budget": _budget(events, rounds),
+        "candidates_by_source": {k: by_source.get(k, 0) for k in ("agent", "supporter", "rescore")},
+        # agent programs that repeat an earlier supporter program: evaluated agent samples
+        # (they count in the budget and the valid rate) but not the agent's own best
+        "agent_copies_of_supporter": sum(1 for p in programs
+                                         if origins[int(p["id"])] == "supporter_copy"),
+        "score_regime": last_regime,
+        "valid_rate": valid_rate(programs),
+        "valid_rate_first_round": valid_rate(first),
+        "valid_rate_last_round": valid_rate(last),
+        "failure_kinds": dict(failures),
+        "best_by_round": best_so_far(programs, rounds),
+        "best_by_round_agent": best_so_far(programs, rounds, ("seed", "agent")),
+        "phases": len(phases),
+        "phases_trained": len(trained),
+        "phases_skipped": len(phases) - len(trained),
+        "pair_kinds": dict(pair_kinds),
+        "promotions": promotions,
+        "accept_rate": rate(promotions, len(gated)),
+        "vetoes": sum(1 for e in gated if e.get("vetoed")),
+        "interventions": interventions,
+        "intervention_rates": {k: rate(v, len(trained)) for k, v in interventions.items()},
+    }

@@ -1,0 +1,424 @@
+"""Parent side of the sandbox: scorer workers, the watchdog, and the ``Sandbox`` API.
+
+Each slot owns one trusted scorer worker (``worker.py``), which runs every candidate in a
+fresh single-use runner process (``runner.py``). While a candidate runs, the slot's thread
+waits on the worker's result pipe and every ``POLL_S`` checks the wall clock and the resident
+memory of the runner processes, killing them when a limit is crossed. A result outside the
+task's ``score_range`` is a ``tampered`` failure, never a score. A dead worker is replaced
+lazily, so one bad candidate costs at most its own limit.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import json
+import logging
+import math
+import os
+import queue
+import secrets
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from typing import Any
+
+import psutil
+
+from atlas.sandbox import protocol
+from atlas.sandbox.isolation import (
+    BWRAP,
+    bwrap_args,
+    find_bwrap,
+    python_env,
+    resolve_isolation,
+)
+from atlas.types import Evaluation, FailureKind
+
+log = logging.getLogger("atlas.sandbox")
+
+POLL_S = 0.05
+RSS_EVERY_S = 0.1
+GRACE_S = 3.0  # after killing a forked candidate, how long the worker has to report it
+STARTUP_TIMEOUT_S = 180.0
+_WORKER_MODULE = "atlas.sandbox.worker"
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself cannot work (bad evaluator factory, worker start-up failure)."""
+
+
+def _kill_tree(root: psutil.Process | None, keep_root: bool = False) -> None:
+    if root is None:
+        return
+    try:
+        procs = root.children(recursive=True)
+    except psutil.Error:
+        procs = []
+    if not keep_root:
+        procs.append(root)
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def thread_limits(threads: int) -> dict[str, str]:
+    """Environment that caps a worker's BLAS/OpenMP/XLA thread pools.
+
+    Parallelism comes from the number of workers; a worker that also spawned one thread per
+    core would oversubscribe the machine while the agent generates (OpenMP threads then
+    spin-wait on each other and everything slows down many times over).
+    """
+    n = str(threads)
+    xla = os.environ.get("XLA_FLAGS", "")
+    if threads == 1 and "xla_cpu_multi_thread_eigen" not in xla:
+        xla = (xla + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
+    return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n,
+            "XLA_FLAGS": xla}
+
+
+class _Slot:
+    """One worker process and the pipes to it; used by one thread at a time."""
+
+    def __init__(self, sandbox: Sandbox, index: int) -> None:
+        self.sb, self.index = sandbox, index
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.root: psutil.Process | None = None
+        self.worker: psutil.Process | None = None
+        self.req_w = self.resp_r = -1
+        self.served = 0
+        self.tmp_root: str | None = None
+        self._ids = itertools.count()
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        sb = self.sb
+        req_r, self.req_w = os.pipe()
+        self.resp_r, resp_w = os.pipe()
+        cmd = [sys.executable, "-m", _WORKER_MODULE, "--req-fd", str(req_r),
+               "--resp-fd", str(resp_w)]
+        if sb.fork_safe:  # the zygote imports the runner's module once, before any fork
+            cmd += ["--preload", (sb.runner_factory or sb.evaluator_factory).split(":")[0]]
+        env = python_env(dict(os.environ, PYTHONDONTWRITEBYTECODE="1",
+                              **thread_limits(sb.threads_per_worker)))
+        if sb.isolation == BWRAP:
+            cmd = bwrap_args(str(find_bwrap()), sb.memory_mb, sb.hide) + cmd
+        else:
+            self.tmp_root = tempfile.mkdtemp(prefix="atlas-sandbox-")
+        errlog = tempfile.TemporaryFile()
+        try:
+            self.proc = subprocess.Popen(cmd, pass_fds=(req_r, resp_w), stdin=subprocess.DEVNULL,
+                                         stdout=errlog, stderr=errlog, env=env,
+                                         start_new_session=True)
+        finally:
+            os.close(req_r)
+            os.close(resp_w)
+        self.root = psutil.Process(self.proc.pid)
+        protocol.write_frame(self.req_w, {
+            "type": "init", "factory": sb.evaluator_factory, "config": sb.evaluator_config,
+            "memory_mb": sb.memory_mb, "timeout_s": sb.timeout_s,
+            "max_output_bytes": sb.max_output_bytes, "tmp_root": self.tmp_root,
+            "runner_factory": sb.runner_factory, "secret": sb.secret, "hide": sb.hide})
+        reply = self._await_frame(time.monotonic() + STARTUP_TIMEOUT_S)
+        if reply is None or reply.get("type") != "ready":
+            errlog.seek(0)
+            stderr = errlog.read()[-3000:].decode("utf-8", "replace")
+            detail = (reply or {}).get("traceback") or (reply or {}).get("message") or stderr
+            self.stop()
+            raise SandboxError(f"sandbox worker failed to start evaluator_factory="
+                               f"{sb.evaluator_factory!r}:\n{detail}")
+        errlog.close()
+        self.worker = self._find_worker()
+        self.served = 0
+        log.debug("sandbox worker %d started (pid %s)", self.index, self.proc.pid)
+
+    def _find_worker(self) -> psutil.Process | None:
+        """The worker's host process (under bwrap the root is bwrap itself)."""
+        level = [self.root] if self.root else []
+        while level:
+            nxt = []
+            for p in level:
+                try:
+                    cmdline = p.cmdline()
+                    if _WORKER_MODULE in cmdline and "bwrap" not in os.path.basename(cmdline[0]):
+                        return p
+                    nxt.extend(p.children())
+                except psutil.Error:
+                    continue
+            level = nxt
+        return self.root
+
+    def stop(self) -> None:
+        _kill_tree(self.root)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.warning("sandbox worker %d did not die after SIGKILL", self.index)
+        for fd in (self.req_w, self.resp_r):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.req_w = self.resp_r = -1
+        self.proc = self.root = self.worker = None
+        if self.tmp_root:
+            shutil.rmtree(self.tmp_root, ignore_errors=True)
+            self.tmp_root = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    # -- I/O --------------------------------------------------------------------------------
+    def _await_frame(self, deadline: float) -> dict[str, Any] | None:
+        buf = protocol.FrameBuffer()
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.resp_r], [], [], POLL_S)
+            if ready:
+                chunk = os.read(self.resp_r, 1 << 16)
+                if not chunk:
+                    return None
+                buf.feed(chunk)
+                frame = buf.pop()
+                if frame is not None:
+                    return frame
+            elif not self.alive():
+                return None
+        return None
+
+    def _candidate_procs(self) -> list[psutil.Process]:
+        """The runners: every process below the worker's zygote (its grandchildren)."""
+        if self.worker is None:
+            return []
+        procs: list[psutil.Process] = []
+        try:
+            for zygote in self.worker.children():
+                procs.extend(zygote.children(recursive=True))
+        except psutil.Error:
+            pass
+        return procs
+
+    def _rss_mb(self) -> float:
+        total = 0
+        for p in self._candidate_procs():
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return total / (1 << 20)
+
+    # -- one candidate ----------------------------------------------------------------------
+    def run(self, code: str, context: dict[str, Any]) -> Evaluation:
+        sb = self.sb
+        if not self.alive():
+            self.stop()
+            self.start()
+        nonce, rid = secrets.token_hex(16), next(self._ids)
+        start = time.monotonic()
+        protocol.write_frame(self.req_w, {"type": "eval", "id": rid, "nonce": nonce,
+                                          "code": code, "context": context})
+        deadline = start + sb.timeout_s
+        buf, frame, verdict = protocol.FrameBuffer(), None, None
+        give_up, next_rss, peak = math.inf, start, 0.0
+        try:
+            while frame is None:
+                now = time.monotonic()
+                if now >= give_up:
+                    break
+                if verdict is None and now >= deadline:
+                    verdict = Evaluation.failure(
+                        FailureKind.TIMEOUT, f"the program exceeded the {sb.timeout_s:g} s "
+                                             f"wall-time limit and was killed")
+                elif verdict is None and now >= next_rss:
+                    next_rss = now + RSS_EVERY_S
+                    peak = max(peak, self._rss_mb())
+                    if peak > sb.memory_mb:
+                        verdict = Evaluation.failure(
+                            FailureKind.KILLED, f"the program exceeded the memory limit of "
+                                                f"{sb.memory_mb} MB (resident {peak:.0f} MB) "
+                                                f"and was killed")
+                if verdict is not None and give_up == math.inf:
+                    for proc in self._candidate_procs():
+                        _kill_tree(proc)
+                    give_up = time.monotonic() + GRACE_S
+                ready, _, _ = select.select([self.resp_r], [], [], POLL_S)
+                if ready:
+                    chunk = os.read(self.resp_r, 1 << 16)
+                    if not chunk:
+                        break
+                    buf.feed(chunk)
+                    frame = buf.pop()
+                elif not self.alive():
+                    break
+            ev = self._interpret(frame, rid, nonce, verdict)
+        except (protocol.ProtocolError, ValueError) as exc:
+            ev = Evaluation.failure(FailureKind.TAMPERED,
+                                    f"the program tampered with the sandbox protocol ({exc})")
+            frame = None
+        if ev.passed and not sb.score_ok(ev.score):
+            ev = Evaluation.failure(FailureKind.TAMPERED,
+                                    f"score {ev.score!r} lies outside the task's possible range "
+                                    f"{list(sb.score_range)}; no genuine program scores that",
+                                    metrics=ev.metrics)
+        ev.seconds = time.monotonic() - start
+        self.served += 1
+        healthy = frame is not None and buf.pending() == 0 and self.alive()
+        if not healthy or self.served >= sb.recycle_every:
+            self.stop()
+        return ev
+
+    def _interpret(self, frame: dict[str, Any] | None, rid: int, nonce: str,
+                   verdict: Evaluation | None) -> Evaluation:
+        if verdict is not None:
+            return verdict
+        if frame is None:
+            code = self.proc.poll() if self.proc else None
+            return Evaluation.failure(FailureKind.KILLED,
+                                      f"the sandbox worker died while running the program "
+                                      f"(exit status {code}); it was probably killed")
+        if frame.get("type") != "result" or frame.get("id") != rid or frame.get("nonce") != nonce:
+            raise protocol.ProtocolError("a result frame with the wrong id or nonce")
+        return protocol.validate_evaluation(frame.get("evaluation"))
+
+
+class Sandbox:
+    """Runs untrusted candidate programs in isolated single-use processes, in parallel.
+
+    ``evaluator_factory`` ("module:function") is imported and called once per trusted worker
+    with ``evaluator_config`` (and ``secret=`` if it takes one). With ``runner_factory`` it
+    returns a scorer (``score(code, context, link)``, ``public_config()``) and candidates run
+    in the task's runner; without, it is a legacy ``(code, context) -> Evaluation`` callable
+    built and run whole in the candidate's runner. Every candidate gets ``timeout_s`` of wall
+    time and ``memory_mb`` of resident memory; a passed score outside ``score_range`` is a
+    ``tampered`` failure. ``secret`` (the run's, see ``secret.py``) defaults to a fresh one.
+    """
+
+    def __init__(self, evaluator_factory: str, evaluator_config: dict, *, workers: int = 2,
+                 timeout_s: float = 30.0, memory_mb: int = 2048, isolation: str = "auto",
+                 max_output_bytes: int = 65536, recycle_every: int = 500,
+                 threads_per_worker: int = 1, runner_factory: str | None = None,
+                 secret: str | None = None,
+                 score_range: tuple[float, float] = (-math.inf, math.inf),
+                 fork_safe: bool = True, hide: list[str] | None = None) -> None:
+        if not isinstance(evaluator_factory, str) or evaluator_factory.count(":") != 1 \
+                or not all(evaluator_factory.split(":")):
+            raise ValueError(f"evaluator_factory={evaluator_factory!r} is invalid: use an import "
+                             f"path 'package.module:function'")
+        if not isinstance(evaluator_config, dict):
+            raise ValueError(f"evaluator_config must be a dict, got "
+                             f"{type(evaluator_config).__name__}")
+        try:
+            json.dumps(evaluator_config)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"evaluator_config must hold plain JSON values: {exc}") from exc
+        for name, value, low in (("workers", workers, 1), ("memory_mb", memory_mb, 64),
+                                 ("max_output_bytes", max_output_bytes, 0),
+                                 ("recycle_every", recycle_every, 1),
+                                 ("threads_per_worker", threads_per_worker, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"sandbox {name}={value!r} is invalid: use an integer >= {low}")
+        if not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
+            raise ValueError(f"sandbox timeout_s={timeout_s!r} is invalid: use seconds > 0")
+        self.evaluator_factory = evaluator_factory
+        self.evaluator_config = dict(evaluator_config)
+        self.workers, self.timeout_s, self.memory_mb = workers, float(timeout_s), memory_mb
+        self.max_output_bytes, self.recycle_every = max_output_bytes, recycle_every
+        self.threads_per_worker = threads_per_worker
+        if runner_factory is not None and (not isinstance(runner_factory, str)
+                                           or runner_factory.count(":") != 1):
+            raise ValueError(f"runner_factory={runner_factory!r} is invalid: use an import "
+                             f"path 'package.module:function'")
+        lo, hi = (float(v) for v in score_range)
+        if not lo <= hi:
+            raise ValueError(f"score_range={score_range!r} is invalid: use (low, high), low <= high")
+        self.runner_factory, self.score_range, self.fork_safe = runner_factory, (lo, hi), fork_safe
+        self.secret = secret if secret is not None else secrets.token_hex(32)
+        # absolute: the runner's guard resolves them after it chdirs into its workdir, so a
+        # relative path (sandbox.secret_file=docs/...) would mask the wrong file
+        #: paths masked inside bubblewrap (the run folder holding the secret, the secret file)
+        self.hide = [os.path.abspath(p) for p in (hide or [])]
+        #: what is really active ("bwrap" or "rlimits+guard") and, if degraded, why
+        self.isolation, self.isolation_reason = resolve_isolation(isolation)
+        self._slots: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
+        self._all = [_Slot(self, i) for i in range(workers)]
+        for slot in self._all:
+            self._slots.put(slot)
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, "atlas-sandbox")
+        self._closed = False
+        self._lock = threading.Lock()
+        self._busy = 0  # workers scoring a candidate right now (for the agent's thread budget)
+        self._finalizer = weakref.finalize(self, Sandbox._shutdown, self._pool, self._all)
+
+    @classmethod
+    def for_task(cls, task: Any, *, secret: str | None = None, **kwargs: Any) -> Sandbox:
+        """The sandbox a ``Task`` declares (factories, time limit, score range, fork safety)."""
+        return cls(task.evaluator_factory, task.evaluator_config(),
+                   runner_factory=getattr(task, "runner_factory", None), secret=secret,
+                   timeout_s=float(task.timeout_s), score_range=tuple(task.score_range),
+                   fork_safe=bool(task.fork_safe), **kwargs)
+
+    def score_ok(self, score: float) -> bool:
+        """Whether a passed score could be genuine (finite and inside ``score_range``)."""
+        lo, hi = self.score_range
+        return math.isfinite(score) and lo <= score <= hi
+
+    def _run(self, code: str, context: dict) -> Evaluation:
+        slot = self._slots.get()
+        with self._lock:
+            self._busy += 1
+        try:
+            return slot.run(code, context)
+        finally:
+            with self._lock:
+                self._busy -= 1
+            self._slots.put(slot)
+
+    @property
+    def busy_workers(self) -> int:
+        """Workers scoring a candidate at this moment (each uses one core)."""
+        return self._busy
+
+    def submit(self, code: str, context: dict) -> concurrent.futures.Future[Evaluation]:
+        """Queue one candidate; the future holds its ``Evaluation``."""
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        json.dumps(context)  # fail here, not in the worker, on a non-JSON context
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the Sandbox is closed")
+            return self._pool.submit(self._run, code, dict(context))
+
+    def evaluate(self, code: str, context: dict) -> Evaluation:
+        """Run one candidate and wait for its ``Evaluation``."""
+        return self.submit(code, context).result()
+
+    def evaluate_many(self, codes: list[str], context: dict) -> list[Evaluation]:
+        """Run candidates in parallel across workers; results in input order."""
+        futures = [self.submit(code, context) for code in codes]
+        return [f.result() for f in futures]
+
+    @staticmethod
+    def _shutdown(pool: concurrent.futures.ThreadPoolExecutor, slots: list[_Slot]) -> None:
+        pool.shutdown(wait=True, cancel_futures=True)
+        for slot in slots:
+            slot.stop()
+
+    def close(self) -> None:
+        """Stop all workers (waits for running candidates, at most their limits)."""
+        with self._lock:
+            self._closed = True
+        self._finalizer()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,196 @@
+"""Untrusted side of the sandbox: the zygote and the single-use runner processes it forks.
+
+Why a zygote: a candidate must run in a process that never held the task's secret or the
+environment (a fork of the scorer would still hold both in memory), yet starting a Python
+that imports numpy per candidate costs ~0.2 s. The scorer worker forks the zygote at start,
+*before* it reads the secret; the zygote imports numpy (and, for fork-safe tasks, the
+runner module) and then forks one runner per candidate on request.
+
+A runner: (1) builds the task's runner (trusted task code: imports, JAX compilation) and says
+``ready``; (2) receives the candidate's code and a fresh working directory; (3) drops root,
+takes rlimits, seccomp, Landlock (writes only in its directory) and the guard, runs the
+candidate through the task's runner, and exits. It is killed after that one candidate, so
+nothing it did (threads, patched modules, files in its directory) can reach another
+candidate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import socket
+import sys
+import tempfile
+import traceback
+import zlib
+from typing import Any, NoReturn
+
+from atlas.sandbox.candidate import CandidateError
+from atlas.sandbox.guard import Guard
+from atlas.sandbox.isolation import limit_candidate_process, set_process_name
+from atlas.sandbox.landlock import restrict_writes
+from atlas.sandbox.link import Link
+from atlas.sandbox.seccomp import install_seccomp
+from atlas.types import Evaluation, FailureKind
+
+_os_exit = os._exit
+NOBODY = 65534
+
+
+def load_factory(path: str) -> Any:
+    """Import ``"module:function"``."""
+    import importlib
+
+    module, _, name = path.partition(":")
+    factory = getattr(importlib.import_module(module), name, None)
+    if not callable(factory):
+        raise ValueError(f"factory {path!r}: {module} has no callable {name!r}")
+    return factory
+
+
+def seed_candidate_rngs(code: str, context: dict[str, Any]) -> int:
+    """Seed ``random`` and ``numpy.random`` from (round, code) so a program that draws from
+    them unseeded scores the same in two runs with the same seed (and on resume)."""
+    seed = zlib.crc32(f"{context.get('round', 0)!r}\0{code}".encode("utf-8", "replace"))
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed)
+    return seed
+
+
+def drop_root(workdir: str) -> None:
+    """As root (the rlimits fallback in a container), become ``nobody``: the candidate then
+    cannot read the scorer's memory through /proc, signal it, or write root-owned files."""
+    if os.getuid() != 0:
+        return
+    os.chown(workdir, NOBODY, NOBODY)
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """(failure kind, message) for whatever escaped candidate code."""
+    if isinstance(exc, CandidateError):
+        return exc.kind.value, exc.message
+    if isinstance(exc, MemoryError):
+        return FailureKind.KILLED.value, f"out of memory: {exc!r}"[:500]
+    if isinstance(exc, SystemExit):
+        return FailureKind.EXCEPTION.value, (f"the program called sys.exit({exc.code!r}); a "
+                                             f"program must return from its entry point")
+    text = f"{type(exc).__name__}: {exc}"
+    if "Unable to allocate" in text:
+        return FailureKind.KILLED.value, f"out of memory: {text}"[:1500]
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = next((f" (line {f.lineno})" for f in reversed(tb) if f.filename == "<candidate>"),
+                 "")
+    return FailureKind.EXCEPTION.value, f"{type(exc).__name__}{where}: {exc}"[:1500]
+
+
+def _run_one(spec: dict[str, Any], link: Link) -> None:
+    try:
+        task_runner = load_factory(spec["factory"])(dict(spec["config"]))
+    except BaseException as exc:  # noqa: BLE001 - a task bug, reported verbatim
+        link.send({"error": FailureKind.EXCEPTION.value,
+                   "message": f"the task's runner failed to start: {type(exc).__name__}: "
+                              f"{exc}\n{traceback.format_exc()[-1500:]}"})
+        return
+    link.send({"ready": True})
+    set_process_name("atlas-runner")
+    req = link.recv()
+    code, context, workdir = str(req["code"]), dict(req.get("context") or {}), req["workdir"]
+    os.chdir(workdir)
+    os.environ.update(HOME=workdir, TMPDIR=workdir)
+    tempfile.tempdir = workdir
+    drop_root(workdir)
+    cpu_used = sum(os.times()[:2])
+    limit_candidate_process(int(spec["memory_mb"]), cpu_used + float(spec["timeout_s"]))
+    install_seccomp()
+    restrict_writes(workdir, spec.get("hide") or ())  # after seccomp: needs no_new_privs
+    seed_candidate_rngs(code, context)
+    guard = Guard(workdir, protected_fds=(link.read_fd, link.write_fd),
+                  hidden=spec.get("hide") or ())
+    link.violations = guard.violations
+    reply: dict[str, Any] | None = None
+    try:
+        guard.install()
+        if spec.get("legacy"):  # the whole evaluator runs here; the pool range-checks it
+            ev = task_runner(code, context)
+            if not isinstance(ev, Evaluation):
+                raise CandidateError(FailureKind.EXCEPTION, f"the evaluator returned "
+                                     f"{type(ev).__name__}, not an Evaluation (a task bug)")
+            if ev.passed and not math.isfinite(ev.score):
+                raise CandidateError(FailureKind.NON_FINITE, f"score is {ev.score}")
+            reply = {"evaluation": ev.to_dict(), "nonce": req.get("nonce")}
+        else:
+            task_runner(code, context, link)
+    except BaseException as exc:  # noqa: BLE001 - everything a candidate raises is classified
+        kind, message = classify(exc)
+        reply = {"error": kind, "message": message}
+    finally:
+        guard.uninstall()
+    if guard.violations:
+        reply = {"error": FailureKind.EXCEPTION.value, "message": guard.violations[0]}
+    if reply is not None:
+        link.send(reply)
+
+
+def runner_main(spec: dict[str, Any], read_fd: int, write_fd: int, out_fd: int) -> NoReturn:
+    """Body of a freshly forked runner; never returns."""
+    status = 0
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        keep = sorted({0, 1, 2, read_fd, write_fd})
+        low = 3
+        for fd in keep[3:] + [1 << 16]:
+            if fd > low:
+                os.closerange(low, fd)
+            low = fd + 1
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        _run_one(spec, Link(read_fd, write_fd, trusted=False))
+    except BaseException:  # noqa: BLE001 - nothing may escape a forked child
+        status = 70
+    finally:
+        try:
+            sys.stdout.flush()
+        except Exception:  # noqa: BLE001
+            pass
+        _os_exit(status)
+
+
+def zygote_main(sock: socket.socket, preload: list[str]) -> NoReturn:
+    """Fork runners on request: each request is JSON + 3 fds (read, write, output)."""
+    status = 0
+    try:
+        set_process_name("atlas-zygote")
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # runners are reaped automatically
+        for module in ["numpy", *preload]:
+            try:
+                __import__(module)
+            except ImportError:
+                pass
+        while True:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+            if not msg:
+                break
+            spec = json.loads(msg)
+            pid = os.fork()
+            if pid == 0:
+                sock.close()
+                runner_main(spec, *fds)
+            for fd in fds:
+                os.close(fd)
+            sock.send(json.dumps({"pid": pid}).encode())
+    except BaseException:  # noqa: BLE001
+        status = 70
+    finally:
+        _os_exit(status)

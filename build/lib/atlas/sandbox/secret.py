@@ -1,0 +1,88 @@
+"""The per-run task secret: where hidden randomness (environment seeds, validation points) comes from.
+
+Why: the code and ``task.env_seeds`` are public, so environments derived from them alone can be
+rebuilt by a candidate that then plays the oracle. The secret lives in the run folder (so a
+resumed or repeated run faces the same environments) and only trusted scorer processes
+receive it; candidate runner processes are forked from a zygote that never held it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from hashlib import blake2b
+from pathlib import Path
+
+SECRET_FILE = ".task_secret"
+
+
+def _read(path: Path, fix: str) -> str:
+    value = path.read_text().strip()
+    if len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value
+    raise ValueError(f"{path} is not a task secret (expected 64 hex characters); {fix}")
+
+
+def run_secret(run_dir: str | os.PathLike[str], source: str | None = None) -> str:
+    """The run's secret (64 hex chars), created with mode 0600 on first use.
+
+    ``source`` (``sandbox.secret_file``) seeds a new run folder with a shared secret, so runs
+    whose scores are compared (methods, a resumed run and an uninterrupted one) face the same
+    hidden environments; otherwise a fresh random secret is drawn.
+    """
+    path = Path(run_dir) / SECRET_FILE
+    if path.exists():
+        return _read(path, "delete it to start a new run with new hidden environments")
+    if source:
+        src = Path(source).expanduser()
+        if not src.exists():
+            _create_shared(src)
+        value = _read(src, "fix sandbox.secret_file or point it to a new path")
+    else:
+        value = secrets.token_hex(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value + "\n")
+    return value
+
+
+def _create_shared(path: Path) -> None:
+    """Create a shared secret file atomically: the jobs of a sweep (SLURM: at once) may race."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_hex(32) + "\n")
+    try:
+        os.link(tmp, path)  # atomic, and fails if another job created it first
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def sweep_secret_file() -> str | None:
+    """``<sweep dir>/.task_secret`` when running under a Hydra multirun, else None.
+
+    Why: the runs of one sweep are compared with each other (methods on the same seeds), so
+    by default they share one secret and face the same hidden environments; a single run
+    draws its own.
+    """
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+    except (ImportError, ValueError):  # not under Hydra (tests call run() directly)
+        return None
+    if hc.mode != RunMode.MULTIRUN:
+        return None
+    return str(Path(hc.sweep.dir).resolve() / SECRET_FILE)
+
+
+def derive_seed(secret: str, *parts: object) -> int:
+    """A 63-bit seed from the secret and public labels (one-way: the labels reveal nothing)."""
+    h = blake2b(key=bytes.fromhex(secret)[:64], digest_size=8)
+    h.update(repr(parts).encode("utf-8"))
+    return int.from_bytes(h.digest(), "big") >> 1

@@ -1,0 +1,335 @@
+"""Trusted scorer process: ``python -m atlas.sandbox.worker --req-fd R --resp-fd W``.
+
+Why two kinds of process: whatever computes a score must never execute candidate code, or
+the candidate can read the hidden environment, patch the scorer or forge the result. This
+process holds the task's secret and its scorer (environments, validation points, compiled
+JAX functions); it never runs candidate code. At start, *before* it reads the secret, it forks
+the zygote (``runner.py``); per candidate it has the zygote fork a fresh runner, talks to it
+over a ``Link`` that only this side interprets, kills it after the one candidate and wipes
+every file it could have left. One runner is always kept ready (spare), so a task's warm-up
+(JAX compilation) overlaps the previous candidate and the agent's generation.
+
+Tasks come in two shapes: *split* (``runner_factory`` given: ``scorer.score(code, context,
+link)`` here, the task's runner there) and *legacy* (a single ``(code, context) ->
+Evaluation`` callable, run whole in the runner; the pool range-checks what it reports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from atlas.sandbox import protocol
+from atlas.sandbox.candidate import CandidateError
+from atlas.sandbox.isolation import harden_worker, set_process_name
+from atlas.sandbox.link import Link, RunnerFailed
+from atlas.sandbox.runner import load_factory, zygote_main
+from atlas.types import Evaluation, FailureKind
+
+
+class OutputSink:
+    """Drain a runner's stdout/stderr pipe so it never blocks; keep the first ``cap`` bytes."""
+
+    def __init__(self, fd: int, cap: int) -> None:
+        self.fd, self.cap = fd, cap
+        self.head = bytearray()
+        self.total = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                chunk = protocol._os_read(self.fd, 1 << 16)
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.total += len(chunk)
+            room = self.cap - len(self.head)
+            if room > 0:
+                self.head += chunk[:room]
+
+    def text(self) -> str:
+        self.thread.join(timeout=1.0)
+        text = self.head.decode("utf-8", "replace")
+        if self.total > len(self.head):
+            text += f"\n[... {self.total - len(self.head)} more bytes dropped]"
+        return text
+
+
+@dataclass
+class Runner:
+    """A forked runner process as the scorer sees it."""
+
+    pid: int
+    link: Link
+    out_r: int
+    sink: OutputSink
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:  # the zygote reaps it (SIGCHLD ignored)
+            try:
+                os.kill(self.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.002)
+        self.link.close()
+
+
+class Frozen:
+    """Directories a scorer shares with runners read-only in effect (e.g. a compilation
+    cache): their exact content is captured once and restored after every candidate, since
+    under bubblewrap a runner has the same uid and could otherwise write there."""
+
+    def __init__(self, dirs: list[str]) -> None:
+        self.dirs = [os.path.realpath(d) for d in dirs]
+        self.files: dict[str, bytes] = {}
+        for d in self.dirs:
+            os.chmod(d, 0o755)
+            for root, _, names in os.walk(d):
+                os.chmod(root, 0o755)
+                for name in names:
+                    path = os.path.join(root, name)
+                    os.chmod(path, 0o644)
+                    with open(path, "rb") as fh:
+                        self.files[path] = fh.read()
+
+    def restore(self) -> None:
+        for d in self.dirs:
+            for root, subdirs, names in os.walk(d, topdown=False):
+                for name in names:
+                    path = os.path.join(root, name)
+                    if path not in self.files:
+                        os.unlink(path)
+                for name in subdirs:
+                    path = os.path.join(root, name)
+                    if not any(f.startswith(path + "/") for f in self.files):
+                        shutil.rmtree(path, ignore_errors=True)
+        for path, data in self.files.items():
+            try:
+                with open(path, "rb") as fh:
+                    same = fh.read() == data
+            except OSError:
+                same = False
+            if not same:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as fh:
+                    fh.write(data)
+                os.chmod(path, 0o644)
+
+
+def _sweep(root: str, keep: set[str]) -> None:
+    """Delete every entry under ``root`` except ``keep`` (a runner's leftovers)."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(root, name)
+        if path in keep:
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+class Worker:
+    """The request loop of one scorer process."""
+
+    def __init__(self, req_fd: int, resp_fd: int, zygote: socket.socket,
+                 init: dict[str, Any]) -> None:
+        self.req_fd, self.resp_fd, self.zygote = req_fd, resp_fd, zygote
+        self.memory_mb = int(init["memory_mb"])
+        self.timeout_s = float(init["timeout_s"])
+        self.max_output = int(init["max_output_bytes"])
+        # scratch: the private /tmp under bubblewrap, the pool's directory otherwise; every
+        # entry but the scorer's own directory is wiped after each candidate
+        self.scratch = init.get("tmp_root") or tempfile.gettempdir()
+        if os.getuid() == 0:  # runners drop to nobody and must reach their directories
+            os.chmod(self.scratch, 0o711)
+        self.base = tempfile.mkdtemp(prefix="atlas-scorer-", dir=self.scratch)
+        os.chmod(self.base, 0o700)
+        tempfile.tempdir = self.base
+        os.environ["TMPDIR"] = self.base
+        factory = load_factory(init["factory"])
+        config = dict(init["config"])
+        runner_factory = init.get("runner_factory")
+        if runner_factory:
+            params = inspect.signature(factory).parameters
+            self.scorer = (factory(config, secret=init["secret"]) if "secret" in params
+                           else factory(config))
+            public = getattr(self.scorer, "public_config", None)
+            self.spec = {"factory": runner_factory,
+                         "config": public() if callable(public) else {}}
+        else:
+            if "secret" in inspect.signature(factory).parameters:
+                raise ValueError(f"evaluator_factory={init['factory']!r} is a scorer (it takes "
+                                 f"a secret) but no runner_factory was given: build the "
+                                 f"sandbox with Sandbox.for_task(task)")
+            self.scorer = None
+            self.spec = {"factory": init["factory"], "config": config, "legacy": True}
+        self.spec.update(memory_mb=self.memory_mb, timeout_s=self.timeout_s,
+                         hide=list(init.get("hide") or []))
+        shared = getattr(self.scorer, "shared_dirs", None)
+        self.frozen = Frozen(shared() if callable(shared) else [])
+        self.spare: Runner | None = None
+
+    def spawn(self) -> Runner:
+        """Have the zygote fork a runner; it warms up while we go on."""
+        to_r, to_w = os.pipe()
+        from_r, from_w = os.pipe()
+        out_r, out_w = os.pipe()
+        try:
+            socket.send_fds(self.zygote, [json.dumps(self.spec).encode()], [to_r, from_w, out_w])
+            reply = self.zygote.recv(1 << 16)
+            if not reply:
+                raise RuntimeError("the sandbox zygote died")
+            pid = int(json.loads(reply)["pid"])
+        finally:
+            for fd in (to_r, from_w, out_w):
+                os.close(fd)
+        return Runner(pid, Link(from_r, to_w, trusted=True), out_r,
+                      OutputSink(out_r, self.max_output))
+
+    def _start(self, runner: Runner, code: str, context: dict[str, Any]) -> str:
+        """Wait for ``runner`` to be ready and hand it the program; the request's nonce."""
+        workdir = tempfile.mkdtemp(prefix="cand-", dir=self.scratch)
+        runner.link.recv()  # "ready": the task's runner has warmed up
+        nonce = secrets.token_hex(16)
+        runner.link.send({"code": code, "context": context, "workdir": workdir, "nonce": nonce})
+        return nonce
+
+    def _end(self, runner: Runner, ours: set[str]) -> str:
+        """Kill ``runner`` and wipe everything it could have left; its output."""
+        runner.kill()
+        output = runner.sink.text()
+        try:
+            os.close(runner.out_r)
+        except OSError:  # already ended (a fresh runner failed to start)
+            pass
+        _sweep(self.scratch, {self.base, *self.frozen.dirs})
+        _sweep(self.base, ours)
+        self.frozen.restore()
+        if self.scratch == "/tmp":
+            _sweep("/dev/shm", set())
+        return output
+
+    def evaluate(self, code: str, context: dict[str, Any]) -> tuple[Evaluation, str]:
+        runner, self.spare = self.spare or self.spawn(), None
+        # under bubblewrap a runner has this process's uid: what it adds to our own directory
+        # (kept by the sweep of the scratch) goes too, where Landlock is missing
+        ours = {os.path.join(self.base, n) for n in os.listdir(self.base)}
+        outputs: list[str] = []
+
+        def fresh() -> Link:
+            """End the candidate's runner and start the same program in a new one that knows
+            nothing the first learned (a scorer's audit: ``score(..., fresh=)``); its link."""
+            nonlocal runner
+            outputs.append(self._end(runner, ours))
+            runner = self.spawn()
+            self._start(runner, code, context)
+            return runner.link
+
+        try:
+            nonce = self._start(runner, code, context)
+            if self.scorer is None:  # legacy: blind writes cannot pass without the nonce
+                reply = runner.link.recv()
+                if reply.get("nonce") != nonce:
+                    raise protocol.ProtocolError("a legacy result without the request's nonce")
+                ev = protocol.validate_evaluation(reply.get("evaluation"))
+            else:
+                if "fresh" in inspect.signature(self.scorer.score).parameters:
+                    ev = self.scorer.score(code, context, runner.link, fresh=fresh)
+                else:
+                    ev = self.scorer.score(code, context, runner.link)
+                if not isinstance(ev, Evaluation):
+                    raise TypeError(f"the scorer returned {type(ev).__name__}, not an "
+                                    f"Evaluation (a task bug)")
+        except RunnerFailed as exc:
+            ev = Evaluation.failure(exc.kind, exc.message)
+        except CandidateError as exc:
+            ev = Evaluation.failure(exc.kind, exc.message)
+        except (protocol.ProtocolError, ValueError, KeyError, TypeError) as exc:
+            ev = Evaluation.failure(FailureKind.TAMPERED, f"the program's answer could not be "
+                                    f"scored ({type(exc).__name__}: {exc})"[:1500])
+        finally:
+            outputs.append(self._end(runner, ours))
+        return ev, "".join(outputs)
+
+    def serve(self) -> None:
+        self.spare = self.spawn()
+        while True:
+            req = protocol.read_frame(self.req_fd)
+            if req is None or req.get("type") == "exit":
+                return
+            ev, output = self.evaluate(str(req["code"]), dict(req.get("context") or {}))
+            if not ev.passed and output.strip() and "program output:" not in ev.message:
+                ev.message = (ev.message + f"\nprogram output: {output[-1500:]}")[:2000]
+            protocol.write_frame(self.resp_fd, {"type": "result", "id": req["id"],
+                                                "nonce": req["nonce"],
+                                                "evaluation": ev.to_dict()})
+            self.spare = self.spawn()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--req-fd", type=int, required=True)
+    parser.add_argument("--resp-fd", type=int, required=True)
+    parser.add_argument("--preload", action="append", default=[])
+    args = parser.parse_args(argv)
+    harden_worker()
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    if os.fork() == 0:  # the zygote: forked before the secret exists in this process
+        mine.close()
+        os.close(args.req_fd)
+        os.close(args.resp_fd)
+        zygote_main(theirs, args.preload)
+    theirs.close()
+    set_process_name("atlas-scorer")
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    init = protocol.read_frame(args.req_fd)
+    if init is None:
+        return 0
+    try:
+        worker = Worker(args.req_fd, args.resp_fd, mine, init)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent verbatim
+        protocol.write_frame(args.resp_fd, {
+            "type": "error", "message": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc()[-4000:]})
+        return 2
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    protocol.write_frame(args.resp_fd, {"type": "ready", "pid": os.getpid()})
+    try:
+        worker.serve()
+    finally:
+        shutil.rmtree(worker.base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""One schema per config group, validated one way, with errors phrased in one place.
+
+Every Hydra group has a typed schema: a pydantic dataclass declared with ``@group("name")``
+(this module: ``method``, ``model``, ``explore``, ``sandbox``, ``logger`` and the top-level
+fields; ``atlas.dpo.config``: ``dpo``, ``gate``), a pydantic model (``atlas.supporters.config``:
+``supporters``), or, for ``task``, the task's own class (the extension point: ``Task(**cfg)``
+checks its fields). Types and bounds are declared once, on the field (``Field(gt=0)``,
+``Literal[...]``, ``ReferenceMode``); unknown keys fail (``extra="forbid"``); cross-field rules
+are validators of the schema that owns the fields. ``atlas.config.validate`` builds every
+schema from the composed config before anything expensive starts.
+
+Values live in ``conf/``: the schemas of the Hydra-only groups declare no defaults (a value
+missing from the YAML is an error), and where a schema keeps defaults for use from Python
+(``DPOConfig()``, ``GateConfig()``, the supporters' roles, the tasks) they equal the YAML
+(``tests/test_schema.py`` compares them).
+
+Errors name the field and the fix, the same way for every group: ``dpo.beta must be > 0.0,
+got -1.0``, ``dpo.max_length must be an integer, got 'long'; set dpo.max_length=<an
+integer>``, ``method.reference='sometimes' is not one of ['fixed', 'adaptive']; override
+it, e.g. `method.reference=fixed```, ``unknown explore field(s) ['roundz']: explore.roundz
+is not a known field; ...``. A wrong type is a ``TypeError``, a wrong value a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic.dataclasses import dataclass
+from pydantic_core import PydanticCustomError
+
+from atlas.types import ReferenceMode
+
+T = TypeVar("T")
+
+
+# -- field types: strict numbers and booleans (YAML ``true`` is not 1, ``'0.3'`` not 0.3) -----
+def _type_error(kind: str, example: str) -> PydanticCustomError:
+    return PydanticCustomError("atlas_type", "must be {kind}", {"kind": kind, "example": example})
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _type_error("a number", "0.5")
+    if not math.isfinite(value):
+        raise PydanticCustomError("atlas_finite", "must be finite")
+    return float(value)
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _type_error("an integer", "0")
+    if not math.isfinite(value):
+        raise PydanticCustomError("atlas_finite", "must be finite")
+    if float(value) != int(value):
+        raise _type_error("an integer", "0")
+    return int(value)
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _type_error("true or false", "true")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _type_error("a string", "name")
+    return value
+
+
+Num = Annotated[float, BeforeValidator(_number)]
+Int = Annotated[int, BeforeValidator(_integer)]
+Bool = Annotated[bool, BeforeValidator(_boolean)]
+Str = Annotated[str, BeforeValidator(_text)]
+Positive = Annotated[Int, Field(ge=1)]
+
+
+# -- errors ----------------------------------------------------------------------------------
+def _choices(ctx: Mapping[str, Any]) -> list[str]:
+    return re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+
+
+_BOUND_WORDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
+                "less_than_equal": "<="}
+_BOUND_KEYS = {"greater_than": "gt", "greater_than_equal": "ge", "less_than": "lt",
+               "less_than_equal": "le"}
+
+
+def field_error(exc: ValidationError, group: str, known: list[str],
+                fixes: Mapping[str, str] | None = None) -> TypeError | ValueError:
+    """The first problem of ``exc`` as one sentence naming ``group.field`` and the fix."""
+    errors = exc.errors()
+    unknown = sorted(str(e["loc"][0]) for e in errors
+                     if e["type"] in ("unexpected_keyword_argument", "extra_forbidden"))
+    prefix = f"{group}." if group else ""
+    if unknown:
+        return ValueError(f"unknown {group or 'top-level'} field(s) {unknown}: {prefix}"
+                          f"{unknown[0]} is not a known field; remove it or use one of "
+                          f"{sorted(known)}")
+    e = errors[0]
+    loc = [str(p) for p in e["loc"]]
+    path = prefix + ".".join(loc)
+    kind, ctx, value = e["type"], e.get("ctx") or {}, e.get("input")
+    fix = (fixes or {}).get(loc[0] if loc else "", "")
+    fix = f" ({fix})" if fix else ""
+    if kind == "atlas_type":
+        if not group:  # a top-level field: `seed=abc` reads best as the override it was
+            return TypeError(f"{path}={value!r} must be {ctx['kind']}; set e.g. "
+                             f"{path}={ctx['example']}")
+        return TypeError(f"{path} must be {ctx['kind']}, got {value!r}; set {path}=<{ctx['kind']}>")
+    if kind == "atlas_finite":
+        return ValueError(f"{path} must be finite, got {value!r}")
+    if kind in _BOUND_WORDS:
+        return ValueError(f"{path} must be {_BOUND_WORDS[kind]} {ctx[_BOUND_KEYS[kind]]}{fix}, "
+                          f"got {value!r}")
+    if kind in ("literal_error", "enum"):
+        allowed = _choices(ctx)
+        return ValueError(f"{path}={value!r} is not one of {allowed}; override it, e.g. "
+                          f"`{path}={allowed[0] if allowed else '...'}`")
+    if kind == "missing":
+        return ValueError(f"{path} is missing: no option of conf/ set it; set {path}=<value>")
+    if kind == "value_error":  # a validator of the schema: its message names the fields
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        return ValueError(msg if not group or f"{group}." in msg else f"{path}: {msg}")
+    return ValueError(f"{path}={value!r} is invalid: {e['msg']}{fix}")
+
+
+def plain_mapping(cfg: Any, group: str) -> dict[str, Any]:
+    """A dict or an OmegaConf node as a plain dict (resolved), or a TypeError naming the group."""
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            cfg = OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf ships with hydra
+        pass
+    if not isinstance(cfg, Mapping):
+        raise TypeError(f"{group or 'config'}: expected a mapping of fields, got "
+                        f"{type(cfg).__name__}")
+    return dict(cfg)
+
+
+def group(name: str, *, fixes: Mapping[str, str] | None = None) -> Callable[[type[T]], type[T]]:
+    """Class decorator: the schema of config group ``name`` ("" for the top-level fields).
+
+    The class becomes a pydantic dataclass (validated on construction, ``dataclasses.replace``
+    included; unknown fields forbidden) whose errors are ``field_error``'s sentences, with a
+    ``from_cfg(cfg)`` that builds it from the Hydra node. ``fixes``: field -> a hint appended
+    to a bound's message.
+    """
+    def wrap(cls: type[T]) -> type[T]:
+        cls = dataclass(config=ConfigDict(extra="forbid"), kw_only=True)(cls)
+        known = [f.name for f in dataclasses.fields(cls)]
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                init(self, *args, **kwargs)
+            except ValidationError as exc:
+                raise field_error(exc, name, known, fixes) from None
+
+        def from_cfg(kls: type[T], cfg: Any) -> T:
+            """Build from the Hydra group (dict or DictConfig); unknown fields are errors."""
+            return kls(**plain_mapping(cfg, name))
+
+        cls.__init__ = __init__  # type: ignore[method-assign]
+        cls.from_cfg = classmethod(from_cfg)  # type: ignore[attr-defined]
+        cls.GROUP = name  # type: ignore[attr-defined]
+        return cls
+    return wrap
+
+
+# -- the schemas of the groups that only Hydra reads (no defaults: the YAML holds the values) --
+@group("method")
+class MethodConfig:
+    """``conf/method/*.yaml``: which reference, whether the gate and the supporters run."""
+
+    name: Str
+    reference: ReferenceMode = Field(description="fixed: the base model (adapters off); "
+                                     "adaptive: the `ref` adapter, promoted by the gate")
+    gate: Bool = Field(description="apply the Policy Inspector's numeric gate (Eq. 4/5)")
+    supporters: Bool = Field(description="run the exploration supporter, strategist, inspector")
+    skip_without_improvement: Bool = Field(description="skip fine-tuning after a phase with "
+                                           "no score gain (App. B.4)")
+
+    @model_validator(mode="after")
+    def _gate_needs_adaptive(self) -> MethodConfig:
+        if self.reference == ReferenceMode.FIXED and self.gate:
+            raise ValueError("method.gate=true needs method.reference=adaptive (a fixed "
+                             "reference is never promoted)")
+        return self
+
+
+@group("model")
+class ModelConfig:
+    """``conf/model/*.yaml``: the research agent and its LoRA adapters."""
+
+    source: Literal["smollm2", "tiny", "hf", "llama3_1b_shape"]
+    cache_dir: Str
+    dtype: Str
+    lora_r: Int = Field(ge=1)
+    lora_alpha: Num = Field(gt=0)
+    lora_dropout: Num = Field(ge=0, lt=1)
+    lora_targets: list[Str]
+    name_or_path: Str | None = Field(None, description="hf only: a local folder or hub id")
+    # tiny and llama3_1b_shape only (absent from the other options' YAML): the model's size,
+    # or for llama3_1b_shape a shrink of the 1B shape (tests); null keeps the 1B's value
+    hidden_size: Positive | None = None
+    num_layers: Positive | None = None
+    num_heads: Positive | None = None
+
+    @model_validator(mode="after")
+    def _hf_needs_a_path(self) -> ModelConfig:
+        if self.source == "hf" and not self.name_or_path:
+            raise ValueError("model.source=hf needs model.name_or_path (a local folder or hub id)")
+        return self
+
+
+@group("explore")
+class ExploreConfig:
+    """``conf/explore/default.yaml``: islands, rounds, sampling."""
+
+    islands: Int = Field(gt=0)
+    rounds: Int = Field(gt=0)
+    phase_every: Int = Field(gt=0)
+    islands_per_round: Int = Field(ge=1)
+    samples_per_prompt: Int = Field(gt=0)
+    programs_in_prompt: Int = Field(ge=1)
+    max_new_tokens: Int = Field(gt=0)
+    temperatures: list[Num]
+    top_p: Num = Field(gt=0, le=1)
+    buffer_size: Int = Field(ge=1)
+    clusters: Int = Field(ge=1)
+    workers: Int = Field(gt=0)
+    topk_pool_factor: Num = Field(gt=0)
+    cluster_similarity: Num = Field(ge=0, le=1)
+    temperature_bounds: tuple[Num, Num]
+    agent_threads: Positive | None
+
+    @model_validator(mode="after")
+    def _per_island(self) -> ExploreConfig:
+        if len(self.temperatures) < self.islands:
+            raise ValueError(f"explore.temperatures has {len(self.temperatures)} values for "
+                             f"explore.islands={self.islands}; give one temperature per island")
+        if self.islands_per_round > self.islands:
+            raise ValueError("explore.islands_per_round must be <= explore.islands")
+        return self
+
+
+@group("sandbox")
+class SandboxConfig:
+    """``sandbox`` in ``conf/train.yaml``: how candidate programs are confined."""
+
+    isolation: Literal["auto", "bwrap", "rlimits"]
+    secret_file: Str | None
+
+
+@group("logger")
+class LoggerConfig:
+    """``conf/logger/*.yaml`` of the built-in loggers (their ``_target_`` is
+    ``atlas.loggers.wandb_logger``); the W&B fields are absent from ``logger=none``. A logger
+    with another ``_target_`` is checked by its own factory."""
+
+    name: Literal["wandb", "none"]
+    mode: Literal["offline", "online", "disabled"] | None = None
+    project: Str | None = None
+    entity: Str | None = None
+    group: Str | None = None
+
+
+@group("")
+class RunConfig:
+    """The top-level settings of ``conf/train.yaml`` (``name``, ``run_dir`` and
+    ``experiment_name`` only label the run folder; the groups are checked by their schemas)."""
+
+    seed: Int
+    device: Literal["auto", "cpu", "cuda"]
+    resume: Bool
+    progress: Bool
+
+    @classmethod
+    def from_top(cls, cfg: Any) -> RunConfig:
+        return cls(**{f.name: cfg[f.name] for f in dataclasses.fields(cls)})

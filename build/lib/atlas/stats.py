@@ -1,0 +1,114 @@
+"""Small-sample statistics for the study's tables (``atlas.report``).
+
+Why these three: the study has 5 seeds per method, so
+
+* a method's mean gets a **Student t** 95% interval, ``mean +- t(0.975, n-1) * s / sqrt(n)``
+  (exact if the per-seed values are normal; with n = 5, t = 2.776, so the interval is honest
+  about how little 5 runs pin down, where a bootstrap of 5 values would be too narrow);
+* a paired difference between two methods (the same seeds, so the same hidden environments)
+  gets a **percentile bootstrap** 95% interval of the mean difference (``resamples`` draws of
+  the n differences with replacement, a fixed generator seed so a table is reproducible), and
+  its paired t interval beside it; the bootstrap makes no normality assumption but is known
+  to be too narrow for n this small, which is why both are printed;
+* the **exact two-sided Wilcoxon signed-rank p** enumerates all 2^n sign assignments, so with
+  n = 5 no difference, however large, can reach p < 2/32 = 0.0625 (``min_signed_rank_p``):
+  the table prints that floor rather than claim significance at 0.05.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from itertools import product
+
+import numpy as np
+
+LEVEL = 0.95
+RESAMPLES = 10_000
+BOOT_SEED = 0
+
+
+def finite(values: Sequence[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
+def t_interval(values: Sequence[float | None], level: float = LEVEL) -> dict[str, float | int]:
+    """Mean, sample std (ddof=1), and the t interval of the mean over the finite values."""
+    from scipy.stats import t
+
+    xs = finite(values)
+    n = len(xs)
+    if n == 0:
+        return {"n": 0, "mean": math.nan, "std": math.nan, "lo": math.nan, "hi": math.nan}
+    mean = float(np.mean(xs))
+    if n == 1:
+        return {"n": 1, "mean": mean, "std": math.nan, "lo": math.nan, "hi": math.nan}
+    std = float(np.std(xs, ddof=1))
+    half = float(t.ppf(0.5 + level / 2, n - 1)) * std / math.sqrt(n)
+    return {"n": n, "mean": mean, "std": std, "lo": mean - half, "hi": mean + half}
+
+
+def bootstrap_interval(values: Sequence[float], level: float = LEVEL, resamples: int = RESAMPLES,
+                       seed: int = BOOT_SEED) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean (NaN for fewer than 2 values)."""
+    xs = np.asarray(finite(values))
+    if xs.size < 2:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    means = xs[rng.integers(0, xs.size, size=(resamples, xs.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [0.5 - level / 2, 0.5 + level / 2])
+    return float(lo), float(hi)
+
+
+def _ranks(a: np.ndarray) -> np.ndarray:
+    """Ranks 1..n of ``a``, ties given their average rank."""
+    order = np.argsort(a, kind="stable")
+    ranks = np.empty(len(a))
+    sorted_a = a[order]
+    i = 0
+    while i < len(a):
+        j = i
+        while j + 1 < len(a) and sorted_a[j + 1] == sorted_a[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def signed_rank_p(diffs: Sequence[float]) -> float:
+    """Exact two-sided Wilcoxon signed-rank p: zero differences dropped, ties by average
+    rank, the null distribution of W+ enumerated over all 2^n signs (n <= 20)."""
+    d = np.asarray([x for x in finite(diffs) if x != 0.0])
+    n = d.size
+    if n == 0:
+        return 1.0
+    if n > 20:
+        raise ValueError(f"exact signed-rank enumeration is for n <= 20, got {n}")
+    ranks = _ranks(np.abs(d))
+    w_plus = float(ranks[d > 0].sum())
+    expected = float(ranks.sum()) / 2
+    dev = abs(w_plus - expected)
+    null = np.array([sum(r for r, s in zip(ranks, signs) if s) for signs in
+                     product((False, True), repeat=n)])
+    return float(np.mean(np.abs(null - expected) >= dev - 1e-9))
+
+
+def min_signed_rank_p(n: int) -> float:
+    """The smallest two-sided p the exact signed-rank test can give with n non-zero pairs."""
+    return 1.0 if n <= 0 else min(1.0, 2.0 / 2 ** n)
+
+
+def paired(a: dict[int, float | None], b: dict[int, float | None],
+           level: float = LEVEL) -> dict[str, object]:
+    """A - B over the seeds both have a finite value for: mean difference, its bootstrap and
+    t intervals, the exact signed-rank p and the smallest p that test could have given."""
+    seeds = sorted(s for s in set(a) & set(b) if finite([a[s]]) and finite([b[s]]))
+    diffs = [float(a[s]) - float(b[s]) for s in seeds]  # type: ignore[arg-type]
+    t = t_interval(diffs, level)
+    lo, hi = bootstrap_interval(diffs, level)
+    nonzero = sum(1 for x in diffs if x != 0.0)
+    return {"n": len(seeds), "seeds": seeds, "diffs": diffs, "mean": t["mean"],
+            "boot_lo": lo, "boot_hi": hi, "t_lo": t["lo"], "t_hi": t["hi"],
+            "wins": sum(1 for x in diffs if x > 0), "losses": sum(1 for x in diffs if x < 0),
+            "p_signed_rank": signed_rank_p(diffs) if diffs else math.nan,
+            "p_min": min_signed_rank_p(nonzero)}

@@ -1,0 +1,87 @@
+"""Task-distributed supporters (paper 2.1): exploration, fine-tuning strategy, inspection.
+
+``build_supporters(cfg, task_name=..., seed=...)`` turns the ``supporters`` config group
+into the three roles. Each role runs on the ``embedded`` rules (default, no model) or an
+``openai``-compatible endpoint, and falls back to its rule whenever the model's answer is
+unusable; ``Supporters.stats()`` reports how often that happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from atlas.supporters.config import (
+    ExplorationConfig,
+    InspectorConfig,
+    StrategistConfig,
+    role_configs,
+)
+from atlas.supporters.roles import ExplorationSupporter, FineTuningStrategist, PolicyInspector
+from atlas.supporters.schemas import (
+    HARD_BOUNDS,
+    TEMPERATURE_BOUNDS,
+    DpoMetrics,
+    ExplorationAdvice,
+    ExplorationRequest,
+    GateDecision,
+    GateNumbers,
+    InspectorRequest,
+    InspectorVerdict,
+    KnobBounds,
+    Knobs,
+    ProgramView,
+    QualityMetricView,
+    ScoreStats,
+    StrategistAdvice,
+    StrategistRequest,
+)
+
+
+@dataclass
+class Supporters:
+    """The three roles the loop calls (method=atlas)."""
+
+    exploration: ExplorationSupporter
+    strategist: FineTuningStrategist
+    inspector: PolicyInspector
+    task_name: str = ""
+
+    def stats(self) -> dict:
+        """Per role: backend, calls, llm_ok, embedded, fallbacks{cause: n},
+        modes{output mode: {asked, ok}}."""
+        return {r.name: r.stats.as_dict()
+                for r in (self.exploration, self.strategist, self.inspector)}
+
+    def load_stats(self, stats: Mapping[str, Mapping]) -> None:
+        """Restore counters from ``stats()`` output (run resume); unknown roles are ignored."""
+        for r in (self.exploration, self.strategist, self.inspector):
+            s = stats.get(r.name)
+            if s:
+                r.stats.calls = int(s.get("calls", 0))
+                r.stats.llm_ok = int(s.get("llm_ok", 0))
+                r.stats.embedded = int(s.get("embedded", 0))
+                r.stats.fallbacks.update({k: int(v) for k, v in (s.get("fallbacks") or {}).items()
+                                          if k in r.stats.fallbacks})
+                r.stats.modes = {k: {"asked": int(v.get("asked", 0)), "ok": int(v.get("ok", 0))}
+                                 for k, v in (s.get("modes") or {}).items()}
+
+
+def build_supporters(cfg: Mapping | None, *, task_name: str, seed: int) -> Supporters:
+    """The roles described by the ``supporters`` config group (None: all embedded)."""
+    cfgs = role_configs(cfg)
+    exp, strat, insp = cfgs["exploration"], cfgs["strategist"], cfgs["inspector"]
+    assert isinstance(exp, ExplorationConfig) and isinstance(strat, StrategistConfig)
+    assert isinstance(insp, InspectorConfig)
+    return Supporters(exploration=ExplorationSupporter(exp, seed=seed),
+                      strategist=FineTuningStrategist(strat, seed=seed),
+                      inspector=PolicyInspector(insp, seed=seed), task_name=task_name)
+
+
+__all__ = [
+    "HARD_BOUNDS", "TEMPERATURE_BOUNDS", "DpoMetrics", "ExplorationAdvice", "ExplorationRequest",
+    "ExplorationSupporter", "FineTuningStrategist", "GateDecision", "GateNumbers",
+    "InspectorRequest", "InspectorVerdict", "KnobBounds", "Knobs", "PolicyInspector",
+    "ProgramView", "QualityMetricView", "ScoreStats", "StrategistAdvice", "StrategistRequest", "Supporters",
+    "build_supporters",
+]

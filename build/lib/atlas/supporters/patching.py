@@ -1,0 +1,272 @@
+"""Source-level code edits the embedded exploration rule makes, found with ``ast``.
+
+Edits are applied to the original text by character offsets (not ``ast.unparse``) so the
+agent's comments and layout survive: patched programs go back into prompts the small agent
+reads, and a reformatted program would look like a different one to it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+#: names that mark a numeric constant as a loop bound/index rather than a hyper-parameter
+_NON_HYPER = {"range", "len", "zeros", "ones", "empty", "eye", "reshape", "shape", "argmax",
+              "argmin", "round", "int", "print"}
+ROBUST_MARKERS = re.compile(r"huber|clip|clamp|smooth_l1|log1p|pseudo", re.IGNORECASE)
+HELPER = "_atlas_pseudo_huber"
+HELPER_SRC = (
+    f"def {HELPER}(x, delta=1.0):\n"
+    "    # smooth Huber (added by the exploration supporter): quadratic near 0, linear in\n"
+    "    # the tails, so one exploding component cannot dominate the gradient\n"
+    "    return delta ** 2 * ((1.0 + (x / delta) ** 2) ** 0.5 - 1.0)\n\n\n"
+)
+
+
+@dataclass(frozen=True)
+class NumericSite:
+    """A numeric literal that looks like a tunable hyper-parameter."""
+
+    name: str  # the variable/keyword/attribute it is bound to, for the critique
+    value: float
+    is_int: bool
+    start: tuple[int, int]  # (line, col) of the literal, 1-based lines, 0-based cols
+    end: tuple[int, int]
+
+
+def _bound_name(target: ast.AST) -> str | None:
+    if isinstance(target, ast.Name):
+        return target.id
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    if isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant):
+        return str(target.slice.value)
+    return None
+
+
+def _literal(node: ast.AST | None) -> ast.Constant | None:
+    """A plain int/float literal (not bool), positive only: signs are semantic, not tunable."""
+    if (isinstance(node, ast.Constant) and isinstance(node.value, (int, float))
+            and not isinstance(node.value, bool) and node.value > 0):
+        return node
+    return None
+
+
+def _tunable(value: float, is_int: bool) -> bool:
+    # 0 and 1 ints are almost always indices, flags or identities, not hyper-parameters
+    return not (is_int and value < 2)
+
+
+def find_numeric_sites(code: str) -> list[NumericSite]:
+    """Numeric literals bound to a name (``w = 50``, ``self.lam = 0.1``, ``f(alpha=2.0)``,
+    ``def f(x, window=50)``) in source order. Returns [] for code that does not parse."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return []
+    found: list[tuple[str, ast.Constant]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            lit = _literal(node.value)
+            name = _bound_name(targets[0]) if len(targets) == 1 else None
+            if lit is not None and name is not None:
+                found.append((name, lit))
+            elif (len(targets) == 1 and isinstance(targets[0], ast.Tuple)
+                  and isinstance(node.value, ast.Tuple)
+                  and len(targets[0].elts) == len(node.value.elts)):
+                # ``window, alpha, lam = 50, 1.0, 1.0``: one site per element
+                for target, value in zip(targets[0].elts, node.value.elts):
+                    lit, name = _literal(value), _bound_name(target)
+                    if lit is not None and name is not None:
+                        found.append((name, lit))
+        elif isinstance(node, ast.Call):
+            fname = _bound_name(node.func) or ""
+            if fname in _NON_HYPER:
+                continue
+            for kw in node.keywords:
+                lit = _literal(kw.value)
+                if lit is not None and kw.arg:
+                    found.append((kw.arg, lit))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args.args + node.args.kwonlyargs
+            defaults = [None] * (len(node.args.args) - len(node.args.defaults))
+            defaults += list(node.args.defaults) + list(node.args.kw_defaults)
+            for arg, default in zip(args, defaults):
+                lit = _literal(default)
+                if lit is not None:
+                    found.append((arg.arg, lit))
+    sites = []
+    for name, lit in found:
+        is_int = isinstance(lit.value, int)
+        if _tunable(float(lit.value), is_int) and lit.end_lineno is not None:
+            sites.append(NumericSite(name, float(lit.value), is_int,
+                                     (lit.lineno, lit.col_offset),
+                                     (lit.end_lineno, lit.end_col_offset or 0)))
+    sites.sort(key=lambda s: s.start)
+    return sites
+
+
+def _replace(code: str, start: tuple[int, int], end: tuple[int, int], text: str) -> str:
+    lines = code.splitlines(keepends=True)
+
+    def char_offset(pos: tuple[int, int]) -> int:  # ast columns are UTF-8 byte offsets
+        line, col = pos
+        prefix = lines[line - 1].encode()[:col].decode(errors="ignore")
+        return sum(len(x) for x in lines[: line - 1]) + len(prefix)
+
+    a, b = char_offset(start), char_offset(end)
+    return code[:a] + text + code[b:]
+
+
+def format_number(value: float, is_int: bool) -> str:
+    """A short literal of the same type: ints stay ints (>= 1), floats keep 3 significant
+    digits and a decimal point or exponent (``5.0``, not ``5``)."""
+    if is_int:
+        return str(max(1, int(round(value))))
+    text = repr(float(f"{value:.3g}"))
+    return text
+
+
+def perturb(code: str, site: NumericSite, factor: float) -> tuple[str, str]:
+    """Scale one literal by ``factor``; returns (new code, new literal text)."""
+    new_value = site.value * factor
+    if site.is_int and int(round(new_value)) == int(site.value):  # 2 * 0.5 -> 1 ... keep moving
+        new_value = site.value + (1 if factor > 1 else -1)
+    text = format_number(new_value, site.is_int)
+    return _replace(code, site.start, site.end, text), text
+
+
+def _entry(tree: ast.Module, entry_point: str) -> ast.FunctionDef | None:
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == entry_point:
+            return node
+    return None
+
+
+def add_robust_loss(code: str, entry_point: str) -> str | None:
+    """Replace squared terms (``x ** 2``, ``square(x)``) inside the entry point with a smooth
+    Huber, unless the program already clips/robustifies. None if nothing applies."""
+    if ROBUST_MARKERS.search(code):
+        return None
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    fn = _entry(tree, entry_point)
+    if fn is None:
+        return None
+    edits: list[tuple[tuple[int, int], tuple[int, int], str]] = []
+    for node in ast.walk(fn):
+        inner: ast.AST | None = None
+        if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow)
+                and isinstance(node.right, ast.Constant) and node.right.value == 2):
+            inner = node.left
+        elif (isinstance(node, ast.Call) and (_bound_name(node.func) or "") == "square"
+              and len(node.args) == 1 and not node.keywords):
+            inner = node.args[0]
+        if inner is not None and node.end_lineno is not None:
+            src = ast.get_source_segment(code, inner)
+            if src:
+                edits.append(((node.lineno, node.col_offset),
+                              (node.end_lineno, node.end_col_offset or 0),
+                              f"{HELPER}({src})"))
+    # outermost edits only, applied back to front so offsets stay valid
+    edits.sort(key=lambda e: (e[0], (-e[1][0], -e[1][1])))
+    kept: list[tuple[tuple[int, int], tuple[int, int], str]] = []
+    for e in edits:
+        if kept and e[0] < kept[-1][1]:
+            continue
+        kept.append(e)
+    if not kept:
+        return None
+    for start, end, text in reversed(kept):
+        code = _replace(code, start, end, text)
+    lines = code.splitlines(keepends=True)
+    first = fn.lineno - 1 - len(fn.decorator_list)
+    patched = "".join(lines[:first]) + HELPER_SRC + "".join(lines[first:])
+    compile(patched, "<patch>", "exec")  # a bug here must not reach the loop silently
+    return patched
+
+
+def defines_entry_point(code: str, entry_point: str) -> bool:
+    """True iff ``code`` parses and defines a top-level function ``entry_point``."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return _entry(tree, entry_point) is not None
+
+
+def normalise(code: str) -> str:
+    """Code with comments/whitespace/docstrings removed, to tell programs apart."""
+    try:
+        return ast.dump(ast.parse(code))
+    except (SyntaxError, ValueError):
+        return " ".join(code.split())
+
+
+def _statements(code: str) -> list[tuple[str, ast.stmt]] | None:
+    """Top-level statements as ``(ast.dump, node)``; None when ``code`` does not parse."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    return [(ast.dump(n), n) for n in tree.body]
+
+
+def as_completion(prefill: str, code: str, entry_point: str) -> str | None:
+    """The completion, after ``prefill`` (a prompt's opening fence, preamble, signature and
+    leading comments), with which the agent would have written ``code``; None if it cannot.
+
+    Why: a supporter's program enters D_k as a completion of the prompt the agent was served
+    (paper 2.1-2.2), so the DPO loss must train on tokens the agent could have produced:
+    text that continues the prefill inside the open fence, never a closing fence (generation
+    stops there). The function is the text after the prefill's header; helpers and imports
+    the patch added before the function (e.g. the Huber helper) follow the function, where
+    the extractor keeps them. A patch that changed the prefill's header or added module-level
+    constants cannot be written after the prefill: None. The result is checked: extracting
+    ``prefill + completion`` gives ``code``'s statements (plus any the prefill already had).
+    """
+    from atlas.evolution.extract import extract_program, split_program  # no import cycle
+
+    fence = "```python\n"
+    if not prefill.startswith(fence):
+        return None
+    head = prefill[len(fence):]
+    code = code.strip("\n") + "\n"
+    if code.startswith(head):
+        completion = code[len(head):].rstrip()
+    else:
+        head_split, code_split = split_program(head + "\n    pass", entry_point), \
+            split_program(code, entry_point)
+        if head_split is None or code_split is None:
+            return None
+        head_fn = head_split[1][: -len("\n    pass")]
+        if not code_split[1].startswith(head_fn):
+            return None
+        known = {d for d, _ in _statements(head_split[0]) or []}
+        extras = []
+        lines = code.splitlines()
+        for dump, node in _statements(code_split[0]) or []:
+            if dump in known:
+                continue
+            if not isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef,
+                                     ast.AsyncFunctionDef, ast.ClassDef)):
+                return None  # a constant after the function would be dropped by extraction
+            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            extras.append("\n".join(lines[start - 1:node.end_lineno]))
+        completion = code_split[1][len(head_fn):].rstrip()
+        if extras:
+            completion += "\n\n\n" + "\n\n\n".join(extras)
+    if not completion.strip() or "```" in completion:
+        return None
+    extracted = extract_program(prefill, completion, entry_point)
+    want, got = _statements(code), _statements(extracted or "")
+    if got is None or want is None:
+        return None
+    allowed = {d for d, _ in want} | {d for d, _ in _statements(head + "\n    pass") or []}
+    if not {d for d, _ in want} <= {d for d, _ in got} or not {d for d, _ in got} <= allowed:
+        return None
+    return completion

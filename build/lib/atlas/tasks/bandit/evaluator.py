@@ -1,0 +1,269 @@
+"""Scoring half of the bandit task: play a candidate ``policy`` on the hidden environments.
+
+In the sandbox the task is split across two processes. ``make_scorer(config, secret)`` runs in
+the trusted scorer worker: it generates the environments from seeds derived from the run's
+secret and the public ``env_seeds`` (so a policy cannot rebuild them from the repository) and
+keeps the regret accounting. ``make_runner(config)`` runs in the candidate's single-use
+process, which never held the environments: it receives one context matrix per step and
+the reward of the arm it chose, over a pipe, and answers with an arm.
+``make_evaluator(config)`` plays both halves in one process, for trusted policies only
+(baselines, tests). The score is the negative mean (pseudo-)regret, NMR, averaged over the env seeds; the
+same ``score_policy`` function scores the baselines, so the baseline table is comparable.
+
+Candidate API: ``policy(contexts, history, t, state) -> int``; ``contexts`` is a fresh read-only
+(K, d) copy, ``history`` a list of ``(arm, x, reward)`` that the evaluator appends to after each
+step (the same list object, so passing it is O(1)), ``state`` a dict private to one episode.
+Candidate exceptions propagate unchanged (the sandbox classifies them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from hashlib import blake2b
+from math import fsum, isfinite, sqrt
+from typing import Any
+
+import numpy as np
+
+from atlas.sandbox.candidate import CandidateError, load_candidate
+from atlas.sandbox.link import Link
+from atlas.sandbox.secret import derive_seed
+from atlas.tasks.bandit.env import BanditConfig, BanditEnv, make_env
+from atlas.types import Evaluation, FailureKind
+
+Policy = Callable[[np.ndarray, list, int, dict], Any]
+ENTRY_POINT = "policy"
+
+# Bound at import, before any candidate runs: candidate code shares this process's numpy, and
+# a program that reassigns ``np.mean`` or ``np.integer`` must not bend the scoring. Aggregates
+# below use ndarray methods, ``tolist`` and ``math.fsum`` for the same reason.
+_empty, _arange, _contiguous = np.empty, np.arange, np.ascontiguousarray
+_INT_TYPES, _BOOL_TYPES, _INT64 = (int, np.integer), (bool, np.bool_), np.int64
+
+
+def check_arm(arm: Any, n_arms: int, t: int) -> int:
+    """Validate one returned arm; bools and floats are rejected (``True`` is not arm 1)."""
+    if isinstance(arm, _BOOL_TYPES) or not isinstance(arm, _INT_TYPES):
+        shown = repr(arm)[:60]
+        raise CandidateError(FailureKind.WRONG_RETURN,
+                             f"policy returned {shown} ({type(arm).__name__}) at step t={t}; "
+                             f"it must return an int arm index in [0, {n_arms}), e.g. "
+                             f"int(np.argmax(scores))")
+    if not 0 <= arm < n_arms:
+        raise CandidateError(FailureKind.WRONG_RETURN,
+                             f"policy returned arm {int(arm)} at step t={t}; valid arms are "
+                             f"0..{n_arms - 1}")
+    return int(arm)
+
+
+def require_finite(name: str, value: float) -> float:
+    """Raise NON_FINITE for a NaN/inf score so it never enters the program database."""
+    if not isfinite(value):
+        raise CandidateError(FailureKind.NON_FINITE, f"{name} is {value} (not finite)")
+    return value
+
+
+def run_episode(policy: Policy, env: BanditEnv) -> np.ndarray:
+    """Play one episode of ``env`` with ``policy``; return the (T,) arms it chose."""
+    T, K = env.horizon, env.n_arms
+    contexts, rewards = env.contexts, env.rewards
+    arms = _empty(T, dtype=_INT64)
+    history: list[tuple[int, np.ndarray, float]] = []
+    state: dict[str, Any] = {}
+    for t in range(T):
+        x = contexts[t].copy()  # a copy: the candidate may scribble on what it gets
+        x.flags.writeable = False
+        a = check_arm(policy(x, history, t, state), K, t)
+        arms[t] = a
+        history.append((a, x[a], float(rewards[t, a])))
+    return arms
+
+
+def _mean(values: np.ndarray) -> float:
+    items = values.tolist()
+    return fsum(items) / len(items)
+
+
+def episode_metrics(env: BanditEnv, arms: np.ndarray) -> dict[str, float]:
+    """Per-episode numbers: NMR, regret per half, realised reward, optimal-arm rate."""
+    T = env.horizon
+    if arms.shape != (T,):
+        raise ValueError(f"arms must have shape ({T},), got {arms.shape}")
+    idx = _arange(T)
+    best = env.means.max(axis=1)
+    chosen = env.means[idx, arms]
+    regret = best - chosen
+    half = T // 2
+    return {
+        "nmr": -_mean(regret),
+        "regret_first_half": _mean(regret[:half]),
+        "regret_second_half": _mean(regret[half:]),
+        "mean_reward": _mean(env.rewards[idx, arms]),
+        "optimal_rate": _mean((chosen >= best - 1e-12).astype(float)),
+    }
+
+
+def _fingerprint(envs: Sequence[BanditEnv]) -> str:
+    h = blake2b(digest_size=16)
+    for env in envs:
+        for arr in (env.contexts, env.thetas, env.means, env.rewards):
+            h.update(memoryview(_contiguous(arr)).cast("B"))
+    return h.hexdigest()
+
+
+def score_policy(policy_factory: Callable[[BanditEnv], Policy],
+                 envs: Sequence[BanditEnv]) -> tuple[float, dict[str, float]]:
+    """Score a policy on each env (fresh policy per env); return (mean NMR, metrics).
+
+    ``policy_factory(env)`` returns the callable for that env; candidates ignore ``env``, the
+    oracle baseline uses it. Metrics hold ``nmr_seed<k>`` per env seed plus means over seeds.
+    """
+    return score_arms([(env, run_episode(policy_factory(env), env)) for env in envs])
+
+
+def score_arms(played: Sequence[tuple[BanditEnv, np.ndarray]]) -> tuple[float, dict[str, float]]:
+    """(mean NMR, metrics) of the arms played on each environment."""
+    per: list[dict[str, float]] = []
+    metrics: dict[str, float] = {}
+    for env, arms in played:
+        m = episode_metrics(env, arms)
+        per.append(m)
+        metrics[f"nmr_seed{env.seed}"] = m["nmr"]
+    for key in per[0]:
+        metrics[key] = fsum(m[key] for m in per) / len(per)
+    mu = metrics["nmr"]
+    metrics["nmr_std"] = sqrt(fsum((m["nmr"] - mu) ** 2 for m in per) / len(per))
+    return metrics["nmr"], metrics
+
+
+def check_env_seeds(seeds: Any) -> list[int]:
+    """Validate ``env_seeds``: a non-empty list of distinct non-negative integers."""
+    if (not isinstance(seeds, (list, tuple)) or not seeds
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
+        raise ValueError(f"task.env_seeds={seeds!r} is invalid: use a non-empty list of "
+                         f"non-negative integers, e.g. [0, 1, 2, 3]")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"task.env_seeds={seeds!r} repeats a seed: list each seed once")
+    return [int(s) for s in seeds]
+
+
+def build_envs(config: dict[str, Any], secret: str | None = None) -> list[BanditEnv]:
+    """The evaluation environments named by ``config['env_seeds']``.
+
+    With the run's ``secret`` each public seed only indexes a hidden seed derived from it; the
+    environment keeps the public seed as its label (``nmr_seed<k>`` metrics).
+    """
+    seeds = check_env_seeds(config.get("env_seeds"))
+    cfg = BanditConfig.from_mapping(config)
+    if secret is None:
+        return [make_env(cfg, s) for s in seeds]
+    return [replace(make_env(cfg, derive_seed(secret, "bandit-env", s)), seed=s) for s in seeds]
+
+
+class BanditScorer:
+    """Trusted half: holds the hidden environments, sends contexts and rewards, counts regret."""
+
+    def __init__(self, config: dict[str, Any], secret: str | None = None) -> None:
+        self.envs = build_envs(dict(config), secret)
+        self.cfg = BanditConfig.from_mapping(config)
+
+    def public_config(self) -> dict[str, Any]:
+        """What the runner may know: the shapes of the problem, nothing hidden."""
+        return {"K": self.cfg.K, "d": self.cfg.d, "T": self.cfg.T}
+
+    def _play(self, link: Link) -> np.ndarray:
+        """All environments in lockstep: one round trip per step carries every episode's
+        contexts and last rewards (a round trip costs a scheduler wake-up on a busy machine)."""
+        envs, K = self.envs, self.cfg.K
+        T, E = envs[0].horizon, len(envs)
+        arms = _empty((E, T), dtype=_INT64)
+        for t in range(T):
+            msg: dict[str, Any] = {"t": t, "x": [env.contexts[t].tolist() for env in envs]}
+            if t > 0:
+                msg["r"] = [float(env.rewards[t - 1, arms[i, t - 1]])
+                            for i, env in enumerate(envs)]
+            link.send(msg)
+            answer = link.recv().get("a")
+            if (type(answer) is not list or len(answer) != E
+                    or not all(type(a) is int and 0 <= a < K for a in answer)):
+                # the runner validated each arm with check_arm: this answer is forged
+                raise CandidateError(FailureKind.TAMPERED, f"the policy's process answered "
+                                     f"{repr(answer)[:60]} at t={t}, not {E} arms in [0, {K})")
+            arms[:, t] = answer
+        return arms
+
+    def score(self, code: str, context: dict[str, Any], link: Link) -> Evaluation:
+        start = time.perf_counter()
+        arms = self._play(link)
+        link.send({"done": True})
+        score, metrics = score_arms(list(zip(self.envs, arms)))
+        require_finite("NMR score", score)
+        for key, value in metrics.items():
+            require_finite(f"metric {key}", value)
+        return Evaluation(score=score, passed=True, metrics=metrics,
+                          seconds=time.perf_counter() - start)
+
+
+def make_scorer(config: dict[str, Any], secret: str | None = None) -> BanditScorer:
+    """Factory of the trusted half (called once per scorer worker)."""
+    return BanditScorer(config, secret)
+
+
+def make_runner(config: dict[str, Any]) -> Callable[[str, dict[str, Any], Link], None]:
+    """Factory of the untrusted half: plays the policy on whatever contexts arrive."""
+    n_arms = int(config["K"])
+
+    def run(code: str, context: dict[str, Any], link: Link) -> None:
+        policy = load_candidate(code, ENTRY_POINT)
+        histories: list[list[tuple[int, np.ndarray, float]]] = []
+        states: list[dict[str, Any]] = []
+        prev: list[tuple[int, np.ndarray]] = []
+        while True:
+            msg = link.recv()
+            if msg.get("done"):
+                return
+            t = int(msg["t"])
+            contexts = msg["x"]
+            if t == 0:  # a fresh history and state per environment, as in score_policy
+                histories, states = [[] for _ in contexts], [{} for _ in contexts]
+            else:
+                for hist, (a, xa), r in zip(histories, prev, msg["r"]):
+                    hist.append((a, xa, float(r)))
+            prev, answer = [], []
+            for hist, state, rows in zip(histories, states, contexts):
+                x = np.array(rows, dtype=np.float64)
+                x.flags.writeable = False
+                a = check_arm(policy(x, hist, t, state), n_arms, t)
+                prev.append((a, x[a]))
+                answer.append(a)
+            link.send({"a": answer})
+
+    return run
+
+
+def make_evaluator(config: dict[str, Any]) -> Callable[[str, dict[str, Any]], Evaluation]:
+    """Build the worker-side evaluator (environments are generated once, here)."""
+    envs = build_envs(dict(config))
+    stamp = _fingerprint(envs)
+
+    def evaluate(code: str, context: dict[str, Any]) -> Evaluation:
+        nonlocal envs, stamp
+        start = time.perf_counter()
+        policy = load_candidate(code, ENTRY_POINT)
+        try:
+            score, metrics = score_policy(lambda env: policy, envs)
+        finally:
+            if _fingerprint(envs) != stamp:  # the candidate reached the shared arrays
+                envs = build_envs(dict(config))
+                stamp = _fingerprint(envs)
+                raise RuntimeError("the policy modified the environment's arrays; a policy "
+                                   "may only read its arguments and its own state")
+        require_finite("NMR score", score)
+        for key, value in metrics.items():
+            require_finite(f"metric {key}", value)
+        return Evaluation(score=score, passed=True, metrics=metrics,
+                          seconds=time.perf_counter() - start)
+
+    return evaluate

@@ -1,0 +1,253 @@
+"""Everything a run reports: ``events.jsonl``, ``programs.jsonl`` and W&B (through Lightning).
+
+The JSONL files are the source of truth (figures and tables are recomputed from them);
+W&B mirrors them. Files are append-only and their byte offsets are checkpointed, so a
+resumed run truncates what the crashed round wrote and never duplicates a line.
+
+W&B layout (see ``logger_metrics``): ``round/*`` charts are plotted against ``round/round``
+(valid rate, best, ``round/islands/<i>/{best,median,size,coverage}``, failure counts),
+``phase/*`` against ``phase/phase`` (scores, pairs, ``phase/dpo/*``, ``phase/gate/{kl,gain,...}``,
+``phase/promoted``, ``phase/strategist/values/*``, ``phase/interventions/<knob>`` as 0/1);
+at the end of the run the tables ``programs`` and ``phases`` and ``results/*`` summary keys.
+Tables are rebuilt from the JSONL files, so a resumed run's tables hold every program once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from atlas.knobs import KNOBS
+from atlas.types import Program
+
+log = logging.getLogger("atlas.telemetry")
+
+EVENTS = "events.jsonl"
+PROGRAMS = "programs.jsonl"
+TAIL_BYTES = 1 << 20  # the end of each JSONL file a checkpoint keeps, to repair a torn line
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: non-finite floats become null (the JSON standard has no NaN/inf)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        return _clean(value.item())
+    return value
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(_clean(obj), allow_nan=False)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of a nested dict as ``a/b/c`` keys (what W&B charts)."""
+    out: dict[str, float] = {}
+    for k, v in d.items():
+        key = f"{prefix}/{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out.update(flatten(v, key))
+        elif isinstance(v, bool):
+            out[key] = float(v)
+        elif isinstance(v, (int, float)) and math.isfinite(float(v)):
+            out[key] = float(v)
+    return out
+
+
+# columns of the W&B tables logged at the end of a run
+PROGRAM_COLUMNS = ("id", "island", "round", "phase", "source", "score", "passed", "failure_kind",
+                   "code")
+PHASE_COLUMNS = ("phase", "round", "skipped", "reason", "pairs", "gate_reason", "gain", "kl",
+                 "promoted", "vetoed", "interventions")
+# what flatten() drops (lists) but a chart needs: strategist knob changes as 0/1 series
+
+
+def logger_metrics(kind: str, record: dict[str, Any]) -> dict[str, float]:
+    """The chart values of one ``round`` / ``phase`` / ``seed`` event, keyed ``<kind>/a/b``."""
+    metrics = flatten({k: v for k, v in record.items() if k != "event"}, prefix=kind)
+    if kind == "phase":  # a trained phase's record has no "skipped": chart it as 0
+        metrics.setdefault("phase/skipped", 0.0)
+    strategist = record.get("strategist") if kind == "phase" else None
+    if isinstance(strategist, dict):
+        changed = set(strategist.get("changed") or [])
+        metrics.update({f"phase/interventions/{k}": float(k in changed) for k in KNOBS})
+    return metrics
+
+
+def program_rows(programs: list[dict[str, Any]], limit: int) -> list[list[Any]]:
+    """Rows of the ``programs`` table; over ``limit`` (W&B truncates), the best ``limit`` by score."""
+    rows = [[p["id"], p["island"], p["round"], p.get("phase", 0), p.get("source", "agent"),
+             p["evaluation"].get("score"), bool(p["evaluation"].get("passed")),
+             p["evaluation"].get("failure_kind", "ok"), p["code"]] for p in programs]
+    if len(rows) > limit:
+        log.warning("W&B programs table: keeping the best %d of %d programs (all are in %s)",
+                    limit, len(rows), PROGRAMS)
+        rows.sort(key=lambda r: (r[6], r[5] if r[5] is not None else -math.inf), reverse=True)
+        rows = rows[:limit]
+    return rows
+
+
+def phase_rows(events: list[dict[str, Any]]) -> list[list[Any]]:
+    """Rows of the ``phases`` table: what each phase did and why (gate reason, interventions)."""
+    rows = []
+    for e in events:
+        if e.get("event") != "phase":
+            continue
+        gate = e.get("gate") or {}
+        changed = (e.get("strategist") or {}).get("changed") or []
+        rows.append([e.get("phase"), e.get("round"), bool(e.get("skipped", False)),
+                     e.get("reason", ""), e.get("pairs"), gate.get("reason", ""), gate.get("gain"),
+                     gate.get("kl"), e.get("promoted"), e.get("vetoed"), ",".join(changed)])
+    return rows
+
+
+class Telemetry:
+    """Writes the run's JSONL files and mirrors them to an optional Lightning logger."""
+
+    def __init__(self, run_dir: Path, logger: Any | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.logger = logger
+        self._events = open(self.run_dir / EVENTS, "a", encoding="utf-8")  # noqa: SIM115
+        self._programs = open(self.run_dir / PROGRAMS, "a", encoding="utf-8")  # noqa: SIM115
+        self._step = 0
+        if logger is not None:
+            define_axes(logger)
+
+    # -- resume -----------------------------------------------------------------------
+    def offsets(self) -> dict[str, Any]:
+        """Byte sizes of the JSONL files (checkpointed with the round), plus each file's last
+        ``TAIL_BYTES`` ("tail"): if a file later turns out shorter than its checkpointed size
+        (a torn last line of the checkpointed region), ``truncate_to`` restores it from them."""
+        self.flush()
+        sizes = {EVENTS: self._events.tell(), PROGRAMS: self._programs.tell()}
+        tail = {}
+        for name, size in sizes.items():
+            with open(self.run_dir / name, "rb") as fh:
+                fh.seek(max(0, size - TAIL_BYTES))
+                tail[name] = fh.read(size - fh.tell())
+        return {**sizes, "step": self._step, "tail": tail}
+
+    def truncate_to(self, offsets: dict[str, Any]) -> None:
+        """Bring each file back to its checkpointed size: drop what a crashed round appended,
+        and restore a checkpointed tail the file lost. Never pads (``truncate`` past the end
+        of a file fills it with NUL bytes, which glued the next record onto a torn line)."""
+        tails = offsets.get("tail") or {}
+        for name, fh in ((EVENTS, self._events), (PROGRAMS, self._programs)):
+            fh.flush()
+            _restore(self.run_dir / name, int(offsets.get(name, 0)), tails.get(name) or b"")
+            fh.seek(0, os.SEEK_END)
+        self._step = int(offsets.get("step", 0))
+
+    # -- writing ----------------------------------------------------------------------
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        record = {"event": kind, **fields}
+        self._events.write(dumps(record) + "\n")
+        self._events.flush()
+        if self.logger is not None and kind in ("round", "phase", "seed"):
+            self._step += 1
+            metrics = logger_metrics(kind, record)
+            if metrics:
+                self.logger.log_metrics(metrics, step=self._step)
+        if self.logger is not None and kind == "end":
+            self.log_tables(record.get("results") or {})
+        return record
+
+    def log_tables(self, results: dict[str, Any]) -> None:
+        """End of run: ``programs`` and ``phases`` W&B tables and ``results/*`` summary keys."""
+        self.flush()
+        if hasattr(self.logger, "log_table"):  # Lightning's WandbLogger
+            import wandb
+
+            programs = read_jsonl(self.run_dir / PROGRAMS)
+            self.logger.log_table("programs", columns=list(PROGRAM_COLUMNS),
+                                  data=program_rows(programs, wandb.Table.MAX_ROWS))
+            self.logger.log_table("phases", columns=list(PHASE_COLUMNS),
+                                  data=phase_rows(read_jsonl(self.run_dir / EVENTS)))
+        summary = getattr(getattr(self.logger, "experiment", None), "summary", None)
+        if summary is not None and hasattr(summary, "update"):
+            summary.update(flatten(results, prefix="results"))
+
+    def programs(self, programs: list[Program]) -> None:
+        for p in programs:
+            self._programs.write(dumps(p.to_dict()) + "\n")
+        self._programs.flush()
+
+    def flush(self) -> None:
+        for fh in (self._events, self._programs):
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def close(self) -> None:
+        self.flush()
+        self._events.close()
+        self._programs.close()
+
+
+def _restore(path: Path, size: int, tail: bytes) -> None:
+    """Make ``path`` exactly its checkpointed ``size`` bytes (see ``Telemetry.truncate_to``)."""
+    with open(path, "r+b") as fh:
+        now = fh.seek(0, os.SEEK_END)
+        if now >= size:
+            fh.truncate(size)
+            return
+        start = size - len(tail)
+        if tail and now >= start:
+            fh.truncate(start)
+            fh.seek(start)
+            fh.write(tail)
+            log.warning("%s was %d bytes shorter than its checkpoint recorded (a torn last line);"
+                        " restored it from the checkpoint", path, size - now)
+            return
+        keep = _last_line_end(fh, now)  # the lost bytes are not in the checkpoint
+        fh.truncate(keep)
+        log.warning("%s is %d bytes shorter than its checkpoint recorded and the checkpoint does "
+                    "not hold them: the records in them are lost; continuing after the last "
+                    "complete line", path, size - keep)
+
+
+def _last_line_end(fh: Any, size: int, chunk: int = 1 << 16) -> int:
+    """Offset just after the last newline in the first ``size`` bytes of ``fh`` (0 if none)."""
+    end = size
+    while end > 0:
+        start = max(0, end - chunk)
+        fh.seek(start)
+        found = fh.read(end - start).rfind(b"\n")
+        if found >= 0:
+            return start + found + 1
+        end = start
+    return 0
+
+
+def define_axes(logger: Any) -> None:
+    """Plot ``round/*`` against the round number and ``phase/*`` against the phase number
+    (instead of W&B's global step, which DPO steps also advance). A no-op for non-W&B loggers."""
+    define = getattr(getattr(logger, "experiment", None), "define_metric", None)
+    if callable(define):
+        define("round/round")
+        define("round/*", step_metric="round/round")
+        define("phase/phase")
+        define("phase/*", step_metric="phase/phase")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Read a JSONL file written by ``Telemetry`` (a torn last line is ignored)."""
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                log.warning("ignoring a torn line in %s", path)
+    return rows

@@ -1,0 +1,260 @@
+"""Records that cross module boundaries: a candidate's evaluation and a stored program, the
+reference mode, C_k's candidates and the gate's decision.
+
+They are plain dataclasses so that they pickle across worker processes and serialise
+to one JSON line each (``programs.jsonl``) without custom encoders.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class ReferenceMode(str, Enum):
+    """``method.reference``: what DPO is anchored at and what the gate compares against.
+
+    FIXED: the base model with adapters disabled (EvoTune), never promoted. ADAPTIVE: the
+    ``ref`` LoRA adapter, moved forward by promotions (EvoDPO, ATLAS). The values are the
+    YAML spellings, so run folders written before the enum existed still resume; a member
+    compares equal to its string and prints as it.
+    """
+
+    FIXED = "fixed"
+    ADAPTIVE = "adaptive"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @classmethod
+    def parse(cls, value: Any, field: str = "method.reference") -> "ReferenceMode":
+        """The member for ``value``, or a ValueError naming ``field`` and the choices."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"{field}={value!r} is not one of {[m.value for m in cls]}; "
+                             f"override it, e.g. `{field}={cls.FIXED.value}`") from None
+
+
+class FailureKind(str, Enum):
+    """Why a candidate program did not produce a usable score (``ok`` when it did)."""
+
+    OK = "ok"
+    SYNTAX_ERROR = "syntax_error"
+    MISSING_ENTRY_POINT = "missing_entry_point"
+    EXCEPTION = "exception"
+    TIMEOUT = "timeout"
+    KILLED = "killed"  # killed by a signal or out of memory
+    WRONG_RETURN = "wrong_return"  # wrong type or out of range
+    NON_FINITE = "non_finite"
+    NO_CODE = "no_code"  # the completion held no extractable program
+    TAMPERED = "tampered"  # a result no genuine program can produce (outside score_range, forged)
+    # the task's own scorer raised: a bug in the task, not in the candidate. A scorer blames
+    # the candidate only by raising CandidateError, RunnerFailed or ProtocolError; anything
+    # else it raises is this kind, and a run stops when the seed program hits it
+    TASK_ERROR = "task_error"
+
+
+@dataclass
+class Evaluation:
+    """The outcome of running one candidate in the sandbox.
+
+    ``score`` is always "higher is better" (bandit: negative mean regret; PINN: negative
+    validation loss). A failed candidate has ``passed=False`` and ``score=-inf``.
+    """
+
+    score: float
+    passed: bool
+    failure_kind: str = FailureKind.OK.value
+    message: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @classmethod
+    def failure(cls, kind: FailureKind | str, message: str = "", seconds: float = 0.0,
+                metrics: dict[str, float] | None = None) -> "Evaluation":
+        kind = kind.value if isinstance(kind, FailureKind) else str(kind)
+        return cls(score=-math.inf, passed=False, failure_kind=kind, message=message[:2000],
+                   metrics=dict(metrics or {}), seconds=seconds)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["score"] = None if not math.isfinite(self.score) else self.score
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Evaluation":
+        score = d.get("score")
+        return cls(score=-math.inf if score is None else float(score), passed=bool(d["passed"]),
+                   failure_kind=d.get("failure_kind", FailureKind.OK.value),
+                   message=d.get("message", ""), metrics=dict(d.get("metrics") or {}),
+                   seconds=float(d.get("seconds", 0.0)))
+
+
+@dataclass
+class Program:
+    """A candidate program as the program database stores it.
+
+    ``prompt`` and ``completion`` are kept verbatim because preference pairs are built
+    from them (the DPO loss is over the agent's own completion tokens).
+    """
+
+    id: int
+    island: int
+    round: int
+    code: str
+    evaluation: Evaluation
+    prompt: str = ""
+    completion: str = ""
+    parents: list[int] = field(default_factory=list)
+    cluster: str = ""
+    source: str = "agent"  # agent | seed | supporter | rescore (an incumbent re-scored, parents=[original])
+    phase: int = 0
+    #: the equation it was scored on (the task context without the round, as JSON): scores
+    #: compare only within one regime (the PINN viscosity drifts between phases)
+    regime: str = ""
+
+    @property
+    def score(self) -> float:
+        return self.evaluation.score
+
+    @property
+    def passed(self) -> bool:
+        return self.evaluation.passed
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["evaluation"] = self.evaluation.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Program":
+        d = dict(d)
+        d["evaluation"] = Evaluation.from_dict(d["evaluation"])
+        return cls(**d)
+
+
+@dataclass
+class PreferencePair:
+    """One element of D_k: a prompt with a preferred and a less-preferred completion."""
+
+    prompt: str
+    chosen: str
+    rejected: str
+    chosen_score: float
+    rejected_score: float
+    island: int = 0
+    kind: str = "passed_vs_passed"  # passed_vs_passed | passed_vs_failed
+    chosen_id: int = -1
+    rejected_id: int = -1
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for key in ("chosen_score", "rejected_score"):
+            d[key] = None if not math.isfinite(d[key]) else d[key]
+        return d
+
+
+@dataclass
+class GateItem:
+    """One element of the gate subset G_k (paper 2.2): a prompt, its evaluated completions
+    and their task scores, and the preferred completion the KL estimator teacher-forces."""
+
+    prompt: str
+    completions: list[str]
+    scores: list[float]  # task scores; failed completions carry a finite floor score
+    preferred: str
+
+
+@dataclass
+class PolicyCandidate:
+    """An element of C_k: a named copy of the policy adapter's tensors."""
+
+    name: str  # "step_3", "final", or e.g. "supporter_xyz" (C_k stays open)
+    state: dict[str, Any]  # adapter tensor name -> torch.Tensor (CPU copy)
+    step: int
+
+
+@dataclass
+class GateDecision:
+    """The Policy Inspector's verdict for phase k, with every number that led to it.
+
+    One type for the gate (``atlas.dpo.gate.decide`` fills every field) and the supporters
+    (the strategist reads the recent decisions, rebuilt from phase records with
+    ``from_record``; a number that was not measured is NaN).
+    """
+
+    accepted: bool
+    reason: str = ""  # atlas.dpo.gate: ACCEPTED | NO_GAIN | KL_TOO_LARGE | DISABLED | NO_ITEMS
+    chosen: str = ""  # name of c* (the promoted candidate when accepted)
+    gain: float = math.nan  # S(c*) - S(ref), normalised score units
+    kl: float = math.nan  # KL(c* || ref), nats per token
+    candidates: list[dict] = field(default_factory=list)  # name, step, score, gain, lower, se, kl, objective
+    ref_score: float = math.nan
+    epsilon: float = 0.0
+    delta: float = 0.0
+    lam: float = 0.0
+    score: float = math.nan  # S(c*)
+    enabled: bool = True
+    argmax: str = ""  # Eq. 4's choice (== chosen unless the gate is disabled)
+    lower_bound: float = math.nan  # paired lower confidence bound of c*'s gain (tested vs epsilon)
+    se: float = math.nan  # bootstrap standard deviation of c*'s gain
+    confidence: float = math.nan  # level of that bound
+    scale: str = ""  # unit of S (gate.scale: subset | item)
+    bound: str = ""  # how the bound was read off the bootstrap: bc | percentile | normal (gate.bound; bc falls back to percentile on a thin G_k, gate.bc_min_completions)
+    gain_scale: float = math.nan  # G in Eq. 4: max |gain| over C_k
+    kl_scale: float = math.nan  # K in Eq. 4: max KL over C_k
+    items: int = 0  # informative gate items S was measured on
+    # per gate item, the index of the completion each policy ranks highest (the programs it
+    # "prefers"): the Policy Inspector compares their per-component metrics (paper B.3.2)
+    candidate_preferred: list[int] = field(default_factory=list)
+    reference_preferred: list[int] = field(default_factory=list)
+
+    def promoted_state(self, candidates: list[PolicyCandidate]) -> dict[str, Any] | None:
+        """The tensors to promote (the chosen candidate's), or None when rejected."""
+        if not self.accepted:
+            return None
+        for c in candidates:
+            if c.name == self.chosen:
+                return c.state
+        raise KeyError(f"chosen candidate {self.chosen!r} is not in the given candidates "
+                       f"{[c.name for c in candidates]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready record for telemetry (NaN -> None)."""
+        def clean(v: Any) -> Any:
+            if isinstance(v, float) and not math.isfinite(v):
+                return None
+            if isinstance(v, dict):
+                return {k: clean(x) for k, x in v.items()}
+            if isinstance(v, list):
+                return [clean(x) for x in v]
+            return v
+        return clean(asdict(self))
+
+    @classmethod
+    def from_record(cls, record: Any) -> "GateDecision":
+        """Back from a ``to_dict`` record (a phase event's ``gate``, possibly with extra keys
+        such as ``held_out``) or an object with those attributes; None/non-finite -> NaN."""
+        get = record.get if isinstance(record, dict) else (
+            lambda k, d=None: getattr(record, k, d))
+        kw: dict[str, Any] = {}
+        for f in cls.__dataclass_fields__.values():
+            v = get(f.name, None)
+            if v is None:
+                continue
+            if f.name in _FLOAT_FIELDS:
+                v = float(v) if math.isfinite(float(v)) else math.nan
+            kw[f.name] = v
+        kw["accepted"] = bool(get("accepted", False))
+        kw["reason"] = str(kw.get("reason") or "")
+        return cls(**kw)
+
+
+_FLOAT_FIELDS = frozenset({"gain", "kl", "ref_score", "epsilon", "delta", "lam", "score",
+                           "lower_bound", "se", "confidence", "gain_scale", "kl_scale"})
