@@ -50,7 +50,7 @@ def test_agent_bench_1b_shape_shrunk_is_labelled_speed_only(capsys):
                             "--baseline-tokens", "0", "--no-sandbox", "--floor-tokens", "0",
                             "--threads", "1"])
     out = capsys.readouterr().out
-    assert "model=llama3_1b_shape (hidden_size=64, num_layers=1, num_heads=4): speed only " \
+    assert "model=llama3_1b_shape (hidden_size=64, num_layers=1): speed only " \
            "(random weights)" in out
     assert res["rows"][0]["tokens"] == 8  # random weights over 49,152 ids: no early EOS
 
@@ -73,6 +73,9 @@ def test_shape_model_is_llama_3_2_1b():
         (2048, 16, 32, 8, 8192, 49152)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
+    small = shape_config(Vocab(), hidden_size=64, num_layers=1)
+    assert (small.num_attention_heads, small.num_key_value_heads, small.head_dim,
+            small.intermediate_size) == (4, 1, 16, 256)
     h, kv, v = 2048, 8 * 64, 49152
     layer = 2 * h * h + 2 * h * kv + 3 * h * 8192 + 2 * h
     assert sum(p.numel() for p in model.parameters()) == v * h + 16 * layer + h  # tied head

@@ -186,13 +186,14 @@ def shape_config(tokenizer: PreTrainedTokenizerBase, hidden_size: int | None = N
                  num_layers: int | None = None, num_heads: int | None = None):
     """Llama-3.2-1B's ``LlamaConfig`` over ``tokenizer``'s vocabulary; ``hidden_size``,
     ``num_layers`` and ``num_heads`` shrink it (MLP 4x hidden, 4 query heads per KV head as in
-    the 1B) so that tests run the same code path in seconds."""
+    the 1B; heads default to hidden / 16, at most 32) so that tests run the same code path in
+    seconds."""
     from transformers import LlamaConfig
 
     shape = dict(LLAMA3_1B_SHAPE)
     if hidden_size or num_heads:
-        heads = int(num_heads or shape["num_attention_heads"])
         hidden = int(hidden_size or shape["hidden_size"])
+        heads = int(num_heads or max(1, min(32, hidden // 16)))  # head_dim >= 16 when shrunk
         if hidden % heads:
             raise ValueError(f"model.hidden_size={hidden} is not a multiple of model.num_heads="
                              f"{heads}; pick sizes that divide")

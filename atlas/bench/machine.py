@@ -41,8 +41,6 @@ def bench_model_cfg(model: str, hidden_size: int | None = None, num_layers: int 
                              f"--model={model}")
         if hidden_size:
             cfg["hidden_size"] = int(hidden_size)
-            if cfg["source"] == "llama3_1b_shape" and not cfg.get("num_heads"):
-                cfg["num_heads"] = max(1, min(32, int(hidden_size) // 16))  # head_dim >= 16
         if num_layers:
             cfg["num_layers"] = int(num_layers)
     if dtype:
