@@ -79,7 +79,9 @@ EOF
 echo "torch==${stub_version}" > "$tmp/constraints.txt"
 # atlas's own wheel (setup.sh installs the checkout itself, editable; the wheel carries the
 # dependency list and serves a node without the checkout)
+had_build=$([ -e build ] && echo 1 || true)  # setuptools leaves build/ in the checkout
 run "$PY" -m pip wheel -q --no-deps -w "$dir" .
+[ -n "$had_build" ] || [ -n "$dry" ] || rm -rf build
 run "$PY" -m pip wheel -q --no-deps -w "$dir" $SDIST_ONLY
 atlas_wheel="$dir/atlas-$($PY -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])' 2>/dev/null || echo 0.1.0)-py3-none-any.whl"
 req="atlas${extras:+[$extras]} @ file://$(cd "$dir" 2>/dev/null && pwd || echo "$dir")/$(basename "$atlas_wheel")"

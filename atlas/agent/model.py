@@ -124,13 +124,19 @@ def _build_smollm2_cache(gguf: Path, folder: Path, dtype: torch.dtype) -> None:
         gguf.parent, gguf_file=gguf.name, dtype=dtype,
         quantization_config=GgufConfig(dequantize=True))
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    _write_cache(folder, [model, tokenizer],
+                 {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "dtype": str(dtype)})
+
+
+def _write_cache(folder: Path, parts: list[Any], marker: dict[str, Any]) -> None:
+    """Save ``parts`` (``save_pretrained`` objects) into ``folder`` atomically, the marker last,
+    so that concurrent loaders never read half a cache."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / CACHE_MARKER).write_text(json.dumps(
-            {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "dtype": str(dtype)}))
+        for part in parts:
+            part.save_pretrained(tmp)
+        (tmp / CACHE_MARKER).write_text(json.dumps(marker))
         try:
             os.replace(tmp, folder)
         except OSError:  # another process finished first: keep theirs
@@ -167,18 +173,7 @@ def shipped_tokenizer(cfg: Mapping) -> PreTrainedTokenizerBase:
     if is_cached(folder):
         return AutoTokenizer.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
-    try:
-        tokenizer.save_pretrained(tmp)
-        (tmp / CACHE_MARKER).write_text(json.dumps({"gguf": str(gguf), "tokenizer": True}))
-        try:
-            os.replace(tmp, folder)
-        except OSError:  # another process finished first: keep theirs
-            if not is_cached(folder):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    _write_cache(folder, [tokenizer], {"gguf": str(gguf), "tokenizer": True})
     return AutoTokenizer.from_pretrained(folder)
 
 

@@ -37,15 +37,10 @@ PREFILLS = {  # name -> prefill after the assistant header
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    from atlas.bench.machine import add_model_args
+
     p = argparse.ArgumentParser(prog="python -m atlas.bench agent", description=__doc__)
-    p.add_argument("--model", default="smollm2",
-                   help="a conf/model option (smollm2, tiny, llama3_1b, llama3_1b_shape) or a "
-                        "local Hugging Face folder")
-    p.add_argument("--device", default="auto", help="cpu | cuda | auto (CUDA when present)")
-    p.add_argument("--hidden", type=int, default=0,
-                   help="shrink tiny/llama3_1b_shape to this hidden size (tests)")
-    p.add_argument("--layers", type=int, default=0,
-                   help="shrink tiny/llama3_1b_shape to this many layers (tests)")
+    add_model_args(p)
     p.add_argument("--batches", default="1,8,16", help="sampler batch sizes (samples per prompt)")
     p.add_argument("--hf-batches", default="8", help="HF generate batch sizes ('' = none)")
     p.add_argument("--dtypes", default="auto",

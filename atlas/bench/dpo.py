@@ -110,17 +110,11 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     """Run each (precision, path) in a child process; print and return their rows."""
     from atlas.bench.floor import ratio_text
+    from atlas.bench.machine import add_model_args
 
     ap = argparse.ArgumentParser(prog="python -m atlas.bench dpo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2",
-                    help="a conf/model option (smollm2, tiny, llama3_1b, llama3_1b_shape) or a "
-                         "local Hugging Face folder")
-    ap.add_argument("--device", default="auto", help="cpu | cuda | auto (CUDA when present)")
-    ap.add_argument("--hidden", type=int, default=0,
-                    help="shrink tiny/llama3_1b_shape to this hidden size (tests)")
-    ap.add_argument("--layers", type=int, default=0,
-                    help="shrink tiny/llama3_1b_shape to this many layers (tests)")
+    add_model_args(ap)
     ap.add_argument("--no-floor", dest="floor", action="store_false",
                     help="skip the profiled second phase that measures the floor")
     ap.add_argument("--programs", default=str(DATA), help="a run's programs.jsonl")

@@ -15,6 +15,18 @@ FOLDER_LORA = {"lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0,
 SHRINKABLE = ("tiny", "llama3_1b_shape")
 
 
+def add_model_args(parser: Any, default: str = "smollm2") -> None:
+    """``--model``, ``--device``, ``--hidden``, ``--layers``: the same in every bench."""
+    parser.add_argument("--model", default=default,
+                        help="a conf/model option (smollm2, tiny, llama3_1b, llama3_1b_shape: "
+                             "random weights, speed only) or a local Hugging Face folder")
+    parser.add_argument("--device", default="auto", help="cpu | cuda | auto (CUDA when present)")
+    parser.add_argument("--hidden", type=int, default=0,
+                        help="shrink tiny/llama3_1b_shape to this hidden size (tests)")
+    parser.add_argument("--layers", type=int, default=0,
+                        help="shrink tiny/llama3_1b_shape to this many layers (tests)")
+
+
 def model_options() -> list[str]:
     """The ``conf/model`` option names."""
     return sorted(p.stem for p in CONF_MODEL.glob("*.yaml"))

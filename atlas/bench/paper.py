@@ -28,14 +28,11 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    from atlas.bench.machine import add_model_args
+
     p = argparse.ArgumentParser(prog="python -m atlas.bench paper", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="llama3_1b_shape",
-                   help="a conf/model option or a local folder (default: Llama-3.2-1B's shape "
-                        "with random weights, speed only)")
-    p.add_argument("--device", default="auto", help="cpu | cuda | auto (CUDA when present)")
-    p.add_argument("--hidden", type=int, default=0, help="shrink tiny/llama3_1b_shape (tests)")
-    p.add_argument("--layers", type=int, default=0, help="shrink tiny/llama3_1b_shape (tests)")
+    add_model_args(p, default="llama3_1b_shape")
     p.add_argument("--task", default="bandit", help="the task whose rounds are timed")
     p.add_argument("--rounds-timed", type=int, default=3,
                    help="rounds timed (the first counts once, the mean of the others 499 times)")

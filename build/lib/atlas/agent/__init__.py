@@ -1,1 +1,0 @@
-"""The research agent: a Hugging Face causal LM with two LoRA adapters, ``policy`` and ``ref``."""
