@@ -93,7 +93,11 @@ def _copy_checkout(dest: Path) -> None:
 
 @pytest.mark.slow
 def test_wheelhouse_builds_and_installs_without_the_registry(tmp_path):
-    """Network for the build (~0.5 GB, minutes), none for the install."""
+    """Network for the build (~0.4 GB) and for the stand-in node's torch; none for the install.
+
+    The node is a venv holding torch alone (installed as this machine's pip is configured), so
+    every other package must come from the wheelhouse.
+    """
     house = tmp_path / "house"
     proc = _bash(WHEELHOUSE, str(house), "--extras", "dev", timeout=3000)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -101,15 +105,23 @@ def test_wheelhouse_builds_and_installs_without_the_registry(tmp_path):
     assert not any(n.startswith("torch-") for n in names)
     assert any(n.startswith("atlas-0.1.0-") for n in names)
     assert any(n.startswith("antlr4_python3_runtime-") and n.endswith(".whl") for n in names)
+    node = tmp_path / "node"
+    subprocess.run([sys.executable, "-m", "venv", str(node)], check=True)
+    subprocess.run([str(node / "bin" / "python"), "-m", "pip", "install", "-q",
+                    f"torch=={torch.__version__}"], check=True, timeout=1800)
     checkout = tmp_path / "checkout"
     _copy_checkout(checkout)
-    env = {"ATLAS_WHEELHOUSE": str(house), "PIP_CONFIG_FILE": os.devnull,
-           "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": "", "PIP_INDEX_URL": "http://127.0.0.1:9/"}
-    proc = _bash(checkout / "scripts" / "setup.sh", env=env, cwd=checkout, timeout=1800)
+    env = {"ATLAS_WHEELHOUSE": str(house), "PYTHON": str(node / "bin" / "python"),
+           "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/"}
+    proc = _bash(checkout / "scripts" / "setup.sh", env=env, cwd=checkout, timeout=3000)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     vpy = checkout / ".venv" / "bin" / "python"
-    probe = subprocess.run([str(vpy), "-c", "import atlas, torch, transformers, peft, lightning; "
-                            "print(torch.__version__, atlas.__file__)"],
+    probe = subprocess.run([str(vpy), "-c", "import atlas, torch, transformers, peft, lightning, "
+                            "hydra, jax; print(torch.__version__, torch.__file__, atlas.__file__)"],
                            cwd=tmp_path, capture_output=True, text=True, check=True)
-    version, atlas_file = probe.stdout.split()
-    assert version == torch.__version__ and atlas_file.startswith(str(checkout))
+    version, torch_file, atlas_file = probe.stdout.split()
+    assert version == torch.__version__
+    assert torch_file.startswith(str(node)) and atlas_file.startswith(str(checkout))
+    site = next((checkout / ".venv" / "lib").glob("python*/site-packages"))
+    assert not (site / "torch").exists()
+    assert len(list(site.glob("*.dist-info"))) > 100  # from the wheelhouse, not the node
