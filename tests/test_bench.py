@@ -107,6 +107,7 @@ def test_projection_arithmetic():
 def test_paper_bench_tiny_cpu(capsys):
     res = paper_bench.main(["--model", "tiny", "--device", "cpu", "--rounds-timed", "2",
                             "--max-new-tokens", "16", "--phase-pairs", "4", "--threads", "1",
+                            "--floor-tokens", "64",
                             "--set", "explore.workers=1", "--set", "dpo.max_length=512"])
     out = capsys.readouterr().out
     _device_line_ok(out)
@@ -120,7 +121,9 @@ def test_paper_bench_tiny_cpu(capsys):
     assert pr["total_s"] == pytest.approx(expected)
     assert f"total: {pr['total_s']:.0f} s = {pr['hours']:.2f} h a seed" in out
     assert f"499 x {r2['wall_s']:.2f} s" in out and "scaled from 4 to 256 pairs" in out
-    assert res["floor"]["ratio"] > 0 and "x the floor" in out
+    fl = res["floor"]
+    assert fl["tokens"] == 16 and fl["ratio"] == pytest.approx(fl["round_s"] / fl["round_busy_s"])
+    assert f"a round of 16 tokens: {fl['round_s'] * 1e3:.2f} ms vs floor" in out
 
 
 def test_pairs_span_every_prompt():

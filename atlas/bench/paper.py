@@ -44,8 +44,10 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="a Hydra override on top of experiment=paper, e.g. "
                                              "--set explore.workers=2 (repeatable)")
-    p.add_argument("--no-floor", dest="floor", action="store_false",
-                   help="skip the extra profiled round that measures the floor")
+    p.add_argument("--floor-tokens", type=int, default=32,
+                   help="completion budget of the two extra rounds (one timed, one profiled) "
+                        "that measure the floor; short, since a profile of a full round would "
+                        "hold millions of events (0 = skip)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="", help="also write the results to this JSON file")
@@ -169,14 +171,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             print(f"  round {r}: {wall:.2f} s ({row['generation_s']:.2f} s generating, "
                   f"{row['evaluate_wait_s']:.2f} s waiting for the sandbox), {len(out)} samples, "
                   f"{tokens} tokens = {row['tokens_per_s']:.1f} tok/s", flush=True)
-        if args.floor:
+        if args.floor_tokens > 0:
+            tokens = min(int(explore["max_new_tokens"]), args.floor_tokens)
+            short = Explorer(task, agent, sandbox, db, {**explore, "max_new_tokens": tokens},
+                             args.seed)
             rnd = args.rounds_timed + 1
-            out, busy = profile_busy(lambda: explorer.run_round(rnd, phase=0), device)
-            steady = results["rounds"][-1]["wall_s"]
-            results["floor"] = {"round_busy_s": busy.seconds, "kind": busy.kind,
-                                "ratio": steady / busy.seconds if busy.seconds else None}
-            print(f"  round {ratio_text(steady, busy.seconds, busy.kind)} (an extra, profiled "
-                  f"round; the round's wall includes the sandbox)", flush=True)
+            t0 = time.perf_counter()
+            short.run_round(rnd, phase=0)
+            wall = time.perf_counter() - t0
+            _, busy = profile_busy(lambda: short.run_round(rnd + 1, phase=0), device)
+            results["floor"] = {"tokens": tokens, "round_s": wall, "round_busy_s": busy.seconds,
+                                "kind": busy.kind,
+                                "ratio": wall / busy.seconds if busy.seconds else None}
+            print(f"  a round of {tokens} tokens: {ratio_text(wall, busy.seconds, busy.kind)} "
+                  f"(two extra rounds, one profiled; the wall includes the sandbox)",
+                  flush=True)
     finally:
         sandbox.close()
     target_pairs = int(cfg.dpo.max_pairs)
