@@ -91,7 +91,7 @@ def test_entry_point_prints_one_line_without_traceback(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "atlas.train", "experiment=test", "model=llama3_1b",
          f"model.name_or_path={BOGUS}", "method=evotune", "logger=none",
-         f"run_dir={tmp_path / 'run'}"],
+         f"run_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
