@@ -30,7 +30,11 @@ from typing import Any, NoReturn
 
 from atlas.sandbox.candidate import CandidateError
 from atlas.sandbox.guard import Guard
-from atlas.sandbox.isolation import limit_candidate_process, set_process_name
+from atlas.sandbox.isolation import (
+    limit_candidate_process,
+    private_scratch,
+    set_process_name,
+)
 from atlas.sandbox.landlock import restrict_writes
 from atlas.sandbox.link import Link
 from atlas.sandbox.seccomp import install_seccomp
@@ -102,7 +106,8 @@ def _run_one(spec: dict[str, Any], link: Link) -> None:
     link.send({"ready": True})
     set_process_name("atlas-runner")
     req = link.recv()
-    code, context, workdir = str(req["code"]), dict(req.get("context") or {}), req["workdir"]
+    code, context = str(req["code"]), dict(req.get("context") or {})
+    workdir = spec.get("workdir") or req["workdir"]
     os.chdir(workdir)
     os.environ.update(HOME=workdir, TMPDIR=workdir)
     tempfile.tempdir = workdir
@@ -110,7 +115,8 @@ def _run_one(spec: dict[str, Any], link: Link) -> None:
     cpu_used = sum(os.times()[:2])
     limit_candidate_process(int(spec["memory_mb"]), cpu_used + float(spec["timeout_s"]))
     install_seccomp()
-    restrict_writes(workdir, spec.get("hide") or ())  # after seccomp: needs no_new_privs
+    # after seccomp: needs no_new_privs
+    restrict_writes(workdir, spec.get("hide") or (), spec.get("readable"))
     seed_candidate_rngs(code, context)
     guard = Guard(workdir, protected_fds=(link.read_fd, link.write_fd),
                   hidden=spec.get("hide") or ())
@@ -156,6 +162,8 @@ def runner_main(spec: dict[str, Any], read_fd: int, write_fd: int, out_fd: int) 
             low = fd + 1
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        if spec.get("workdir"):  # a fresh filesystem for this one candidate
+            spec["private_scratch"] = private_scratch(spec["workdir"], int(spec["memory_mb"]))
         _run_one(spec, Link(read_fd, write_fd, trusted=False))
     except BaseException:  # noqa: BLE001 - nothing may escape a forked child
         status = 70
