@@ -55,10 +55,13 @@ def load_factory(path: str) -> Any:
     return factory
 
 
-def seed_candidate_rngs(code: str, context: dict[str, Any]) -> int:
-    """Seed ``random`` and ``numpy.random`` from (round, code) so a program that draws from
-    them unseeded scores the same in two runs with the same seed (and on resume)."""
-    seed = zlib.crc32(f"{context.get('round', 0)!r}\0{code}".encode("utf-8", "replace"))
+def seed_candidate_rngs(context: dict[str, Any]) -> int:
+    """Seed ``random`` and ``numpy.random`` from the regime (the context without its round),
+    so a program that draws from them unseeded scores the same in two runs, on resume, and
+    with any comment added: a seed from the program's text would let an optimiser keep the
+    luckiest of many copies that differ only in a comment."""
+    regime = json.dumps({k: v for k, v in context.items() if k != "round"}, sort_keys=True)
+    seed = zlib.crc32(regime.encode("utf-8", "replace"))
     random.seed(seed)
     numpy = sys.modules.get("numpy")
     if numpy is not None:
@@ -117,7 +120,7 @@ def _run_one(spec: dict[str, Any], link: Link) -> None:
     install_seccomp()
     # after seccomp: needs no_new_privs
     restrict_writes(workdir, spec.get("hide") or (), spec.get("readable"))
-    seed_candidate_rngs(code, context)
+    seed_candidate_rngs(context)
     guard = Guard(workdir, protected_fds=(link.read_fd, link.write_fd),
                   hidden=spec.get("hide") or ())
     link.violations = guard.violations
