@@ -266,9 +266,11 @@ def test_seccomp_refuses_every_signal_syscall():
 def test_seccomp_denies_metadata_changes_and_page_cache_probes(tmp_path):
     """The kernel answers, whatever Python-level guard there is: in a child that installed
     the filter, changing a file's mode, owner, timestamps or extended attributes, and asking
-    the page cache about it, fail with the errno the filter names; reading still works."""
+    the page cache about it, fail with the errno the filter names, in a thread started before
+    the filter too (TSYNC); reading still works."""
     import errno
     import json
+    import threading
 
     from atlas.sandbox.seccomp import install_seccomp
 
@@ -279,7 +281,21 @@ def test_seccomp_denies_metadata_changes_and_page_cache_probes(tmp_path):
     if pid == 0:  # the child: the filter is irreversible
         out: dict[str, int] = {}
         try:
+            go = threading.Event()
+
+            def older_thread() -> None:  # started before the filter (like XLA's pools)
+                go.wait()
+                try:
+                    os.chmod(target, 0o600)
+                    out["older_thread"] = 0
+                except OSError as exc:
+                    out["older_thread"] = exc.errno
+
+            thread = threading.Thread(target=older_thread)
+            thread.start()
             install_seccomp()
+            go.set()
+            thread.join()
             fd = os.open(target, os.O_RDONLY)
             for name, call in (
                     ("chmod", lambda: os.chmod(target, 0o600)),
@@ -305,7 +321,8 @@ def test_seccomp_denies_metadata_changes_and_page_cache_probes(tmp_path):
     assert got == {"chmod": errno.EPERM, "chown": errno.EPERM, "utime": errno.EPERM,
                    "setxattr": errno.ENOTSUP, "removexattr": errno.ENOTSUP,
                    # ENOSYS from the filter: glibc's preadv2 then refuses the flag itself
-                   "fadvise": errno.EPERM, "preadv2": errno.ENOTSUP, "read": 0}, got
+                   "fadvise": errno.EPERM, "preadv2": errno.ENOTSUP, "read": 0,
+                   "older_thread": errno.EPERM}, got
 
 
 def test_bad_configuration_is_named():

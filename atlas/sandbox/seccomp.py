@@ -2,7 +2,7 @@
 
 Why: the in-process guard (``guard.py``) can be bypassed by a determined program (ctypes
 reached through numpy, ``posix`` internals...). A seccomp filter cannot: once installed it
-holds for the process and everything it starts. It makes process creation (fork bombs,
+holds for every thread of the process (``TSYNC``) and everything it starts. It makes process creation (fork bombs,
 ``os.system``, ``subprocess``), ``exec``, sockets (network), ``ptrace`` / cross-process memory
 access, signals to any thread or process (``kill``, ``tkill``, ``tgkill``,
 ``rt_sigqueueinfo``, ``rt_tgsigqueueinfo``, ``pidfd_send_signal``, ``pidfd_open``), ``bpf``,
@@ -37,8 +37,9 @@ _RET_ERRNO = 0x00050000
 _CLONE_THREAD = 0x00010000
 
 _PR_SET_NO_NEW_PRIVS = 38
-_PR_SET_SECCOMP = 22
-_SECCOMP_MODE_FILTER = 2
+_SECCOMP_NR = {"x86_64": 317, "aarch64": 277}  # seccomp(2)
+_SECCOMP_SET_MODE_FILTER = 1
+_SECCOMP_FILTER_FLAG_TSYNC = 1
 
 #: extended-attribute writes (a channel Landlock does not cover): ENOTSUP, so shutil.copy2
 #: skips them as on a filesystem without xattrs
@@ -148,6 +149,10 @@ def install_seccomp() -> bool:
     fprog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p).value)
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+    # TSYNC: every thread of the process at once, also those the task's runner started before
+    # the candidate (XLA's pools), which candidate code could otherwise hijack through ctypes
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(_SECCOMP_NR[platform.machine()], _SECCOMP_SET_MODE_FILTER,
+                    _SECCOMP_FILTER_FLAG_TSYNC, ctypes.byref(fprog)) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER, TSYNC) failed")
     return True
