@@ -465,3 +465,29 @@ def test_pinn_seed_with_a_comment_scores_identically():
     assert all(ev.passed for ev in evs), evs
     assert evs[0].score == evs[1].score == evs[2].score, [ev.score for ev in evs]
     assert evs[0].metrics["val_loss"] == evs[1].metrics["val_loss"] == evs[2].metrics["val_loss"]
+
+
+def test_hidden_roots_cover_every_run_of_the_tree_and_no_code(tmp_path):
+    """The mask widens from the job's folder to its whole output tree (siblings, the sweep's
+    secret, another sweep), stops below any code path, and adds Hydra's roots of the launch
+    directory; the bwrap arguments mask them after the private /tmp and its re-binds."""
+    from atlas.sandbox.isolation import bwrap_args, code_paths, hidden_roots
+
+    paths = _sweep_layout(tmp_path)
+    launch = tmp_path / "launch"
+    (launch / "multirun").mkdir(parents=True)
+    roots = hidden_roots([str(paths["job_a"]), str(paths["shared"])], cwd=str(launch))
+
+    def covered(p: Path) -> bool:
+        return any(str(p) == r or str(p).startswith(r + "/") for r in roots)
+
+    assert all(covered(p) for p in paths.values()), roots
+    assert covered(launch / "multirun"), roots
+    assert not any(c == r or c.startswith(r + "/") for c in code_paths() for r in roots)
+    import atlas
+
+    inside = str(Path(atlas.__file__).resolve().parents[1] / "tests")  # in a bound code path
+    args = bwrap_args("bwrap", 64, [inside])
+    assert args[args.index(inside) - 1] == "--tmpfs", args
+    private_tmp = next(i for i in range(len(args) - 1) if args[i:i + 2] == ["--tmpfs", "/tmp"])
+    assert args.index(inside) > private_tmp, args
