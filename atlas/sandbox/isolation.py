@@ -1,8 +1,10 @@
 """Choosing and applying process isolation: bubblewrap when it works, rlimits otherwise.
 
-Why: bubblewrap gives a worker a read-only view of the whole filesystem with a private
-``/tmp``, no network (empty net namespace), its own pid namespace and no capabilities, so a
-candidate cannot change a host file even if it escapes the Python guard. Where it is missing
+Why: bubblewrap gives a worker a read-only view of the system and code directories and of
+nothing else of the host (no home, no run folder outside the code tree), output trees masked
+on top, a private ``/tmp``, no network (empty net namespace), its own pid namespace and no
+capabilities, so a candidate can neither change a host file nor read another run's secret or
+records even if it escapes the Python guard. Where it is missing
 or blocked (containers without user namespaces), we fall back to resource limits plus the
 guard and seccomp, and say so in the log and in ``Sandbox.isolation``.
 """
@@ -186,8 +188,8 @@ def resolve_isolation(requested: str) -> tuple[str, str]:
         return FALLBACK, "sandbox.isolation=rlimits was requested"
     ok, reason = probe_bwrap()
     if ok:
-        log.info("sandbox isolation: %s (read-only root, private /tmp, no network, pid "
-                 "namespace) + seccomp + guard", BWRAP)
+        log.info("sandbox isolation: %s (read-only system and code directories, private "
+                 "/tmp, no network, pid namespace) + seccomp + Landlock + guard", BWRAP)
         return BWRAP, ""
     if requested == BWRAP:
         raise RuntimeError(f"sandbox.isolation=bwrap was requested but {reason}. Fix: install "

@@ -7,7 +7,8 @@ that imports numpy per candidate costs ~0.2 s. The scorer worker forks the zygot
 runner module) and then forks one runner per candidate on request.
 
 A runner: (1) builds the task's runner (trusted task code: imports, JAX compilation) and says
-``ready``; (2) receives the candidate's code and a fresh working directory; (3) drops root,
+``ready``; (2) receives the candidate's code and works in a directory on which it mounted,
+right after its fork, a tmpfs that only it sees (``isolation.private_scratch``); (3) drops root,
 takes rlimits, seccomp, Landlock (writes only in its directory) and the guard, runs the
 candidate through the task's runner, and exits. It is killed after that one candidate, so
 nothing it did (threads, patched modules, files in its directory) can reach another
@@ -166,7 +167,7 @@ def runner_main(spec: dict[str, Any], read_fd: int, write_fd: int, out_fd: int) 
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         if spec.get("workdir"):  # a fresh filesystem for this one candidate
-            spec["private_scratch"] = private_scratch(spec["workdir"], int(spec["memory_mb"]))
+            private_scratch(spec["workdir"], int(spec["memory_mb"]))  # False: a swept dir
         _run_one(spec, Link(read_fd, write_fd, trusted=False))
     except BaseException:  # noqa: BLE001 - nothing may escape a forked child
         status = 70
