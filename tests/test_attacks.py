@@ -491,3 +491,13 @@ def test_hidden_roots_cover_every_run_of_the_tree_and_no_code(tmp_path):
     assert args[args.index(inside) - 1] == "--tmpfs", args
     private_tmp = next(i for i in range(len(args) - 1) if args[i:i + 2] == ["--tmpfs", "/tmp"])
     assert args.index(inside) > private_tmp, args
+
+
+def test_a_random_policy_with_a_comment_scores_identically(bandit):
+    """The candidate's own unseeded random draws come from the regime, not the program's
+    text: a copy with a comment added plays the same arms and scores the same."""
+    sb = bandit[0]
+    code = ("import random\nimport numpy as np\n\n\ndef policy(contexts, history, t, state):\n"
+            "    return int(np.random.randint(len(contexts))) if random.random() < 0.9 else 0\n")
+    evs = [sb.evaluate(c, {"round": 1}) for c in (code, code + "# tuned\n", "# v2\n" + code)]
+    assert all(ev.passed for ev in evs) and len({ev.score for ev in evs}) == 1, evs
