@@ -2,8 +2,8 @@
 
 Why: SLURM (at a time limit or ``scancel``) and ``kill`` send SIGTERM and, after a grace
 period, SIGKILL. Python ends on SIGTERM only while no handler is installed, and Lightning
-installs one during DPO that merely sets a flag, so a run in a phase kept going until the
-SIGKILL (observed). Turning SIGTERM into an exception stops the run inside the current
+installs one during DPO that merely sets a flag, so without ours a run in a phase keeps going
+until the SIGKILL (observed). Turning SIGTERM into an exception stops the run inside the current
 operation; sandbox workers and the W&B run are closed by the ``finally`` blocks on the way
 out, and re-running the same command resumes from the last finished round.
 Where SIGTERM already has an owner (submitit requeues on USR2 and ignores SIGTERM on
