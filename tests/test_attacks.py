@@ -210,7 +210,7 @@ PINN_ATTACKS = sorted((ATTACKS / "pinn").glob("*.py"))
 PINN_SMALL = {"name": "pinn", "n_steps": 30, "n_collocation": 128, "n_initial": 32,
               "n_boundary": 32, "n_val_collocation": 256, "n_val_initial": 64,
               "n_val_boundary": 64, "width": 16, "depth": 2, "exact_nx": 64, "exact_nt": 21,
-              "val_resample": "per_round", "score": "paper", "timeout_s": 120}
+              "score": "paper", "timeout_s": 120}
 
 
 @pytest.mark.slow
@@ -241,3 +241,263 @@ def test_pinn_attacks_get_a_failure_or_an_honest_score_and_leave_the_seed_alone(
             after = sb.evaluate(task.seed_program(), ctx)
             assert after.passed and after.score == seed.score, (path.stem, after)
             assert after.metrics["val_loss"] == seed.metrics["val_loss"], path.stem
+
+
+# ------------------------------------------------------------------ issue 22: no channel, no secret
+ARM1 = "def policy(contexts, history, t, state):\n    return 1\n"
+
+
+def test_metadata_relay_reaches_no_later_candidate(bandit):
+    """Three candidates in a row would play arms 0, 1 and 2 through an xattr, the mode bits or
+    the mtime of the directories around their scratch; each plays arm 0 (its own tmpfs goes
+    with it, the rest is denied by seccomp)."""
+    sb, task, seed_score, honest, _, _ = bandit
+    code = (ATTACKS / "bandit" / "metadata_relay.py").read_text()
+    scores = [sb.evaluate(code, {"round": 1}) for _ in range(3)]
+    assert all(ev.passed and ev.score == honest for ev in scores), scores
+    after = sb.evaluate(task.seed_program(), {"round": 1})
+    assert after.passed and after.score == seed_score, after
+
+
+def test_page_cache_probes_fail_though_ctypes_is_reachable(bandit):
+    """ctypes is reachable through sys.modules (the guard does not matter here): the program
+    that finds it and calls libc plays arm 1. The page-cache probes made through it and
+    through os (mincore, readahead, cachestat, posix_fadvise, preadv2 RWF_NOWAIT) all fail:
+    seccomp, not the guard, is the barrier."""
+    sb, task, seed_score, honest, _, _ = bandit
+    reach = ("import sys\n\ndef policy(contexts, history, t, state):\n"
+             "    c = sys.modules.get('ctypes')\n"
+             "    return 1 if c is not None and c.CDLL(None).getpid() > 0 else 0\n")
+    arm1 = sb.evaluate(ARM1, {"round": 1})
+    reached = sb.evaluate(reach, {"round": 1})
+    assert arm1.passed and reached.passed and reached.score == arm1.score != honest, reached
+    for _ in range(2):
+        ev = sb.evaluate((ATTACKS / "bandit" / "page_cache_probe.py").read_text(), {"round": 1})
+        assert ev.passed and ev.score == honest, ev
+    after = sb.evaluate(task.seed_program(), {"round": 1})
+    assert after.passed and after.score == seed_score, after
+
+
+def test_chmod_of_the_scratch_does_not_kill_the_next_candidate(bandit):
+    sb, task, seed_score, honest, _, _ = bandit
+    code = (ATTACKS / "bandit" / "chmod_scratch.py").read_text()
+    for _ in range(2):
+        ev = sb.evaluate(code, {"round": 1})
+        assert not ev.passed or ev.score == honest, ev
+        after = sb.evaluate(task.seed_program(), {"round": 1})
+        assert after.passed and after.score == seed_score, after
+
+
+def _sweep_layout(base: Path) -> dict[str, Path]:
+    """What a Hydra sweep and its neighbours leave on disk: a sweep folder with its shared
+    secret and two jobs (each with a copy of it and its own programs.jsonl), a second
+    sweep, and a single run."""
+    shared = base / "multirun" / "study" / SECRET_FILE
+    paths = {"shared": shared}
+    for name, run, source in (("job_a", "multirun/study/job_a", shared),
+                              ("job_b", "multirun/study/job_b", shared),
+                              ("other_sweep", "multirun/other/job_c", None),
+                              ("single_run", "outputs/exp/run_d", None)):
+        run_dir = base / run
+        run_secret(run_dir, str(source) if source else None)
+        (run_dir / "programs.jsonl").write_text('{"code": "def policy(): return 0"}\n')
+        paths[name] = run_dir
+    # world-readable, as if the candidate ran as the owner (the rlimits mode without root):
+    # permissions stop nothing, the masks must
+    for d in [base, *base.rglob("*")]:
+        os.chmod(d, 0o755 if d.is_dir() else 0o644)
+    return paths
+
+
+SWEEP_PLACES = ["tmp", "var_tmp"]
+
+
+@pytest.fixture(scope="module", params=[(m, p) for m in MODES for p in SWEEP_PLACES],
+                ids=lambda mp: f"{getattr(mp[0], 'values', [mp[0]])[0]}-{mp[1]}")
+def sweep(request, tmp_path_factory):
+    """The job under attack (job_a) in a sweep, hidden exactly as ``atlas/loop.py`` does:
+    its run folder and the sweep's secret file; the sweep under /tmp or elsewhere
+    (/var/tmp: no private tmpfs covers it)."""
+    import shutil
+    import tempfile
+
+    mode, place = request.param
+    if hasattr(mode, "values"):  # a pytest.param with its skip mark
+        for mark in mode.marks:
+            if mark.args and mark.args[0]:
+                pytest.skip(mark.kwargs.get("reason", "skipped"))
+        mode = mode.values[0]
+    base = (tmp_path_factory.mktemp("sweep") if place == "tmp"
+            else Path(tempfile.mkdtemp(prefix="atlas-sweep-", dir="/var/tmp")))
+    paths = _sweep_layout(base)
+    secret = (paths["job_a"] / SECRET_FILE).read_text().strip()
+    task = BanditTask(T=100, env_seeds=[0, 1])
+    try:
+        with Sandbox.for_task(task, secret=secret, workers=1, isolation=mode,
+                              hide=[str(paths["job_a"]), str(paths["shared"])]) as sb:
+            seed = sb.evaluate(task.seed_program(), {"round": 1})
+            arm0 = sb.evaluate(ARM0, {"round": 1})
+            assert seed.passed and arm0.passed and seed.score != arm0.score, (seed, arm0)
+            yield sb, task, seed.score, arm0.score, paths
+    finally:
+        if place != "tmp":
+            shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("target", ["job_a", "job_b", "shared", "other_sweep", "single_run"])
+def test_no_run_secret_is_readable_from_a_sweep_job(sweep, target):
+    """Its own run's secret, a sibling job's copy of the shared one, the sweep's secret file,
+    another sweep's and a single run's: none is read (each attack twice, then the seed)."""
+    sb, task, seed_score, honest, paths = sweep
+    path = paths[target] if target == "shared" else paths[target] / SECRET_FILE
+    code = (ATTACKS / "bandit" / "secret_unguarded.py").read_text()
+    code = code.replace("SECRET_PATH", str(path)).replace("SECRET_VALUE",
+                                                           path.read_text().strip())
+    for run in range(2):
+        ev = sb.evaluate(code, {"round": 1})
+        assert ev.passed and ev.score == honest, (target, run, ev)
+    after = sb.evaluate(task.seed_program(), {"round": 1})
+    assert after.passed and after.score == seed_score, (target, after)
+
+
+def test_no_sibling_records_are_found_through_mountinfo(sweep):
+    sb, task, seed_score, honest, paths = sweep
+    code = (ATTACKS / "bandit" / "sibling_records_mountinfo.py").read_text()
+    code = code.replace("SIBLING_DIR", str(paths["job_b"]))
+    for run in range(2):
+        ev = sb.evaluate(code, {"round": 1})
+        assert ev.passed and ev.score == honest, (run, ev)
+    after = sb.evaluate(task.seed_program(), {"round": 1})
+    assert after.passed and after.score == seed_score, after
+
+
+CLONE_SCRIPT = '''
+import json, sys
+from pathlib import Path
+import atlas
+from atlas.sandbox import Sandbox
+from atlas.sandbox.secret import run_secret
+from atlas.tasks.bandit import BanditTask
+
+mode, run_dir, attack, sibling_attack = sys.argv[1:5]
+secret = run_secret(run_dir)
+task = BanditTask(T=60, env_seeds=[0, 1])
+arm0 = "def policy(contexts, history, t, state):\\n    return 0\\n"
+with Sandbox.for_task(task, secret=secret, workers=1, isolation=mode, hide=[run_dir]) as sb:
+    out = {"atlas": atlas.__file__, "hide": sb.hide, "isolation": sb.isolation}
+    out["seed"] = [sb.evaluate(task.seed_program(), {"round": 1}).score]
+    out["arm0"] = sb.evaluate(arm0, {"round": 1}).score
+    attack = Path(attack).read_text().replace("SECRET_VALUE", secret)
+    sibling = Path(sibling_attack).read_text()
+    out["attacks"] = [sb.evaluate(code, {"round": 1}).to_dict()
+                      for code in (attack, attack, sibling, sibling)]
+    out["seed"].append(sb.evaluate(task.seed_program(), {"round": 1}).score)
+print("RESULT", json.dumps(out))
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_mask_holds_with_the_clone_and_the_run_folder_under_tmp(mode, tmp_path):
+    """A clone under /tmp is bound back into the private /tmp; its output trees (this run and
+    a sibling sweep job) must stay masked: the masks come after that bind."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    import atlas
+
+    clone = tmp_path / "clone"
+    shutil.copytree(Path(atlas.__file__).parent, clone / "atlas",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    run_dir = clone / "outputs" / "exp" / "run"
+    sibling = clone / "multirun" / "study" / "job_b"
+    run_secret(sibling)
+    (sibling / "programs.jsonl").write_text('{"code": "x"}\n')
+    attack = tmp_path / "attack.py"
+    attack.write_text((ATTACKS / "bandit" / "secret_unguarded.py").read_text().replace(
+        "SECRET_PATH", str(run_dir / SECRET_FILE)))
+    sibling_attack = tmp_path / "sibling.py"
+    sibling_attack.write_text((ATTACKS / "bandit" / "sibling_records_mountinfo.py").read_text()
+                              .replace("SIBLING_DIR", str(sibling)))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", CLONE_SCRIPT, mode, str(run_dir), str(attack),
+                           str(sibling_attack)], cwd=clone, env={**env, "PYTHONPATH": str(clone)},
+                          capture_output=True, text=True, timeout=300)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, proc.stderr[-3000:]
+    out = json.loads(line[len("RESULT "):])
+    assert out["atlas"].startswith(str(clone)), out
+    assert str(clone / "outputs") in out["hide"] and str(clone / "multirun") in out["hide"], out
+    assert out["seed"][0] == out["seed"][1] != out["arm0"], out
+    for ev in out["attacks"]:
+        assert ev["passed"] and ev["score"] == out["arm0"], ev
+
+
+def test_pinn_validation_points_follow_the_secret_and_the_regime_only():
+    pytest.importorskip("jax")
+    import numpy as np
+
+    from atlas.tasks.pinn.problem import PinnConfig, validation_points, viscosity
+
+    cfg = PinnConfig()
+    nu = viscosity(1, cfg)
+    assert viscosity(2, cfg) == nu  # rounds 1 and 2: one regime (hold_rounds=4)
+    a, b = validation_points(cfg, nu, 7), validation_points(cfg, viscosity(2, cfg), 7)
+    np.testing.assert_array_equal(a.x_f, b.x_f)
+    assert not np.array_equal(a.x_f, validation_points(cfg, nu, 8).x_f)
+    assert not np.array_equal(a.x_f, validation_points(cfg, viscosity(5, cfg), 7).x_f)
+
+
+def test_pinn_seed_with_a_comment_scores_identically():
+    """One hidden evaluation per regime: the validation points come from the run's secret and
+    the viscosity, never from the code, so a comment changes nothing."""
+    pytest.importorskip("jax")
+    from atlas.tasks.pinn import PinnTask
+
+    task = PinnTask(**PINN_SMALL)
+    ctx = task.context(1)
+    seed = task.seed_program()
+    mode = "bwrap" if probe_bwrap()[0] else "rlimits"
+    with Sandbox.for_task(task, workers=1, isolation=mode, memory_mb=3072) as sb:
+        evs = [sb.evaluate(code, ctx) for code in (seed, seed + "\n# tuned by hand\n",
+                                                   "# another comment\n" + seed)]
+    assert all(ev.passed for ev in evs), evs
+    assert evs[0].score == evs[1].score == evs[2].score, [ev.score for ev in evs]
+    assert evs[0].metrics["val_loss"] == evs[1].metrics["val_loss"] == evs[2].metrics["val_loss"]
+
+
+def test_hidden_roots_cover_every_run_of_the_tree_and_no_code(tmp_path):
+    """The mask widens from the job's folder to its whole output tree (siblings, the sweep's
+    secret, another sweep), stops below any code path, and adds Hydra's roots of the launch
+    directory; the bwrap arguments mask them after the private /tmp and its re-binds."""
+    from atlas.sandbox.isolation import bwrap_args, code_paths, hidden_roots
+
+    paths = _sweep_layout(tmp_path)
+    launch = tmp_path / "launch"
+    (launch / "multirun").mkdir(parents=True)
+    roots = hidden_roots([str(paths["job_a"]), str(paths["shared"])], cwd=str(launch))
+
+    def covered(p: Path) -> bool:
+        return any(str(p) == r or str(p).startswith(r + "/") for r in roots)
+
+    assert all(covered(p) for p in paths.values()), roots
+    assert covered(launch / "multirun"), roots
+    assert not any(c == r or c.startswith(r + "/") for c in code_paths() for r in roots)
+    import atlas
+
+    inside = str(Path(atlas.__file__).resolve().parents[1] / "tests")  # in a bound code path
+    args = bwrap_args("bwrap", 64, [inside])
+    assert args[args.index(inside) - 1] == "--tmpfs", args
+    private_tmp = next(i for i in range(len(args) - 1) if args[i:i + 2] == ["--tmpfs", "/tmp"])
+    assert args.index(inside) > private_tmp, args
+
+
+def test_a_random_policy_with_a_comment_scores_identically(bandit):
+    """The candidate's own unseeded random draws come from the regime, not the program's
+    text: a copy with a comment added plays the same arms and scores the same."""
+    sb = bandit[0]
+    code = ("import random\nimport numpy as np\n\n\ndef policy(contexts, history, t, state):\n"
+            "    return int(np.random.randint(len(contexts))) if random.random() < 0.9 else 0\n")
+    evs = [sb.evaluate(c, {"round": 1}) for c in (code, code + "# tuned\n", "# v2\n" + code)]
+    assert all(ev.passed for ev in evs) and len({ev.score for ev in evs}) == 1, evs

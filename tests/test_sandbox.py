@@ -154,8 +154,48 @@ def test_workdir_is_cwd_and_home_and_is_removed():
         assert sb.evaluate(code, {}).passed
         root = sb._all[0].tmp_root
         left = [p for p in pathlib.Path(root).iterdir()]
-        assert all(p.name.startswith("atlas-scorer-") for p in left), left
+        # the scorer's own directory, and the empty directory of the spare runner waiting
+        # for the next candidate (its own tmpfs is mounted there in its namespace only)
+        spare = [p for p in left if p.name.startswith("cand-")]
+        assert len(spare) <= 1 and not any(any(p.iterdir()) for p in spare), left
+        assert all(p.name.startswith(("atlas-scorer-", "cand-")) for p in left), left
     assert not os.path.exists(root)
+
+
+def _private_scratch_works() -> bool:
+    """Whether this host lets a process take a mount namespace (a forked child tries)."""
+    import tempfile
+
+    d = tempfile.mkdtemp()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if isolation.private_scratch(d, 16) else 1)
+        except BaseException:  # noqa: BLE001
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    os.rmdir(d)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("mode", ["rlimits", pytest.param("bwrap", marks=pytest.mark.skipif(
+    not BWRAP_OK, reason="bubblewrap unusable here"))])
+def test_each_candidate_gets_its_own_fresh_tmpfs(mode):
+    """The working directory is a tmpfs mounted in the runner's own mount namespace: each
+    candidate finds an empty filesystem of its own there, gone with its runner."""
+    if not _private_scratch_works():
+        pytest.skip("no mount namespace for unprivileged processes here")
+    code = ("import os\n\ndef policy(contexts, history, t, state):\n"
+            "    if t == 0:\n"
+            "        here = os.path.realpath(os.getcwd())\n"
+            "        mine = [l.split() for l in open('/proc/self/mountinfo') if l.split()[4] == here]\n"
+            "        left = os.listdir('.')\n"
+            "        open('left_by_the_last', 'w').write('x')\n"
+            "        raise RuntimeError(repr((left, [m[-3] for m in mine])))\n"
+            "    return 0\n")
+    with Sandbox(TOY, {}, workers=1, timeout_s=TIMEOUT_S, isolation=mode) as sb:
+        seen = [eval(sb.evaluate(code, {}).message.split(": ", 1)[1]) for _ in range(2)]
+    assert seen == [([], ["tmpfs"]), ([], ["tmpfs"])], seen
 
 
 def test_parallel_across_workers():
@@ -221,6 +261,68 @@ def test_seccomp_refuses_every_signal_syscall():
     for _, denied, _, _ in _ARCHES.values():
         assert {"kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
                 "pidfd_send_signal", "pidfd_open"} <= set(denied)
+
+
+def test_seccomp_denies_metadata_changes_and_page_cache_probes(tmp_path):
+    """The kernel answers, whatever Python-level guard there is: in a child that installed
+    the filter, changing a file's mode, owner, timestamps or extended attributes, and asking
+    the page cache about it, fail with the errno the filter names, in a thread started before
+    the filter too (TSYNC); reading still works."""
+    import errno
+    import json
+    import threading
+
+    from atlas.sandbox.seccomp import install_seccomp
+
+    target = tmp_path / "f"
+    target.write_bytes(b"x" * 8192)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the filter is irreversible
+        out: dict[str, int] = {}
+        try:
+            go = threading.Event()
+
+            def older_thread() -> None:  # started before the filter (like XLA's pools)
+                go.wait()
+                try:
+                    os.chmod(target, 0o600)
+                    out["older_thread"] = 0
+                except OSError as exc:
+                    out["older_thread"] = exc.errno
+
+            thread = threading.Thread(target=older_thread)
+            thread.start()
+            install_seccomp()
+            go.set()
+            thread.join()
+            fd = os.open(target, os.O_RDONLY)
+            for name, call in (
+                    ("chmod", lambda: os.chmod(target, 0o600)),
+                    ("chown", lambda: os.chown(target, os.getuid(), os.getgid())),
+                    ("utime", lambda: os.utime(target, (0, 0))),
+                    ("setxattr", lambda: os.setxattr(target, "user.x", b"1")),
+                    ("removexattr", lambda: os.removexattr(target, "user.x")),
+                    ("fadvise", lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)),
+                    ("preadv2", lambda: os.preadv(fd, [bytearray(8)], 0, os.RWF_NOWAIT)),
+                    ("read", lambda: os.pread(fd, 8, 0))):
+                try:
+                    call()
+                    out[name] = 0
+                except OSError as exc:
+                    out[name] = exc.errno
+        finally:
+            os.write(w, json.dumps(out).encode())
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    got = json.loads(os.read(r, 4096))
+    os.close(r)
+    assert got == {"chmod": errno.EPERM, "chown": errno.EPERM, "utime": errno.EPERM,
+                   "setxattr": errno.ENOTSUP, "removexattr": errno.ENOTSUP,
+                   # ENOSYS from the filter: glibc's preadv2 then refuses the flag itself
+                   "fadvise": errno.EPERM, "preadv2": errno.ENOTSUP, "read": 0,
+                   "older_thread": errno.EPERM}, got
 
 
 def test_bad_configuration_is_named():

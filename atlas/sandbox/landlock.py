@@ -7,8 +7,10 @@ host directory (/tmp, /var/tmp, /dev/shm, ...); under bubblewrap it has the scor
 can write the scorer's own temporary directory, which the per-candidate sweep keeps. Either
 way a file left there reaches the next candidate. Landlock (Linux >= 5.13, unprivileged)
 lets the runner give up, irreversibly, every right to create, write, truncate, rename or
-remove anything outside its working directory (and ``/dev/null``); reads are untouched. From
-ABI 6 on it also scopes abstract unix sockets and signals to the runner itself.
+remove anything outside its working directory (and ``/dev/null``), and to read anything but
+the system and code directories (the ones bubblewrap binds) outside the output trees that
+hold run folders and secrets. From ABI 6 on it also scopes abstract unix sockets and signals
+to the runner itself.
 
 Where the kernel lacks Landlock ``restrict_writes`` returns False and the other layers remain.
 """
@@ -41,46 +43,58 @@ def abi_version() -> int:
     return max(int(version), 0)
 
 
-def _readable_around(hidden: list[str]) -> list[str]:
-    """Paths whose subtrees hold everything but ``hidden``: every entry of each directory on
-    the way from / to a hidden path, except the entries on that way. (Landlock only allows;
-    this is how it denies.) The directories on the way can no longer be listed."""
+def _readable_around(hidden: list[str], roots: list[str] | tuple[str, ...] = ("/",)
+                     ) -> list[str]:
+    """Paths whose subtrees hold everything below ``roots`` but ``hidden``: a root with
+    nothing hidden in it whole, else every entry of each directory on the way from the root
+    to a hidden path, except the entries on that way. (Landlock only allows; this is how it
+    denies.) The directories on the way can no longer be listed."""
     hidden = [os.path.realpath(h) for h in hidden]  # even where this process cannot look
-    on_way: set[str] = set()
-    for h in hidden:
-        p = h
-        while True:
-            on_way.add(p)
-            if p == "/":
-                break
-            p = os.path.dirname(p)
-    out = []
-    for d in sorted(on_way - set(hidden)):
-        try:
-            names = os.listdir(d)
-        except OSError:  # unreadable to this process anyway
+    out: list[str] = []
+    for root in roots:
+        inside = [h for h in hidden if h == root or h.startswith(root.rstrip("/") + "/")]
+        if not inside:
+            out.append(root)
             continue
-        out += [p for p in (os.path.join(d, n) for n in names) if p not in on_way]
+        on_way: set[str] = set()
+        for h in inside:
+            p = h
+            while True:
+                on_way.add(p)
+                if p == root or p == "/":
+                    break
+                p = os.path.dirname(p)
+        for d in sorted(on_way - set(inside)):
+            try:
+                names = os.listdir(d)
+            except OSError:  # unreadable to this process anyway
+                continue
+            out += [p for p in (os.path.join(d, n) for n in names) if p not in on_way]
     return out
 
 
-def restrict_writes(workdir: str, hidden: list[str] | tuple[str, ...] = ()) -> bool:
+def restrict_writes(workdir: str, hidden: list[str] | tuple[str, ...] = (),
+                    readable: list[str] | tuple[str, ...] | None = None) -> bool:
     """Allow writes only below ``workdir`` (and to ``/dev/null``) from now on, for this process
-    and any it could start; with ``hidden`` paths (the run folder, the secret file) also no
-    reads of them, whatever the uid (the rlimits mode without root runs the candidate as the
-    secret's owner). Needs no_new_privs (``install_seccomp`` sets it). False if the kernel
-    has no Landlock; an OSError if it has one and the restriction fails."""
+    and any it could start. With ``readable`` (system and code directories), reads too only
+    below those and ``workdir``: the rlimits mode then sees what bubblewrap binds, and no
+    run folder elsewhere. ``hidden`` paths (output trees, secret files) are carved out of
+    what is readable, whatever the uid (the rlimits mode without root runs the candidate as
+    the secret's owner). Needs no_new_privs (``install_seccomp`` sets it). False if the
+    kernel has no Landlock; an OSError if it has one and the restriction fails."""
     abi = abi_version()
     if abi < 1:
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    reads = _READ_FILE | _READ_DIR if hidden else 0
+    reads = _READ_FILE | _READ_DIR if hidden or readable is not None else 0
     handled = reads | _WRITE_FILE | _DIR_WRITES | (_REFER if abi >= 2 else 0) | (
         _TRUNCATE if abi >= 3 else 0)
     file_rights = handled & (_WRITE_FILE | _TRUNCATE | _READ_FILE)
     rules = [(workdir, handled), (os.devnull, file_rights)]
-    rules += [(p, reads) for p in _readable_around(list(hidden))]
+    if reads:
+        roots = ("/",) if readable is None else tuple(readable)
+        rules += [(p, reads) for p in _readable_around(list(hidden), roots)]
     attr = ctypes.create_string_buffer(struct.pack("=QQQ", handled, 0,
                                                    _SCOPES if abi >= 6 else 0))
     size = 24 if abi >= 6 else 8

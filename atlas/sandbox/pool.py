@@ -35,7 +35,9 @@ from atlas.sandbox.isolation import (
     BWRAP,
     bwrap_args,
     find_bwrap,
+    hidden_roots,
     python_env,
+    readable_roots,
     resolve_isolation,
 )
 from atlas.types import Evaluation, FailureKind
@@ -125,7 +127,8 @@ class _Slot:
             "type": "init", "factory": sb.evaluator_factory, "config": sb.evaluator_config,
             "memory_mb": sb.memory_mb, "timeout_s": sb.timeout_s,
             "max_output_bytes": sb.max_output_bytes, "tmp_root": self.tmp_root,
-            "runner_factory": sb.runner_factory, "secret": sb.secret, "hide": sb.hide})
+            "runner_factory": sb.runner_factory, "secret": sb.secret, "hide": sb.hide,
+            "readable": readable_roots()})
         reply = self._await_frame(time.monotonic() + STARTUP_TIMEOUT_S)
         if reply is None or reply.get("type") != "ready":
             errlog.seek(0)
@@ -344,7 +347,8 @@ class Sandbox:
         # absolute: the runner's guard resolves them after it chdirs into its workdir, so a
         # relative path (sandbox.secret_file=docs/...) would mask the wrong file
         #: paths masked inside bubblewrap (the run folder holding the secret, the secret file)
-        self.hide = [os.path.abspath(p) for p in (hide or [])]
+        #: widened to whole output trees (``hidden_roots``): siblings' secrets and records too
+        self.hide = hidden_roots([os.path.abspath(p) for p in (hide or [])])
         #: what is really active ("bwrap" or "rlimits+guard") and, if degraded, why
         self.isolation, self.isolation_reason = resolve_isolation(isolation)
         self._slots: queue.SimpleQueue[_Slot] = queue.SimpleQueue()

@@ -7,7 +7,8 @@ that imports numpy per candidate costs ~0.2 s. The scorer worker forks the zygot
 runner module) and then forks one runner per candidate on request.
 
 A runner: (1) builds the task's runner (trusted task code: imports, JAX compilation) and says
-``ready``; (2) receives the candidate's code and a fresh working directory; (3) drops root,
+``ready``; (2) receives the candidate's code and works in a directory on which it mounted,
+right after its fork, a tmpfs that only it sees (``isolation.private_scratch``); (3) drops root,
 takes rlimits, seccomp, Landlock (writes only in its directory) and the guard, runs the
 candidate through the task's runner, and exits. It is killed after that one candidate, so
 nothing it did (threads, patched modules, files in its directory) can reach another
@@ -30,7 +31,11 @@ from typing import Any, NoReturn
 
 from atlas.sandbox.candidate import CandidateError
 from atlas.sandbox.guard import Guard
-from atlas.sandbox.isolation import limit_candidate_process, set_process_name
+from atlas.sandbox.isolation import (
+    limit_candidate_process,
+    private_scratch,
+    set_process_name,
+)
 from atlas.sandbox.landlock import restrict_writes
 from atlas.sandbox.link import Link
 from atlas.sandbox.seccomp import install_seccomp
@@ -51,10 +56,13 @@ def load_factory(path: str) -> Any:
     return factory
 
 
-def seed_candidate_rngs(code: str, context: dict[str, Any]) -> int:
-    """Seed ``random`` and ``numpy.random`` from (round, code) so a program that draws from
-    them unseeded scores the same in two runs with the same seed (and on resume)."""
-    seed = zlib.crc32(f"{context.get('round', 0)!r}\0{code}".encode("utf-8", "replace"))
+def seed_candidate_rngs(context: dict[str, Any]) -> int:
+    """Seed ``random`` and ``numpy.random`` from the regime (the context without its round),
+    so a program that draws from them unseeded scores the same in two runs, on resume, and
+    with any comment added: a seed from the program's text would let an optimiser keep the
+    luckiest of many copies that differ only in a comment."""
+    regime = json.dumps({k: v for k, v in context.items() if k != "round"}, sort_keys=True)
+    seed = zlib.crc32(regime.encode("utf-8", "replace"))
     random.seed(seed)
     numpy = sys.modules.get("numpy")
     if numpy is not None:
@@ -102,7 +110,8 @@ def _run_one(spec: dict[str, Any], link: Link) -> None:
     link.send({"ready": True})
     set_process_name("atlas-runner")
     req = link.recv()
-    code, context, workdir = str(req["code"]), dict(req.get("context") or {}), req["workdir"]
+    code, context = str(req["code"]), dict(req.get("context") or {})
+    workdir = spec.get("workdir") or req["workdir"]
     os.chdir(workdir)
     os.environ.update(HOME=workdir, TMPDIR=workdir)
     tempfile.tempdir = workdir
@@ -110,8 +119,9 @@ def _run_one(spec: dict[str, Any], link: Link) -> None:
     cpu_used = sum(os.times()[:2])
     limit_candidate_process(int(spec["memory_mb"]), cpu_used + float(spec["timeout_s"]))
     install_seccomp()
-    restrict_writes(workdir, spec.get("hide") or ())  # after seccomp: needs no_new_privs
-    seed_candidate_rngs(code, context)
+    # after seccomp: needs no_new_privs
+    restrict_writes(workdir, spec.get("hide") or (), spec.get("readable"))
+    seed_candidate_rngs(context)
     guard = Guard(workdir, protected_fds=(link.read_fd, link.write_fd),
                   hidden=spec.get("hide") or ())
     link.violations = guard.violations
@@ -156,6 +166,8 @@ def runner_main(spec: dict[str, Any], read_fd: int, write_fd: int, out_fd: int) 
             low = fd + 1
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        if spec.get("workdir"):  # a fresh filesystem for this one candidate
+            private_scratch(spec["workdir"], int(spec["memory_mb"]))  # False: a swept dir
         _run_one(spec, Link(read_fd, write_fd, trusted=False))
     except BaseException:  # noqa: BLE001 - nothing may escape a forked child
         status = 70

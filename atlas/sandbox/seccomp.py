@@ -2,13 +2,16 @@
 
 Why: the in-process guard (``guard.py``) can be bypassed by a determined program (ctypes
 reached through numpy, ``posix`` internals...). A seccomp filter cannot: once installed it
-holds for the process and everything it starts. It makes process creation (fork bombs,
+holds for every thread of the process (``TSYNC``) and everything it starts. It makes process creation (fork bombs,
 ``os.system``, ``subprocess``), ``exec``, sockets (network), ``ptrace`` / cross-process memory
 access, signals to any thread or process (``kill``, ``tkill``, ``tgkill``,
 ``rt_sigqueueinfo``, ``rt_tgsigqueueinfo``, ``pidfd_send_signal``, ``pidfd_open``), ``bpf``,
 ``io_uring_setup``, ``mount``, namespace tricks (``unshare``, ``setns``) and kernel objects
 that outlive the process (SysV IPC, POSIX message queues, keyrings: a channel to the next
-candidate) fail with ``EPERM``, while threads (``clone`` with
+candidate), changes of modes, owners and timestamps, page-cache probes (``mincore``,
+``fadvise64``, ``readahead``, ``cachestat``) and unmounting fail with ``EPERM`` (extended
+attribute writes with ``ENOTSUP``, ``preadv2``/``pwritev2`` with ``ENOSYS``), while threads
+(``clone`` with
 ``CLONE_THREAD``, which numpy, BLAS and XLA need) keep working. This also contains fork bombs
 when we run as root, where ``RLIMIT_NPROC`` does not bind.
 
@@ -34,8 +37,17 @@ _RET_ERRNO = 0x00050000
 _CLONE_THREAD = 0x00010000
 
 _PR_SET_NO_NEW_PRIVS = 38
-_PR_SET_SECCOMP = 22
-_SECCOMP_MODE_FILTER = 2
+_SECCOMP_NR = {"x86_64": 317, "aarch64": 277}  # seccomp(2)
+_SECCOMP_SET_MODE_FILTER = 1
+_SECCOMP_FILTER_FLAG_TSYNC = 1
+
+#: extended-attribute writes (a channel Landlock does not cover): ENOTSUP, so shutil.copy2
+#: skips them as on a filesystem without xattrs
+_XATTR_WRITES = {"x86_64": (188, 189, 190, 197, 198, 199, 463, 466),
+                 "aarch64": (5, 6, 7, 14, 15, 16, 463, 466)}
+#: preadv2/pwritev2: ``RWF_NOWAIT`` tells whether a page is cached; ENOSYS makes glibc fall
+#: back to preadv/pwritev
+_NOSYS = {"x86_64": (327, 328), "aarch64": (286, 287)}
 
 # (audit arch, denied syscalls, clone, clone3); absent syscalls (fork on aarch64) are omitted
 _ARCHES: dict[str, tuple[int, dict[str, int], int, int]] = {
@@ -52,6 +64,16 @@ _ARCHES: dict[str, tuple[int, dict[str, int], int, int]] = {
         "msgctl": 71, "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242,
         "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245, "add_key": 248,
         "request_key": 249, "keyctl": 250,
+        # metadata that outlives the scratch (modes, owners, timestamps) and page-cache
+        # probes (which file pages another process touched): channels too
+        "chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "chown": 92,
+        "fchown": 93, "lchown": 94, "fchownat": 260, "utime": 132, "utimes": 235,
+        "futimesat": 261, "utimensat": 280, "mincore": 27, "fadvise64": 221,
+        "readahead": 187, "cachestat": 451,
+        # unmounting the private scratch (or any other mount) and the new mount API
+        "umount2": 166, "pivot_root": 155, "chroot": 161, "open_tree": 428,
+        "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+        "mount_setattr": 442,
     }, 56, 435),
     "aarch64": (0xC00000B7, {
         "execve": 221, "execveat": 281, "socket": 198, "socketpair": 199, "ptrace": 117,
@@ -65,6 +87,11 @@ _ARCHES: dict[str, tuple[int, dict[str, int], int, int]] = {
         "msgsnd": 189, "semget": 190, "semctl": 191, "semtimedop": 192, "semop": 193,
         "shmget": 194, "shmctl": 195, "shmat": 196, "shmdt": 197, "add_key": 217,
         "request_key": 218, "keyctl": 219,
+        "fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "fchownat": 54, "fchown": 55,
+        "utimensat": 88, "mincore": 232, "fadvise64": 223, "readahead": 213,
+        "cachestat": 451, "umount2": 39, "pivot_root": 41, "chroot": 51, "open_tree": 428,
+        "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+        "mount_setattr": 442,
     }, 220, 435),
 }
 
@@ -75,7 +102,8 @@ def _ins(code: int, jt: int, jf: int, k: int) -> bytes:
 
 def build_filter(machine: str | None = None) -> bytes | None:
     """The BPF program (packed ``sock_filter`` array) for ``machine``; None if unsupported."""
-    arch = _ARCHES.get(machine or platform.machine())
+    machine = machine or platform.machine()
+    arch = _ARCHES.get(machine)
     if arch is None:
         return None
     audit_arch, denied, clone_nr, clone3_nr = arch
@@ -92,6 +120,10 @@ def build_filter(machine: str | None = None) -> bytes | None:
     prog += [_ins(_JEQ_K, 0, 1, clone3_nr), _ins(_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS)]
     for nr in denied.values():
         prog += [_ins(_JEQ_K, 0, 1, nr), _ins(_RET_K, 0, 0, deny)]
+    for nr in _XATTR_WRITES[machine]:
+        prog += [_ins(_JEQ_K, 0, 1, nr), _ins(_RET_K, 0, 0, _RET_ERRNO | errno.ENOTSUP)]
+    for nr in _NOSYS[machine]:
+        prog += [_ins(_JEQ_K, 0, 1, nr), _ins(_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS)]
     prog += [
         _ins(_JEQ_K, 0, 4, clone_nr),
         _ins(_LD_W_ABS, 0, 0, 16),  # args[0] (clone flags), low 32 bits (little endian)
@@ -117,6 +149,10 @@ def install_seccomp() -> bool:
     fprog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p).value)
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+    # TSYNC: every thread of the process at once, also those the task's runner started before
+    # the candidate (XLA's pools), which candidate code could otherwise hijack through ctypes
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(_SECCOMP_NR[platform.machine()], _SECCOMP_SET_MODE_FILTER,
+                    _SECCOMP_FILTER_FLAG_TSYNC, ctypes.byref(fprog)) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER, TSYNC) failed")
     return True

@@ -79,6 +79,7 @@ class Runner:
     link: Link
     out_r: int
     sink: OutputSink
+    workdir: str = ""
 
     def kill(self) -> None:
         try:
@@ -170,6 +171,7 @@ class Worker:
         self.scratch = init.get("tmp_root") or tempfile.gettempdir()
         if os.getuid() == 0:  # runners drop to nobody and must reach their directories
             os.chmod(self.scratch, 0o711)
+        self.scratch_mode = os.stat(self.scratch).st_mode & 0o7777
         self.base = tempfile.mkdtemp(prefix="atlas-scorer-", dir=self.scratch)
         os.chmod(self.base, 0o700)
         tempfile.tempdir = self.base
@@ -192,18 +194,23 @@ class Worker:
             self.scorer = None
             self.spec = {"factory": init["factory"], "config": config, "legacy": True}
         self.spec.update(memory_mb=self.memory_mb, timeout_s=self.timeout_s,
-                         hide=list(init.get("hide") or []))
+                         hide=list(init.get("hide") or []), readable=init.get("readable"))
         shared = getattr(self.scorer, "shared_dirs", None)
         self.frozen = Frozen(shared() if callable(shared) else [])
         self.spare: Runner | None = None
 
     def spawn(self) -> Runner:
-        """Have the zygote fork a runner; it warms up while we go on."""
+        """Have the zygote fork a runner; it warms up while we go on. Its working directory
+        is made here and gets the runner's own tmpfs there (``private_scratch``)."""
+        if os.stat(self.scratch).st_mode & 0o7777 != self.scratch_mode:  # a candidate's chmod
+            os.chmod(self.scratch, self.scratch_mode)
+        workdir = tempfile.mkdtemp(prefix="cand-", dir=self.scratch)
         to_r, to_w = os.pipe()
         from_r, from_w = os.pipe()
         out_r, out_w = os.pipe()
         try:
-            socket.send_fds(self.zygote, [json.dumps(self.spec).encode()], [to_r, from_w, out_w])
+            socket.send_fds(self.zygote, [json.dumps({**self.spec, "workdir": workdir}).encode()],
+                            [to_r, from_w, out_w])
             reply = self.zygote.recv(1 << 16)
             if not reply:
                 raise RuntimeError("the sandbox zygote died")
@@ -212,11 +219,11 @@ class Worker:
             for fd in (to_r, from_w, out_w):
                 os.close(fd)
         return Runner(pid, Link(from_r, to_w, trusted=True), out_r,
-                      OutputSink(out_r, self.max_output))
+                      OutputSink(out_r, self.max_output), workdir)
 
     def _start(self, runner: Runner, code: str, context: dict[str, Any]) -> str:
         """Wait for ``runner`` to be ready and hand it the program; the request's nonce."""
-        workdir = tempfile.mkdtemp(prefix="cand-", dir=self.scratch)
+        workdir = runner.workdir
         runner.link.recv()  # "ready": the task's runner has warmed up
         nonce = secrets.token_hex(16)
         runner.link.send({"code": code, "context": context, "workdir": workdir, "nonce": nonce})

@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import os
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -150,7 +149,7 @@ class PinnEvaluator:
                                  compiler_options=self.candidate_options)
         params, stats, _ = self.train_exported(loss_grad, {"round": 0}, steps=2)
         if validation:
-            self.validation(params, viscosity(0, self.cfg), stats, 0, 0)
+            self.validation(params, viscosity(0, self.cfg), stats)
 
     def export(self, code: str) -> dict[str, Any]:
         """Load the program and export its loss (runs candidate code: the runner's side).
@@ -249,16 +248,15 @@ class PinnEvaluator:
             metrics[f"train_{c}_max"] = float(train_stats[k, 5])
         return params, train_stats, metrics
 
-    def score_exported(self, exported: Any, context: dict[str, Any], eval_key: int,
+    def score_exported(self, exported: Any, context: dict[str, Any],
                        secret_key: int | None = None, start: float | None = None
                        ) -> Evaluation:
         """Load, train, validate and score a runner's exports (trusted side)."""
         start = time.perf_counter() if start is None else start
         loss_grad, own_fn, compile_s = self.load(exported)
         params, train_stats, metrics = self.train_exported(loss_grad, context)
-        round_index, nu_value = int(context.get("round", 0)), _viscosity(context, self.cfg)
-        val_metrics, vecs, extras = self.validation(params, nu_value, train_stats, round_index,
-                                                    eval_key, secret_key)
+        nu_value = _viscosity(context, self.cfg)
+        val_metrics, vecs, extras = self.validation(params, nu_value, train_stats, secret_key)
         metrics.update(val_metrics, viscosity=nu_value, candidate_compile_s=compile_s)
         export_s = exported.get("candidate_export_s")
         if isinstance(export_s, (int, float)) and math.isfinite(export_s):
@@ -283,18 +281,17 @@ class PinnEvaluator:
         """Export and score in this process: for trusted code only (tests, benchmarks); the
         sandbox splits this between the runner (``export``) and the scorer (the rest)."""
         start = time.perf_counter()
-        eval_key = int(context.get("eval_key", zlib.crc32(code.encode("utf-8"))))
-        return self.score_exported(self.export(code), context, eval_key, start=start)
+        return self.score_exported(self.export(code), context, start=start)
 
     def validation(self, params: list, nu_value: float, train_stats: np.ndarray,
-                   round_index: int, eval_key: int, secret_key: int | None = None
+                   secret_key: int | None = None
                    ) -> tuple[dict[str, float], tuple, dict[str, Any]]:
         """Fixed unweighted validation losses and rel. L2 vs Cole-Hopf from trained params
         (no candidate code), plus the validation residuals and extras (at the final training
         statistics) on which the candidate's own loss is the paper's score."""
         jnp, model, cfg = self.jnp, self.model, self.cfg
         nu = jnp.float32(nu_value)
-        val = model.to_device(validation_points(cfg, round_index, eval_key, secret_key))
+        val = model.to_device(validation_points(cfg, nu_value, secret_key))
         n_steps = jnp.int32(cfg.n_steps)
         vecs, _, val_stats = self.trainer.observe(params, val, nu, model.init_stats(),
                                                   jnp.int32(0), n_steps)

@@ -7,14 +7,17 @@ The paper's schedule formula was lost in extraction; DESIGN.md fixes the regimes
 1/nu: a linear drift in nu would spend almost every round in the easy regime.
 nu is held for ``hold_rounds`` rounds (default: a fine-tuning phase) and moves only at the
 boundaries, so every score of a phase is on one equation and can be compared like for like.
-All randomness is seeded from (seed, round, purpose[, evaluation key]) so a round's training
-points and the network initialisation are the same for every candidate (only the loss
-strategy differs) while the held-out validation points are fresh per evaluation.
+All randomness is seeded from (seed, round, purpose) so a round's training points and the
+network initialisation are the same for every candidate (only the loss strategy differs).
+The held-out validation points come from the run's secret and the regime (the viscosity)
+alone: every candidate of a regime faces the same hidden evaluation, and nothing in a
+program's text (a comment) can draw it other points.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -24,7 +27,6 @@ from atlas.fields import check_known_fields, number, require
 
 SCHEDULES = ("geometric", "cosine", "constant")
 SCORES = ("composite", "paper", "rel_l2")
-VAL_RESAMPLE = ("per_eval", "per_round")
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,6 @@ class PinnConfig:
     n_val_collocation: int = 2048
     n_val_initial: int = 256
     n_val_boundary: int = 256
-    val_resample: str = "per_eval"
     # scoring and statistics handed to the candidate
     score: str = "composite"
     stats_decay: float = 0.9
@@ -67,8 +68,6 @@ class PinnConfig:
         require(self.name == "pinn", g, "name", self.name, "must be 'pinn' for PinnTask")
         require(self.schedule in SCHEDULES, g, "schedule", self.schedule, f"use one of {SCHEDULES}")
         require(self.score in SCORES, g, "score", self.score, f"use one of {SCORES}")
-        require(self.val_resample in VAL_RESAMPLE, g, "val_resample", self.val_resample,
-                f"use one of {VAL_RESAMPLE}")
         for f in ("nu_start", "nu_end", "lr", "timeout_s", "stats_decay"):
             low_open = f != "stats_decay"
             object.__setattr__(self, f, number(g, f, getattr(self, f), low=0.0,
@@ -152,15 +151,15 @@ def training_points(cfg: PinnConfig, round_index: int) -> PointSet:
     return sample_points(rng, cfg.n_collocation, cfg.n_initial, cfg.n_boundary)
 
 
-def validation_points(cfg: PinnConfig, round_index: int, eval_key: int,
-                      secret_key: int | None = None) -> PointSet:
-    """Held-out points, independent of the training draw; ``eval_key`` resamples them.
+def validation_points(cfg: PinnConfig, nu: float, secret_key: int | None = None) -> PointSet:
+    """The regime's held-out points, independent of the training draw: a function of the
+    viscosity ``nu`` and ``secret_key`` only, never of the round or of the program.
 
     ``secret_key`` (derived from the run's secret by the trusted scorer) makes them unknowable
     to candidates, who can read this code and ``cfg.seed``.
     """
-    key = eval_key if cfg.val_resample == "per_eval" else 0
-    rng = np.random.default_rng([cfg.seed, round_index, 1, key]
+    regime = int.from_bytes(struct.pack("<d", float(f"{float(nu):.12g}")), "little")
+    rng = np.random.default_rng([cfg.seed, 1, regime]
                                 + ([] if secret_key is None else [secret_key]))
     return sample_points(rng, cfg.n_val_collocation, cfg.n_val_initial, cfg.n_val_boundary)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import os
 import time
-import zlib
 from typing import Any
 
 from atlas.sandbox.link import Link
@@ -45,9 +44,9 @@ class PinnScorer:
     def score(self, code: str, context: dict[str, Any], link: Link) -> Evaluation:
         reply = link.recv()
         start = time.perf_counter()
-        eval_key = int(context.get("eval_key", zlib.crc32(code.encode("utf-8"))))
-        return self.evaluator.score_exported(reply.get("export"), context, eval_key,
-                                             self.secret_key, start=start)
+        # the regime's hidden points: from the secret and the viscosity, never the code
+        return self.evaluator.score_exported(reply.get("export"), context, self.secret_key,
+                                             start=start)
 
 
 def make_scorer(config: dict[str, Any], secret: str | None = None) -> PinnScorer:
