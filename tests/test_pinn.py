@@ -16,7 +16,7 @@ from atlas.sandbox.candidate import CandidateError
 from atlas.tasks import make_task
 from atlas.tasks.pinn import SEED_PROGRAM, PinnTask
 from atlas.tasks.pinn.exact import burgers_cole_hopf, exact_grid, solve_fd
-from atlas.tasks.pinn.problem import PinnConfig, training_points, viscosity
+from atlas.tasks.pinn.problem import PinnConfig, regime_draw, training_points, viscosity
 from atlas.types import FailureKind
 
 SMALL = {"name": "pinn", "n_steps": 150, "n_collocation": 256, "n_initial": 64,
@@ -139,7 +139,7 @@ def test_task_from_yaml_and_contract():
     assert "def pinn_loss_strategy" in task.seed_program()
 
 
-def test_points_are_fixed_per_round():
+def test_points_are_fixed_per_draw():
     cfg = PinnConfig()
     a, b, c = training_points(cfg, 3), training_points(cfg, 3), training_points(cfg, 4)
     np.testing.assert_array_equal(a.x_f, b.x_f)
@@ -366,8 +366,8 @@ def test_jax_evaluator_matches_torch_reference(evaluator):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny ops: extra threads only contend with other processes
     try:
-        ref = torch_train(ns["pinn_loss_strategy"], cfg, training_points(cfg, 0),
-                          CTX["viscosity"])
+        ref = torch_train(ns["pinn_loss_strategy"], cfg,
+                          training_points(cfg, regime_draw(CTX["viscosity"])), CTX["viscosity"])
     finally:
         torch.set_num_threads(threads)
     from atlas.tasks.pinn.evaluator import make_evaluator
@@ -424,3 +424,17 @@ def test_candidate_compile_options_are_checked_once_and_dropped_if_unknown():
 
     assert _supported_options(FAST_COMPILE) == FAST_COMPILE  # this jaxlib knows them
     assert _supported_options({"xla_no_such_option_for_atlas": 1}) is None
+
+
+def test_a_program_scores_the_same_in_every_round_of_a_regime(evaluator):
+    """Training points and initial weights follow the regime, not the round: the same
+    program in two rounds at one viscosity gets one score (scores within a regime compare)."""
+    code = strategy("    return jnp.mean(residuals ** 2) + jnp.mean(ic_err ** 2)"
+                    " + jnp.mean(bc_err ** 2)\n")
+    a = evaluator(code, {**CTX, "round": 1})
+    b = evaluator(code, {**CTX, "round": 7})
+    c = evaluator(code, {**CTX, "round": 7, "viscosity": CTX["viscosity"] * 2})
+    untimed = [k for k in a.metrics if not k.endswith("_s")]
+    assert a.passed and a.score == b.score and len(untimed) > 3
+    assert all(a.metrics[k] == b.metrics[k] for k in untimed)
+    assert c.score != a.score

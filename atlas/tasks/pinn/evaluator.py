@@ -32,6 +32,7 @@ from atlas.tasks.pinn.exact import exact_grid
 from atlas.tasks.pinn.problem import (
     PinnConfig,
     init_params,
+    regime_draw,
     training_points,
     validation_points,
     viscosity,
@@ -113,9 +114,9 @@ class PinnEvaluator:
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e9)
 
     # ------------------------------------------------------------------ helpers
-    def _params(self, round_index: int) -> list:
+    def _params(self, draw: int) -> list:
         return [(self.jnp.asarray(w), self.jnp.asarray(b))
-                for w, b in init_params(self.cfg, round_index)]
+                for w, b in init_params(self.cfg, draw)]
 
     def _exact_u(self, nu: float) -> np.ndarray:
         key = round(nu, 12)
@@ -215,12 +216,12 @@ class PinnEvaluator:
         Returns (trained params, training statistics, metrics of the training itself:
         timing, the candidate's own training terms)."""
         jnp, model, cfg = self.jnp, self.model, self.cfg
-        round_index = int(context.get("round", 0))
         nu_value = _viscosity(context, cfg)
+        draw = regime_draw(nu_value)  # the regime's points and initial weights, not the round's
         # everything committed to the device from the start, like the exported loss's
         # outputs, so each trainer function has one compiled variant (warmed at start)
         params, train, nu, stats0, n_steps, bad, step = self.jax.device_put(
-            (self._params(round_index), model.to_device(training_points(cfg, round_index)),
+            (self._params(draw), model.to_device(training_points(cfg, draw)),
              jnp.float32(nu_value), model.init_stats(), jnp.int32(cfg.n_steps),
              jnp.int32(-1), jnp.int32(0)), self.jax.devices()[0])
         opt_state = self.jax.device_put(self.trainer.init_opt(params), self.jax.devices()[0])

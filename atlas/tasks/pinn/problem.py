@@ -145,9 +145,16 @@ def initial_condition(x: np.ndarray) -> np.ndarray:
     return -np.sin(np.pi * x)
 
 
-def training_points(cfg: PinnConfig, round_index: int) -> PointSet:
-    """The round's training points: identical for every candidate of the round."""
-    rng = np.random.default_rng([cfg.seed, round_index, 0])
+def regime_draw(nu: float) -> int:
+    """The integer a regime's draws are seeded with: its viscosity's bits (12 significant
+    digits, so a float's last-bit noise names the same regime)."""
+    return int.from_bytes(struct.pack("<d", float(f"{float(nu):.12g}")), "little")
+
+
+def training_points(cfg: PinnConfig, draw: int) -> PointSet:
+    """Training points for one draw (``regime_draw(nu)`` in a run): every candidate of a
+    regime trains on the same points, whatever its round, so its scores compare."""
+    rng = np.random.default_rng([cfg.seed, draw, 0])
     return sample_points(rng, cfg.n_collocation, cfg.n_initial, cfg.n_boundary)
 
 
@@ -158,15 +165,15 @@ def validation_points(cfg: PinnConfig, nu: float, secret_key: int | None = None)
     ``secret_key`` (derived from the run's secret by the trusted scorer) makes them unknowable
     to candidates, who can read this code and ``cfg.seed``.
     """
-    regime = int.from_bytes(struct.pack("<d", float(f"{float(nu):.12g}")), "little")
-    rng = np.random.default_rng([cfg.seed, 1, regime]
+    rng = np.random.default_rng([cfg.seed, 1, regime_draw(nu)]
                                 + ([] if secret_key is None else [secret_key]))
     return sample_points(rng, cfg.n_val_collocation, cfg.n_val_initial, cfg.n_val_boundary)
 
 
-def init_params(cfg: PinnConfig, round_index: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Glorot-normal weights, zero biases: 2 -> width x depth -> 1 (float32)."""
-    rng = np.random.default_rng([cfg.seed, round_index, 2])
+def init_params(cfg: PinnConfig, draw: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Glorot-normal weights, zero biases: 2 -> width x depth -> 1 (float32), one set per
+    draw (a regime in a run, like ``training_points``)."""
+    rng = np.random.default_rng([cfg.seed, draw, 2])
     sizes = [2] + [cfg.width] * cfg.depth + [1]
     params = []
     for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):

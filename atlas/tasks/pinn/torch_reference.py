@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from atlas.tasks.pinn.problem import PinnConfig, PointSet, init_params
+from atlas.tasks.pinn.problem import PinnConfig, PointSet, init_params, regime_draw
 
 
 class TorchNumpy:
@@ -64,10 +64,11 @@ def _mlp(params: list[tuple[torch.Tensor, torch.Tensor]], t: torch.Tensor,
 
 
 def torch_train(fn: Callable[..., Any], cfg: PinnConfig, points: PointSet, nu: float,
-                round_index: int = 0) -> dict[str, float]:
-    """Train with ``fn`` as the loss for ``cfg.n_steps`` Adam steps; return final train MSEs."""
+                draw: int | None = None) -> dict[str, float]:
+    """Train with ``fn`` as the loss for ``cfg.n_steps`` Adam steps; return final train MSEs.
+    ``draw``: the initial weights' draw (default: the regime's, as the evaluator uses)."""
     params = [(torch.tensor(w, requires_grad=True), torch.tensor(b, requires_grad=True))
-              for w, b in init_params(cfg, round_index)]
+              for w, b in init_params(cfg, regime_draw(nu) if draw is None else draw)]
     flat = [p for pair in params for p in pair]
     opt = torch.optim.Adam(flat, lr=cfg.lr)
     f32 = torch.float32
