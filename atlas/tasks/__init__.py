@@ -114,12 +114,43 @@ def check_factory(field: str, path: Any) -> None:
     if spec is None:
         raise ValueError(f"{field}={path!r}: {why}; fix the module path, or path-add its "
                          f"package (PYTHONPATH=/path/to/parent)")
+    folder = _found_only_in_cwd(module)
+    if folder:
+        raise ValueError(f"{field}={path!r}: {module.split('.')[0]} is importable here only "
+                         f"because it is in the current folder, and the sandbox's scorer "
+                         f"processes start in another one; run with PYTHONPATH={folder}")
     names = _top_level_names(spec.origin)
     if names is not None and attr not in names:
         close = difflib.get_close_matches(attr, sorted(names), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"{field}={path!r}: {spec.origin} defines no {attr!r}{hint}; fix the "
                          f"name after the colon")
+
+
+def _found_only_in_cwd(module: str) -> str | None:
+    """The current folder when ``module``'s package is found there only because Python puts
+    it first on ``sys.path`` (``python -m``), not through ``PYTHONPATH`` or an install: the
+    sandbox's processes, started elsewhere, would not find it. None otherwise."""
+    import os
+    import sys
+
+    top = module.split(".")[0]
+    cwd = os.getcwd()
+    if top == "atlas":  # the sandbox path-adds atlas itself (isolation.python_env)
+        return None
+    if not sys.path or os.path.abspath(sys.path[0] or cwd) != cwd:
+        return None
+    if not (os.path.isdir(os.path.join(cwd, top)) or os.path.isfile(os.path.join(cwd, f"{top}.py"))):
+        return None
+    declared = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    if cwd in declared:
+        return None
+    for entry in sys.path[1:]:  # found again further on (an install): the sandbox finds it too
+        base = os.path.abspath(entry or cwd)
+        if base != cwd and (os.path.isdir(os.path.join(base, top))
+                            or os.path.isfile(os.path.join(base, f"{top}.py"))):
+            return None
+    return cwd
 
 
 def _top_level_names(origin: str | None) -> set[str] | None:
