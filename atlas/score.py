@@ -32,30 +32,22 @@ def secret_from(path: str | None) -> tuple[str, Path, bool]:
     """(secret, the file holding it, whether it was created): ``path`` read, or created with
     a fresh secret when it does not exist; a new file in the temporary folder when ``path``
     is None."""
-    import secrets
-
-    from atlas.sandbox.secret import is_secret
+    from atlas.sandbox.secret import create_secret_file, is_secret
 
     if path is None:
         fd, name = tempfile.mkstemp(prefix="atlas-score-", suffix=".secret")
-        value = secrets.token_hex(32)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(value + "\n")
-        return value, Path(name), True
-    file = Path(path).expanduser()
-    if not file.exists():
-        file.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        value = secrets.token_hex(32)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(value + "\n")
-        return value, file, True
+        os.close(fd)
+        os.unlink(name)
+    file = Path(path or name).expanduser()
+    created = not file.exists()
+    if created:
+        create_secret_file(file)
     value = file.read_text().strip()
     if not is_secret(value):
         raise ValueError(f"--secret-file {file}: not a task secret (64 hex characters, e.g. "
                          f"python -c 'import secrets; print(secrets.token_hex(32))' > {file}); "
                          f"a run folder's .task_secret is one")
-    return value, file, False
+    return value, file, created
 
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:

@@ -56,7 +56,7 @@ def run_secret(run_dir: str | os.PathLike[str], source: str | None = None) -> st
     if source:
         src = Path(source).expanduser()
         if not src.exists():
-            _create_shared(src)
+            create_secret_file(src)
         value = _read(src, "fix sandbox.secret_file or point it to a new path")
     else:
         value = secrets.token_hex(32)
@@ -67,7 +67,7 @@ def run_secret(run_dir: str | os.PathLike[str], source: str | None = None) -> st
     return value
 
 
-def _create_shared(path: Path) -> None:
+def create_secret_file(path: Path) -> None:
     """Create a shared secret file atomically: the jobs of a sweep (SLURM: at once) may race."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
