@@ -121,7 +121,11 @@ class EvolutionLoop:
         log.info("sandbox isolation: %s", self.sandbox.isolation)
         # a broken task stops the run here, before the model loads (a resumed run has its seed)
         resuming = bool(cfg.resume) and (self.run_dir / "checkpoint" / checkpoint.FILENAME).exists()
-        self.seed_evaluation = None if resuming else score_seed(self.task, self.sandbox)
+        try:
+            self.seed_evaluation = None if resuming else score_seed(self.task, self.sandbox)
+        except BaseException:
+            self.sandbox.close()
+            raise
         device = resolve_device(cfg.device)
         self.precision = run_precision(self.run_dir, cfg.model.get("dtype") or "float32", device,
                                        cfg.model.get("cache_dir"), resume=bool(cfg.resume))

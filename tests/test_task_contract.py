@@ -201,3 +201,11 @@ def test_external_task_field_errors_are_one_line(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert "task.nosie is not a known field" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_pinn_scores_report_every_declared_quality_metric() -> None:
+    """PINN's scorer computes its validation metrics from the trained network alone and
+    fails a program whose metric is not finite: a declared metric is never dropped."""
+    from atlas.tasks.pinn.evaluator import VALIDATION_METRICS
+
+    assert set(VALIDATION_METRICS) == {m.name for m in make_task("pinn").quality_metrics}
