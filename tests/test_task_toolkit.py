@@ -81,7 +81,6 @@ def test_scaffold_refuses_bad_names(tmp_path: Path) -> None:
         scaffold("twice", tmp_path)
 
 
-@pytest.mark.slow  # about a minute: the tiny model, 4 rounds
 def test_scaffold_trains_end_to_end(tmp_path: Path) -> None:
     scaffold("toolkit_run", tmp_path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]),
