@@ -37,7 +37,7 @@ from atlas.agent.precision import run_precision
 from atlas.agent.research_agent import ResearchAgent
 from atlas.dpo import DPOConfig, GateConfig
 from atlas.evolution.database import ProgramDatabase
-from atlas.evolution.explorer import Explorer, regime_key
+from atlas.evolution.explorer import Explorer, regime_key, score_seed
 from atlas.evolution.extract import extract_program
 from atlas.evolution.prompts import prefill_of
 from atlas.fine_tuning import FineTuner, adapter_snapshot
@@ -112,20 +112,27 @@ class EvolutionLoop:
         seed_everything(int(cfg.seed))
         task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
         self.task = make_task(task_cfg.pop("name"), **task_cfg)
-        device = resolve_device(cfg.device)
-        self.precision = run_precision(self.run_dir, cfg.model.get("dtype") or "float32", device,
-                                       cfg.model.get("cache_dir"), resume=bool(cfg.resume))
-        log.info("precision: %s (%s)", self.precision.dtype, self.precision.reason)
-        self.agent = ResearchAgent(cfg.model, device=device, seed=int(cfg.seed),
-                                   precision=self.precision)
         ex = cfg.explore
-        self.db = ProgramDatabase.from_config(ex, seed=int(cfg.seed))
         secret_file = cfg.sandbox.secret_file or sweep_secret_file()
         self.sandbox = Sandbox.for_task(
             self.task, secret=run_secret(self.run_dir, secret_file), workers=int(ex.workers),
             isolation=str(cfg.sandbox.isolation),
             hide=[str(self.run_dir), *([str(secret_file)] if secret_file else [])])
         log.info("sandbox isolation: %s", self.sandbox.isolation)
+        # a broken task stops the run here, before the model loads (a resumed run has its seed)
+        resuming = bool(cfg.resume) and (self.run_dir / "checkpoint" / checkpoint.FILENAME).exists()
+        try:
+            self.seed_evaluation = None if resuming else score_seed(self.task, self.sandbox)
+        except BaseException:
+            self.sandbox.close()
+            raise
+        device = resolve_device(cfg.device)
+        self.precision = run_precision(self.run_dir, cfg.model.get("dtype") or "float32", device,
+                                       cfg.model.get("cache_dir"), resume=bool(cfg.resume))
+        log.info("precision: %s (%s)", self.precision.dtype, self.precision.reason)
+        self.agent = ResearchAgent(cfg.model, device=device, seed=int(cfg.seed),
+                                   precision=self.precision)
+        self.db = ProgramDatabase.from_config(ex, seed=int(cfg.seed))
         self.threads = agent_thread_budget(cfg, self.sandbox)
         self.agent.thread_budget = self.threads
         self.explorer = Explorer(self.task, self.agent, self.sandbox, self.db, ex, int(cfg.seed))
@@ -194,7 +201,7 @@ class EvolutionLoop:
             self.telemetry.event("config", config=OmegaConf.to_container(self.cfg, resolve=True),
                                  isolation=self.sandbox.isolation,
                                  precision=self.precision.to_dict())
-            seeds = self.explorer.seed_islands(0)
+            seeds = self.explorer.seed_islands(0, evaluation=self.seed_evaluation)
             self.telemetry.programs(seeds)
             self.telemetry.event("seed", round=0, score=max(p.score for p in seeds),
                                  passed=all(p.passed for p in seeds))

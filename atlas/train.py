@@ -93,5 +93,9 @@ def hoist_multirun_flag(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
+    from atlas.compose import searchpath_problem
+
+    if problem := searchpath_problem(sys.argv[1:]):  # Hydra would say only "Could not find"
+        sys.exit(problem)
     sys.argv = hoist_multirun_flag(sys.argv)
     main()

@@ -13,6 +13,7 @@ from atlas.evolution.explorer import Explorer
 from atlas.evolution.preferences import build_pairs, sample_gate_subset
 from atlas.sandbox.candidate import CandidateError, load_candidate
 from atlas.tasks.base import PromptSpec, Task
+from atlas.tasks.checker import TaskError
 from atlas.types import Evaluation, FailureKind, Program
 
 SEED = "def pick(xs):\n    return 0\n"
@@ -191,8 +192,9 @@ def test_bad_config_names_the_field():
 def test_a_failing_seed_program_stops_the_run():
     ex, _, _, _ = make()
     ex.task.seed_program = lambda: "def pick(xs):\n    return 'x'\n"
-    with pytest.raises(RuntimeError, match="seed program failed"):
+    with pytest.raises(TaskError, match=r"the seed program of task '\w+' fails \(\w+: ") as info:
         ex.seed_islands()
+    assert "\n" not in str(info.value)  # one line on the command line
 
 
 def test_sandbox_errors_become_killed_failures():

@@ -1,6 +1,7 @@
 """One contract test over every task, the built-in registry and the external example task
 (tests/external_task/linefit, a package outside atlas/): what the loop, the sandbox and the
-inspector rely on is declared, consistent and usable."""
+inspector rely on is declared, consistent and usable. The sandbox half of the contract is
+``atlas.tasks.checker`` (``python -m atlas.tasks check``), run here on every task."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from omegaconf import OmegaConf
 from atlas.sandbox.secret import derive_seed
 from atlas.tasks import TASKS, make_task, task_class
 from atlas.tasks.base import QualityMetric, Task
+from atlas.tasks.checker import check_task
 
 EXTERNAL = Path(__file__).with_name("external_task")
 EXTERNAL_YAML = EXTERNAL / "linefit" / "conf" / "task" / "linefit.yaml"
@@ -25,10 +27,17 @@ EXTERNAL_YAML = EXTERNAL / "linefit" / "conf" / "task" / "linefit.yaml"
 
 @pytest.fixture(scope="module", autouse=True)
 def _external_on_path():
-    """Path-add the external task's package, as PYTHONPATH would."""
+    """Path-add the external task's package, as PYTHONPATH would (here and for the
+    sandbox's processes)."""
     sys.path.insert(0, str(EXTERNAL))
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(EXTERNAL), *filter(None, [before])])
     yield
     sys.path.remove(str(EXTERNAL))
+    if before is None:
+        os.environ.pop("PYTHONPATH")
+    else:
+        os.environ["PYTHONPATH"] = before
 
 
 def _config(name: str) -> dict:
@@ -61,6 +70,25 @@ def test_task_declares_its_contract(name: str) -> None:
     assert spec.entry_point in task.seed_program()
 
 
+@pytest.mark.parametrize("name", ["bandit", "binpacking", "linefit",
+                                  pytest.param("pinn", marks=pytest.mark.slow)])
+def test_task_passes_the_checker(name: str) -> None:
+    """The sandbox half of the contract: the seed passes inside score_range with every
+    declared metric, a wrong return type fails cleanly, the hidden set is large enough."""
+    report = check_task(make_task(**_config(name)), secrets=3)
+    by_name = {c.name: c for c in report.checks}
+    assert by_name["seed program passes"].status == "ok", report.text()
+    assert by_name["declared quality metrics reported"].status == "ok"
+    assert by_name["wrong return type fails cleanly"].status == "ok", report.text()
+    assert all(c.status == "ok" for c in report.checks
+               if c.name != "hidden set large enough"), report.text()
+    hidden = by_name["hidden set large enough"]
+    if name == "linefit":  # 4 hidden lines: the README's minimal example is too small
+        assert hidden.status == "fail" and "spread" in hidden.detail, report.text()
+    else:
+        assert hidden.status == "ok", report.text()
+
+
 def test_score_range_rejects_impossible_scores() -> None:
     bandit = make_task("bandit")
     assert bandit.score_in_range(-0.375) and bandit.score_in_range(0.0)
@@ -85,7 +113,7 @@ class _NoTimeoutTask(Task):
     """A task that never touches ``timeout_s``: the base class must still read it."""
 
     name = "no_timeout"
-    evaluator_factory = "x:y"
+    evaluator_factory = "atlas.tasks.bandit.evaluator:make_evaluator"
 
     def prompt_spec(self):  # pragma: no cover - not called
         raise NotImplementedError
@@ -173,3 +201,11 @@ def test_external_task_field_errors_are_one_line(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert "task.nosie is not a known field" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_pinn_scores_report_every_declared_quality_metric() -> None:
+    """PINN's scorer computes its validation metrics from the trained network alone and
+    fails a program whose metric is not finite: a declared metric is never dropped."""
+    from atlas.tasks.pinn.evaluator import VALIDATION_METRICS
+
+    assert set(VALIDATION_METRICS) == {m.name for m in make_task("pinn").quality_metrics}

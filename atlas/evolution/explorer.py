@@ -49,6 +49,38 @@ def split_samples(total: int, islands: int) -> list[int]:
     return [base + (1 if j < extra else 0) for j in range(islands)]
 
 
+def cause(message: str, limit: int = 300) -> str:
+    """``message`` cut to about ``limit`` characters on one line, keeping its first line and
+    its end: a traceback's cause is its last line, a failure's summary its first."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    head, last = lines[0], lines[-1]
+    text = head if len(lines) == 1 else f"{head} ... {last}"
+    if len(text) <= limit:
+        return text
+    if len(lines) == 1:
+        half = (limit - 5) // 2
+        return f"{head[:half]} ... {head[-half:]}"
+    tail = min(len(last), limit // 2)
+    return f"{head[:max(0, limit - tail - 5)]} ... {last[-tail:]}"
+
+
+def score_seed(task: Task, sandbox: Sandbox, round_index: int = 0) -> Evaluation:
+    """The task's seed program scored in ``sandbox``; a ``TaskError`` (one line: the cause
+    and the fix) when it fails, since then the task or its scorer is broken, not the agent."""
+    from atlas.tasks.checker import TaskError
+
+    ev = Explorer._outcome(sandbox.submit(task.seed_program(), task.context(round_index)))
+    if not ev.passed:
+        blame = ("its scorer raised" if ev.failure_kind == FailureKind.TASK_ERROR.value
+                 else "fix its seed_program, scorer or runner")
+        raise TaskError(f"the seed program of task {task.name!r} fails ({ev.failure_kind}: "
+                        f"{cause(ev.message)}); {blame}; `python -m atlas.tasks check "
+                        f"task={task.name}` shows the whole message")
+    return ev
+
+
 class Agent(Protocol):
     def chat_prompt(self, system: str, user: str, prefill: str) -> str: ...
 
@@ -194,19 +226,18 @@ class Explorer:
             out.append(prog)
 
     # ---- public API -----------------------------------------------------------------------
-    def seed_islands(self, round_index: int = 0) -> list[Program]:
+    def seed_islands(self, round_index: int = 0, evaluation: Evaluation | None = None
+                     ) -> list[Program]:
         """File the task's seed program in every island (evaluated once, one copy per island).
 
-        Raises when the seed fails: every prompt would then start from nothing, which means
-        the task or the sandbox is broken, not the agent.
+        ``evaluation``: the seed's, when it was scored already (``score_seed``, before the
+        model loaded). Raises when the seed fails: every prompt would then start from
+        nothing, which means the task or the sandbox is broken, not the agent.
         """
         code = self.task.seed_program()
         context = self.task.context(round_index)
-        ev = self._outcome(self.sandbox.submit(code, context))
-        if not ev.passed:
-            raise RuntimeError(f"the task's seed program failed in the sandbox "
-                               f"({ev.failure_kind}: {ev.message[:300]}); fix the task "
-                               f"{self.task.name!r} seed_program or its evaluator")
+        ev = evaluation if evaluation is not None else score_seed(self.task, self.sandbox,
+                                                                  round_index)
         out = []
         for island in range(self.settings.islands):
             prog = Program(id=self.db.next_id(), island=island, round=round_index, code=code,

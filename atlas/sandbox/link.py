@@ -79,7 +79,8 @@ class Link:
         if self.trusted and "error" in frame:
             kind = frame.get("error")
             message = frame.get("message")
-            if kind not in RUNNER_KINDS or not isinstance(message, str):
+            if not isinstance(kind, str) or kind not in RUNNER_KINDS \
+                    or not isinstance(message, str):
                 raise RunnerFailed(FailureKind.TAMPERED, "the program sent a malformed failure")
             raise RunnerFailed(kind, message[:2000])
         return frame

@@ -40,6 +40,7 @@ from atlas.sandbox.isolation import (
     readable_roots,
     resolve_isolation,
 )
+from atlas.sandbox.secret import check_secret
 from atlas.types import Evaluation, FailureKind
 
 log = logging.getLogger("atlas.sandbox")
@@ -271,6 +272,14 @@ class _Slot:
                                     f"score {ev.score!r} lies outside the task's possible range "
                                     f"{list(sb.score_range)}; no genuine program scores that",
                                     metrics=ev.metrics)
+        missing = [m for m in sb.quality_metrics if m not in ev.metrics] if ev.passed else []
+        if missing:  # the scorer forgot what the task declares: the task's bug
+            ev = Evaluation.failure(FailureKind.TASK_ERROR,
+                                    f"the task's scorer passed the program without the declared "
+                                    f"quality metric(s) {missing} in Evaluation.metrics (it "
+                                    f"reported {sorted(ev.metrics)[:12]}); report them, or "
+                                    f"remove them from the task's quality_metrics",
+                                    metrics=ev.metrics)
         ev.seconds = time.monotonic() - start
         self.served += 1
         healthy = frame is not None and buf.pending() == 0 and self.alive()
@@ -301,7 +310,9 @@ class Sandbox:
     in the task's runner; without, it is a legacy ``(code, context) -> Evaluation`` callable
     built and run whole in the candidate's runner. Every candidate gets ``timeout_s`` of wall
     time and ``memory_mb`` of resident memory; a passed score outside ``score_range`` is a
-    ``tampered`` failure. ``secret`` (the run's, see ``secret.py``) defaults to a fresh one.
+    ``tampered`` failure, and one without a metric named in ``quality_metrics`` a
+    ``task_error``. ``secret`` (the run's, 64 hex characters, see ``secret.py``) defaults to a
+    fresh one.
     """
 
     def __init__(self, evaluator_factory: str, evaluator_config: dict, *, workers: int = 2,
@@ -310,7 +321,8 @@ class Sandbox:
                  threads_per_worker: int = 1, runner_factory: str | None = None,
                  secret: str | None = None,
                  score_range: tuple[float, float] = (-math.inf, math.inf),
-                 fork_safe: bool = True, hide: list[str] | None = None) -> None:
+                 fork_safe: bool = True, hide: list[str] | None = None,
+                 quality_metrics: tuple[str, ...] = ()) -> None:
         if not isinstance(evaluator_factory, str) or evaluator_factory.count(":") != 1 \
                 or not all(evaluator_factory.split(":")):
             raise ValueError(f"evaluator_factory={evaluator_factory!r} is invalid: use an import "
@@ -343,7 +355,11 @@ class Sandbox:
         if not lo <= hi:
             raise ValueError(f"score_range={score_range!r} is invalid: use (low, high), low <= high")
         self.runner_factory, self.score_range, self.fork_safe = runner_factory, (lo, hi), fork_safe
+        if secret is not None:
+            check_secret(secret, "Sandbox(secret=...)")
         self.secret = secret if secret is not None else secrets.token_hex(32)
+        #: metrics every passed evaluation must report (the task's declared quality metrics)
+        self.quality_metrics = tuple(quality_metrics)
         # absolute: the runner's guard resolves them after it chdirs into its workdir, so a
         # relative path (sandbox.secret_file=docs/...) would mask the wrong file
         #: paths masked inside bubblewrap (the run folder holding the secret, the secret file)
@@ -367,7 +383,8 @@ class Sandbox:
         return cls(task.evaluator_factory, task.evaluator_config(),
                    runner_factory=getattr(task, "runner_factory", None), secret=secret,
                    timeout_s=float(task.timeout_s), score_range=tuple(task.score_range),
-                   fork_safe=bool(task.fork_safe), **kwargs)
+                   fork_safe=bool(task.fork_safe),
+                   quality_metrics=tuple(m.name for m in task.quality_metrics), **kwargs)
 
     def score_ok(self, score: float) -> bool:
         """Whether a passed score could be genuine (finite and inside ``score_range``)."""

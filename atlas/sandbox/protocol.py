@@ -31,8 +31,14 @@ class ProtocolError(RuntimeError):
 
 
 def encode(obj: dict[str, Any]) -> bytes:
-    """One frame for ``obj`` (JSON; NaN allowed in metrics)."""
-    body = json.dumps(obj).encode("utf-8")
+    """One frame for ``obj`` (JSON; NaN allowed in metrics). A message holding anything but
+    plain JSON types (a numpy array or number) is a TypeError with the fix."""
+    try:
+        body = json.dumps(obj).encode("utf-8")
+    except TypeError as exc:
+        raise TypeError(f"a message must hold plain JSON types (dict, list, str, int, float, "
+                        f"bool, None): {exc}; convert numpy arrays with .tolist() and numpy "
+                        f"numbers with float() or int()") from None
     if len(body) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(body)} bytes exceeds {MAX_FRAME}")
     return HEADER.pack(MAGIC, len(body)) + body

@@ -16,9 +16,29 @@ from pathlib import Path
 SECRET_FILE = ".task_secret"
 
 
+def is_secret(value: object) -> bool:
+    """Whether ``value`` is a task secret: 64 lowercase hex characters (32 random bytes,
+    ``secrets.token_hex(32)``), the key ``derive_seed`` hashes with."""
+    return (isinstance(value, str) and len(value) == 64
+            and all(c in "0123456789abcdef" for c in value))
+
+
+def check_secret(value: object, field: str) -> None:
+    """A ValueError naming ``field`` and the fix unless ``value`` is hexadecimal, what
+    ``derive_seed`` keys its hash with (a run's own secret: 64 hex characters)."""
+    try:
+        ok = isinstance(value, str) and bool(value) and bool(bytes.fromhex(value))
+    except ValueError:
+        ok = False
+    if not ok:
+        shown = repr(value)[:20] + ("..." if len(repr(value)) > 20 else "")
+        raise ValueError(f"{field}: {shown} is not a task secret; use hex digits, e.g. "
+                         f"secrets.token_hex(32) (64 characters, as in a run folder)")
+
+
 def _read(path: Path, fix: str) -> str:
     value = path.read_text().strip()
-    if len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+    if is_secret(value):
         return value
     raise ValueError(f"{path} is not a task secret (expected 64 hex characters); {fix}")
 
@@ -36,7 +56,7 @@ def run_secret(run_dir: str | os.PathLike[str], source: str | None = None) -> st
     if source:
         src = Path(source).expanduser()
         if not src.exists():
-            _create_shared(src)
+            create_secret_file(src)
         value = _read(src, "fix sandbox.secret_file or point it to a new path")
     else:
         value = secrets.token_hex(32)
@@ -47,7 +67,7 @@ def run_secret(run_dir: str | os.PathLike[str], source: str | None = None) -> st
     return value
 
 
-def _create_shared(path: Path) -> None:
+def create_secret_file(path: Path) -> None:
     """Create a shared secret file atomically: the jobs of a sweep (SLURM: at once) may race."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")

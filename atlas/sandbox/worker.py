@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
 import os
 import secrets
 import shutil
@@ -138,6 +139,29 @@ class Frozen:
                 os.chmod(path, 0o644)
 
 
+def scorer_bug(exc: BaseException, scorer: Any) -> str:
+    """The message of an exception the task's own scorer raised: where in the task's code
+    (the innermost frame in the scorer's package, else the innermost frame), what, and the end
+    of the traceback, which holds the cause.
+
+    Why its own kind: a scorer blames the candidate only by raising ``CandidateError``,
+    ``RunnerFailed`` or ``ProtocolError``; anything else is a bug in the task, and labelling
+    it a candidate's fault would have the run select against every program.
+    """
+    frames = traceback.extract_tb(exc.__traceback__)
+    module = sys.modules.get(type(scorer).__module__ if scorer is not None else "")
+    path = getattr(module, "__file__", None) or ""
+    # the task's code: the scorer module's package directory (the module alone at top level)
+    root = os.path.dirname(path) + os.sep if "." in getattr(module, "__name__", "") else path
+    ours = [f for f in frames if root and f.filename.startswith(root)]
+    frame = (ours or frames or [None])[-1]
+    where = f" at {frame.filename}:{frame.lineno}" if frame is not None else ""
+    tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-1200:]
+    return (f"the task's scorer raised {type(exc).__name__}: {exc}{where} (a bug in the task, "
+            f"not the program: a scorer blames a program only by raising CandidateError)"
+            f"\n{tail}")[:2000]
+
+
 def _sweep(root: str, keep: set[str]) -> None:
     """Delete every entry under ``root`` except ``keep`` (a runner's leftovers)."""
     try:
@@ -212,8 +236,8 @@ class Worker:
             socket.send_fds(self.zygote, [json.dumps({**self.spec, "workdir": workdir}).encode()],
                             [to_r, from_w, out_w])
             reply = self.zygote.recv(1 << 16)
-            if not reply:
-                raise RuntimeError("the sandbox zygote died")
+            if not reply:  # the sandbox broke, not the task: the program is not scored
+                raise RunnerFailed(FailureKind.KILLED, "the sandbox zygote died")
             pid = int(json.loads(reply)["pid"])
         finally:
             for fd in (to_r, from_w, out_w):
@@ -275,13 +299,23 @@ class Worker:
                 if not isinstance(ev, Evaluation):
                     raise TypeError(f"the scorer returned {type(ev).__name__}, not an "
                                     f"Evaluation (a task bug)")
+                if ev.passed and not (isinstance(ev.score, (int, float))
+                                      and math.isfinite(ev.score)):
+                    raise CandidateError(FailureKind.NON_FINITE, f"the score is {ev.score!r}")
+                try:  # what the parent will accept, checked here where the task is blamed
+                    protocol.validate_evaluation(json.loads(protocol.encode(ev.to_dict())[protocol.HEADER.size:]))
+                except (TypeError, protocol.ProtocolError) as exc:
+                    raise TypeError(f"the scorer returned an invalid Evaluation ({exc}); "
+                                    f"metrics must map str to Python floats") from None
         except RunnerFailed as exc:
             ev = Evaluation.failure(exc.kind, exc.message)
         except CandidateError as exc:
             ev = Evaluation.failure(exc.kind, exc.message)
-        except (protocol.ProtocolError, ValueError, KeyError, TypeError) as exc:
+        except protocol.ProtocolError as exc:
             ev = Evaluation.failure(FailureKind.TAMPERED, f"the program's answer could not be "
                                     f"scored ({type(exc).__name__}: {exc})"[:1500])
+        except Exception as exc:  # noqa: BLE001 - the scorer is trusted: its own bug
+            ev = Evaluation.failure(FailureKind.TASK_ERROR, scorer_bug(exc, self.scorer))
         finally:
             outputs.append(self._end(runner, ours))
         return ev, "".join(outputs)

@@ -89,9 +89,12 @@ class Task(ABC):
     """
 
     name: str
-    #: import path "module:function" of a zero-argument-plus-config factory returning an
-    #: ``Evaluator``; the sandbox worker imports and calls it once per worker process, so
-    #: expensive set-up (JAX compilation) is paid once per worker, not per candidate.
+    #: import path "module:function" of the scorer's factory, ``factory(config, secret=...)``
+    #: returning an object with ``score(code, context, link) -> Evaluation`` and
+    #: ``public_config()`` (with ``runner_factory``; legacy: ``factory(config)`` returning an
+    #: ``Evaluator``); each sandbox worker calls it once, so expensive set-up (JAX
+    #: compilation) is paid once per worker, not per candidate. ``make_task`` checks that the
+    #: module exists and defines the function.
     evaluator_factory: str
     #: import path of the untrusted runner's factory (None: a legacy single-callable task)
     runner_factory: str | None = None
@@ -99,7 +102,8 @@ class Task(ABC):
     timeout_s: float = 30.0
     #: the quality metrics the Policy Inspector compares, with their directions
     quality_metrics: tuple[QualityMetric, ...] = ()
-    #: closed interval of possible genuine scores (higher is better)
+    #: closed interval of possible genuine scores (higher is better); declare it always: it
+    #: also catches a flipped sign (a loss returned as the score) at the seed
     score_range: tuple[float, float] = (-math.inf, math.inf)
     #: whether the sandbox worker may fork after building the evaluator
     fork_safe: bool = True

@@ -5,7 +5,8 @@ the same packing loop, replay check and count that score candidates, on the defa
 Weibull 5 x 5000 set and an OR3-like set (20 x 500 uniform [20, 100], capacity 150,
 generated: OR-Library's binpack3 has this distribution, not these items), plus any
 OR-Library file given with ``--instances``. ``--write-or PATH`` writes the OR3-like set in
-the OR-Library format (a fixture for ``task.instances=PATH``). ``--speed`` measures
+the OR-Library format (a fixture for ``task.instances=PATH``), ``--write-weibull PATH`` the
+public Weibull draw. ``--speed`` measures
 candidates/s on the Weibull set (25,000 items).
 
 Published (FunSearch Table 1): Weibull 5k first fit 4.23 %, best fit 3.98 %, FunSearch 0.68 %;
@@ -21,6 +22,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from atlas.tasks.binpacking.evaluator import score_priority
+from atlas.tasks.binpacking.heuristics import best_fit as _best_fit
+from atlas.tasks.binpacking.heuristics import first_fit as _first_fit
+from atlas.tasks.binpacking.heuristics import funsearch_weibull as _funsearch_weibull
 from atlas.tasks.binpacking.instances import (
     Instance,
     read_orlib,
@@ -29,26 +33,11 @@ from atlas.tasks.binpacking.instances import (
     write_orlib,
 )
 
-
-def first_fit(item: float, bins: np.ndarray) -> np.ndarray:
-    """Equal priorities: argmax takes the first bin the item fits in."""
-    return np.zeros_like(bins)
-
-
-def best_fit(item: float, bins: np.ndarray) -> np.ndarray:
-    """The bin the item leaves least space in (the task's seed program)."""
-    return -(bins - item)
-
-
-def funsearch_weibull(item: float, bins: np.ndarray) -> np.ndarray:
-    """The heuristic FunSearch found for Weibull sets (Romera-Paredes et al., Nature 2023,
-    Supplementary Fig. C.14; DeepMind, Apache-2.0), for checking this task's semantics."""
-    max_bin_cap = max(bins)
-    score = (bins - max_bin_cap) ** 2 / item + bins ** 2 / (item ** 2)
-    score += bins ** 2 / item ** 3
-    score[bins > item] = -score[bins > item]
-    score[1:] -= score[:-1]
-    return score
+# the heuristics are program files (atlas/tasks/binpacking/heuristics/): the same text that
+# `python -m atlas.score task=binpacking <file>` scores in the sandbox
+first_fit = _first_fit.priority
+best_fit = _best_fit.priority
+funsearch_weibull = _funsearch_weibull.priority
 
 
 HEURISTICS: dict[str, Callable[[float, np.ndarray], np.ndarray]] = {
@@ -85,11 +74,18 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="an OR-Library bin-packing file (repeatable)")
     ap.add_argument("--write-or", metavar="PATH",
                     help="write the generated OR3-like set to PATH (OR-Library format) and exit")
+    ap.add_argument("--write-weibull", metavar="PATH",
+                    help="write the public Weibull 5 x 5000 draw (the table's) to PATH "
+                         "(OR-Library format) and exit: `python -m atlas.score "
+                         "task=binpacking task.instances=PATH <program>` scores on it")
     ap.add_argument("--speed", action="store_true",
                     help="also time a candidate through the sandbox (candidates/s)")
     args = ap.parse_args(argv)
-    if args.write_or:
-        print(f"wrote {write_orlib(args.write_or, uniform_instances())}")
+    if args.write_or or args.write_weibull:
+        for path, instances in ((args.write_or, uniform_instances),
+                                (args.write_weibull, weibull_instances)):
+            if path:
+                print(f"wrote {write_orlib(path, instances())}")
         return
     print(f"{'instance set':<50} {'heuristic':<22} {'excess %':>9} {'seconds':>8}")
     for set_name, name, excess, secs in table(instance_sets(args.instances)):

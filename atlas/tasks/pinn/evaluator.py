@@ -81,6 +81,11 @@ def _supported_options(options: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
+#: the metrics ``validation`` computes from the trained network alone: PinnTask's quality
+#: metrics, so a scored program always reports each (non-finite ones fail it)
+VALIDATION_METRICS = ("val_pde", "val_ic", "val_bc", "val_loss", "rel_l2")
+
+
 class PinnEvaluator:
     """Callable ``(code, context) -> Evaluation``; one instance per worker process."""
 
@@ -321,6 +326,10 @@ class PinnEvaluator:
             score = -metrics["own_val_loss"]
         if not math.isfinite(score):
             raise CandidateError(FailureKind.NON_FINITE, f"score is not finite ({score})")
+        for key in VALIDATION_METRICS:  # the declared quality metrics: never dropped
+            if not math.isfinite(float(metrics[key])):
+                raise CandidateError(FailureKind.NON_FINITE, f"the trained network's {key} is "
+                                     f"{float(metrics[key])} (not finite)")
         metrics = {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
         return Evaluation(score=float(score), passed=True, metrics=metrics,
                           seconds=time.perf_counter() - start)

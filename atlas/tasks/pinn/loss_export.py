@@ -231,10 +231,15 @@ class LossLoader:
                 module = _jax.mlir.deserialize_portable_artifact(blob)
             except Exception as exc:  # noqa: BLE001 - whatever the parser rejects
                 raise _tampered(f"is not a StableHLO module ({_describe(exc)[:300]})") from exc
-            got_in, got_out = _signature_of(module)
+            try:  # the module is the runner's: whatever reading it raises is its fault
+                got_in, got_out = _signature_of(module)
+                problem = module_problem(module)
+            except CandidateError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a malformed module, not a task bug
+                raise _tampered(f"could not be read ({_describe(exc)[:300]})") from exc
             if got_in != [self.in_types[k] for k in kept] or got_out != self.out_types:
                 raise _tampered(f"has the signature {got_in} -> {got_out}, not the task's")
-            problem = module_problem(module)
         if problem:
             raise _tampered(problem[:500])
 

@@ -1,0 +1,123 @@
+"""A task author's commands (docs/tasks.md):
+
+``python -m atlas.tasks check task=<name> [overrides ...]``: the Task contract
+(``atlas.tasks.checker``) in the sandbox a run uses, with ``atlas.train``'s overrides and
+``hydra.searchpath``; exit status 0 when it passes, 1 when a check fails, 2 on bad input.
+
+``python -m atlas.tasks new <name> [--dir DIR]``: a working task package ``DIR/<name>/``
+(task class, scorer and runner, YAML, a test that runs the checker) to edit into yours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import keyword
+import re
+import sys
+from pathlib import Path
+
+TEMPLATE = Path(__file__).with_name("template")
+#: template file -> path in the new package ({name}: the task's name)
+FILES = {
+    "init.py.txt": "{name}/__init__.py",
+    "scoring.py.txt": "{name}/scoring.py",
+    "conf_init.py.txt": "{name}/conf/__init__.py",
+    "task.yaml.txt": "{name}/conf/task/{name}.yaml",
+    "test_task.py.txt": "{name}/test_task.py",
+}
+
+
+def class_name(name: str) -> str:
+    """``my_task`` -> ``MyTaskTask``: the scaffold's Task subclass."""
+    return "".join(part.capitalize() for part in name.split("_") if part) + "Task"
+
+
+def scaffold(name: str, where: Path) -> list[Path]:
+    """Write the package ``where/<name>/``; the files written. ValueError: a one-line cause."""
+    from atlas.tasks import TASKS
+
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
+        raise ValueError(f"task name {name!r} is invalid: use a Python package name "
+                         f"(lowercase letters, digits, _), e.g. my_task")
+    if name in TASKS:
+        raise ValueError(f"task name {name!r} is a built-in task's; choose another name")
+    target = where / name
+    if target.exists():
+        raise ValueError(f"{target} exists; choose another name or --dir")
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        found = None
+    if found is not None:
+        raise ValueError(f"a module named {name!r} is importable already ({found.origin}); "
+                         f"choose another name, or the new package would be shadowed")
+    written = []
+    for template, path in FILES.items():
+        text = (TEMPLATE / template).read_text()
+        out = where / path.format(name=name)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text.replace("__NAME__", name).replace("__CLASS__", class_name(name)))
+        written.append(out)
+    return written
+
+
+def check(overrides: list[str], secrets: int, max_spread: float, secret_seed: int) -> int:
+    from atlas.compose import build_task, compose
+    from atlas.tasks.checker import check_task
+
+    try:
+        if not any(o.startswith("task=") for o in overrides):
+            raise ValueError("name the task: python -m atlas.tasks check task=<name> "
+                             "[hydra.searchpath=[pkg://<package>.conf]]")
+        cfg = compose(overrides)
+        task = build_task(cfg)
+        report = check_task(task, secrets=secrets, max_spread=max_spread,
+                            secret_seed=secret_seed, isolation=str(cfg.sandbox.isolation))
+    except (TypeError, ValueError) as exc:
+        print(f"atlas.tasks check: {exc}", file=sys.stderr)
+        return 2
+    print(report.text(), flush=True)
+    return 0 if report.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    from atlas.tasks.checker import MAX_SPREAD, SECRETS
+
+    parser = argparse.ArgumentParser(prog="python -m atlas.tasks",
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_check = sub.add_parser("check", help="run the Task contract on a task")
+    p_check.add_argument("overrides", nargs="*",
+                         help="task=<name> and any atlas.train overrides")
+    p_check.add_argument("--secrets", type=int, default=SECRETS,
+                         help=f"secrets the seed is scored with (default {SECRETS})")
+    p_check.add_argument("--max-spread", type=float, default=MAX_SPREAD,
+                         help=f"largest (max - min) / |mean| of the seed's scores across the "
+                              f"secrets (default {MAX_SPREAD})")
+    p_check.add_argument("--secret-seed", type=int, default=0,
+                         help="picks the secrets (they are reproducible; default 0)")
+    p_new = sub.add_parser("new", help="write a working task package to start from")
+    p_new.add_argument("name", help="the task's name, a Python package name")
+    p_new.add_argument("--dir", default=".", help="folder to write <name>/ in (default .)")
+    args = parser.parse_args(argv)
+    if args.command == "check":
+        return check(args.overrides, args.secrets, args.max_spread, args.secret_seed)
+    where = Path(args.dir).resolve()
+    try:
+        written = scaffold(args.name, where)
+    except (ValueError, OSError) as exc:
+        print(f"atlas.tasks new: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"wrote {path}")
+    print(f"\ncheck it:  PYTHONPATH={where} python -m atlas.tasks check task={args.name} "
+          f"hydra.searchpath=[pkg://{args.name}.conf]\n"
+          f"run it:    PYTHONPATH={where} python -m atlas.train task={args.name} "
+          f"hydra.searchpath=[pkg://{args.name}.conf] experiment=test\n"
+          f"test it:   PYTHONPATH={where} python -m pytest {where / args.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""The Task contract, checked against a built task in the sandbox a run uses.
+
+Why one checker: what the loop, the sandbox and the Policy Inspector rely on is the same for
+a built-in task and one in the author's own package, so ``python -m atlas.tasks check``, the
+scaffold's test and ``tests/test_task_contract.py`` run the same checks:
+
+- the class: ``name``, the factories (their modules exist and define them), the metrics;
+- ``score_range`` is declared (a warning when it is not: it also catches a flipped sign);
+- the seed program passes, scores inside ``score_range`` and reports every declared
+  quality metric (the sandbox turns each of these into a failure);
+- a program whose entry point returns a wrong type fails cleanly: a failure of the
+  program, not a crash of the scorer (``task_error``) or of the sandbox;
+- the hidden set is large enough: the seed's score across ``secrets`` fresh secrets varies
+  by at most ``max_spread`` of its mean (otherwise the secret's draw, not the program,
+  decides what a run reports).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.errors import CompactHydraException
+
+from atlas.tasks import check_task_class
+from atlas.tasks.base import Task
+from atlas.types import Evaluation, FailureKind
+
+#: default share of its mean by which the seed's score may move across secrets
+MAX_SPREAD = 0.1
+#: default number of secrets the spread is measured over
+SECRETS = 3
+#: failure kinds that are not a clean rejection of a wrong answer
+UNCLEAN = frozenset({FailureKind.TASK_ERROR.value, FailureKind.KILLED.value,
+                     FailureKind.TIMEOUT.value})
+
+
+class TaskError(RuntimeError, CompactHydraException):
+    """The task itself is broken (its seed program fails, its scorer raised): the message
+    names the cause and the fix; on the command line it is one line, not a traceback."""
+
+
+@dataclass
+class Check:
+    """One line of the checker's report: ``status`` is ``ok``, ``warn`` or ``fail``."""
+
+    name: str
+    status: str
+    detail: str = ""
+
+    def line(self) -> str:
+        return f"{self.status.upper():4}  {self.name}" + (f": {self.detail}" if self.detail else "")
+
+
+@dataclass
+class Report:
+    """Every check's outcome; ``ok`` when none failed (warnings allowed)."""
+
+    task: str
+    checks: list[Check] = field(default_factory=list)
+    seed_scores: list[float] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != "fail" for c in self.checks)
+
+    def add(self, name: str, ok: bool | None, detail: str = "") -> Check:
+        check = Check(name, "ok" if ok else "warn" if ok is None else "fail", detail)
+        self.checks.append(check)
+        return check
+
+    def text(self) -> str:
+        verdict = "passes" if self.ok else "FAILS"
+        return "\n".join([*(c.line() for c in self.checks),
+                          f"task {self.task!r} {verdict} the Task contract"])
+
+
+def check_secrets(n: int, seed: int = 0) -> list[str]:
+    """``n`` distinct task secrets, reproducible from ``seed`` (a check gives the same verdict
+    twice) and unrelated to any run's."""
+    return [hashlib.blake2b(f"atlas.tasks.check:{seed}:{i}".encode(), digest_size=32).hexdigest()
+            for i in range(n)]
+
+
+def wrong_return_program(entry_point: str) -> str:
+    """A program whose entry point returns an object no task accepts."""
+    return (f"def {entry_point}(*args, **kwargs):\n"
+            f"    return object()  # the checker's wrong return type\n")
+
+
+def spread(scores: list[float]) -> float:
+    """(max - min) / |mean| of the scores; 0 when they are equal, inf around a zero mean."""
+    lo, hi = min(scores), max(scores)
+    if hi == lo:
+        return 0.0
+    mean = abs(sum(scores) / len(scores))
+    return (hi - lo) / mean if mean > 0 else math.inf
+
+
+def _first_line(ev: Evaluation) -> str:
+    from atlas.evolution.explorer import cause
+
+    return f"{ev.failure_kind}: {cause(ev.message, 400)}"
+
+
+def check_task(task: Task, *, secrets: int = SECRETS, max_spread: float = MAX_SPREAD,
+               secret_seed: int = 0, isolation: str = "auto",
+               sandbox: Callable[..., Any] | None = None) -> Report:
+    """Run every check on ``task``; the report says which failed and why.
+
+    ``sandbox(task, secret=...)`` builds the sandbox (default: ``Sandbox.for_task`` with one
+    worker), so the checks run exactly where a run scores.
+    """
+    from atlas.sandbox import Sandbox
+    from atlas.sandbox.pool import SandboxError
+
+    if sandbox is None:
+        def sandbox(t: Task, secret: str) -> Sandbox:
+            return Sandbox.for_task(t, secret=secret, workers=1, isolation=isolation)
+
+    report = Report(task.name)
+    try:
+        check_task_class(type(task))
+    except ValueError as exc:
+        report.add("class attributes and factories", False, str(exc))
+        return report
+    report.add("class attributes and factories", True,
+               f"evaluator_factory={task.evaluator_factory}"
+               + (f", runner_factory={task.runner_factory}" if task.runner_factory
+                  else " (legacy: no runner_factory, the scorer runs beside the program)"))
+    names = [m.name for m in task.quality_metrics]
+    report.add("quality metrics declared", (len(names) == len(set(names))) if names else None,
+               f"{names}" if names else "none: the Policy Inspector compares no metric; "
+               "declare QualityMetric(name, 'max' | 'min') for each quality the scorer reports")
+    lo, hi = task.score_range
+    declared = not (lo == -math.inf and hi == math.inf)
+    report.add("score_range declared", True if declared else None,
+               f"[{lo:g}, {hi:g}]" if declared else "(-inf, inf): declare the interval a "
+               "genuine score lies in; it rejects forged scores and catches a flipped sign "
+               "(a loss returned as the score)")
+    spec = task.prompt_spec()
+    seed_code = task.seed_program()
+    report.add("entry point", spec.entry_point in spec.signature
+               and spec.entry_point in seed_code,
+               f"{spec.entry_point!r} in the signature {spec.signature!r} and the seed program")
+    if not math.isfinite(max_spread) or max_spread <= 0 or secrets < 1:
+        raise ValueError(f"max_spread={max_spread!r} and secrets={secrets!r}: use a share > 0 "
+                         f"and at least one secret")
+    context = task.context(0)
+    for k, secret in enumerate(check_secrets(secrets, secret_seed)):
+        try:
+            sb = sandbox(task, secret=secret)
+        except (SandboxError, ValueError) as exc:
+            report.add("sandbox starts", False, str(exc).strip().splitlines()[-1][:600])
+            return report
+        with sb:
+            try:
+                ev = sb.evaluate(seed_code, context)
+                if k == 0:
+                    report.add("sandbox starts", True, f"isolation {sb.isolation}")
+            except SandboxError as exc:
+                report.add("sandbox starts", False, " ".join(str(exc).split())[-600:])
+                return report
+            if not ev.passed:
+                report.add("seed program passes" if k == 0 else f"seed passes (secret {k})",
+                           False, _first_line(ev) + ("\n" + ev.message if "\n" in ev.message
+                                                     else ""))
+                return report
+            report.seed_scores.append(ev.score)
+            if k > 0:
+                continue
+            report.add("seed program passes", True,
+                       f"score {ev.score:.6g} in [{lo:g}, {hi:g}], {ev.seconds:.2f} s")
+            report.add("declared quality metrics reported", True,
+                       ", ".join(f"{n}={ev.metrics[n]:.4g}" for n in names) or "none declared")
+            wrong = sb.evaluate(wrong_return_program(spec.entry_point), context)
+            if wrong.passed:
+                report.add("wrong return type fails cleanly", False,
+                           f"a program returning object() passed with score {wrong.score:g}: "
+                           f"the scorer or the runner does not check the answer")
+            elif wrong.failure_kind in UNCLEAN:
+                report.add("wrong return type fails cleanly", False, _first_line(wrong))
+            else:
+                report.add("wrong return type fails cleanly", True, _first_line(wrong))
+    if secrets > 1:
+        share = spread(report.seed_scores)
+        shown = ", ".join(f"{s:.4g}" for s in report.seed_scores)
+        report.add("hidden set large enough", share <= max_spread,
+                   f"the seed scores {shown} across {secrets} secrets: spread {share:.1%} of "
+                   f"the mean (at most {max_spread:.0%}); "
+                   + ("ok" if share <= max_spread else "draw more hidden instances per "
+                      "evaluation (or larger ones) until the secret moves the score less"))
+    return report
+
+
+__all__ = ["Check", "MAX_SPREAD", "Report", "SECRETS", "TaskError", "check_secrets",
+           "check_task", "spread", "wrong_return_program"]
