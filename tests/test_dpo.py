@@ -431,7 +431,7 @@ def test_dpo_benchmark_compares_the_two_paths_on_recorded_pairs(tmp_path):
     from atlas.bench.dpo import DATA, recorded_pairs
 
     pairs = recorded_pairs(DATA, 2, 24, 4, 0)
-    assert len(pairs) == 17 and len({p.prompt for p in pairs}) == 3  # what the README quotes
+    assert len(pairs) == 17 and len({p.prompt for p in pairs}) == 3  # what docs/results.md quotes
     out = tmp_path / "dpo.json"
     proc = subprocess.run([sys.executable, "-m", "atlas.bench", "dpo", "--model", "tiny",
                            "--pairs", "4", "--max-length", "4096", "--dtypes", "float32", "--no-floor",

@@ -119,7 +119,7 @@ def _env(marker: Path | None = None, sig: str = "SIGKILL") -> dict[str, str]:
 
 def _driver_cmd(run_dir: Path, overrides: list[str]) -> list[str]:
     # the runs of one comparison share a task secret, so they face the same hidden
-    # environments (README "The sandbox": a fresh run folder draws a fresh secret otherwise)
+    # environments (docs/sandbox.md: a fresh run folder draws a fresh secret otherwise)
     secret = f"sandbox.secret_file={run_dir.parent / 'task.secret'}"
     return [sys.executable, "-m", "tests.test_resume", *overrides, secret,
             f"hydra.run.dir={run_dir}"]

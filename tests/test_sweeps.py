@@ -357,6 +357,6 @@ def test_atlas_train_preemption_resumes_slurm(slurm_cluster: None, tmp_path: Pat
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["round"] for e in events if e["event"] == "round"] == list(range(1, rounds + 1))
     assert [e["event"] for e in events].count("end") == 1
-    # .task_secret: the sweep's shared task secret (README "The sandbox"), one per sweep
+    # .task_secret: the sweep's shared task secret (docs/sandbox.md), one per sweep
     assert sorted(p.name for p in sweep.iterdir()) == sorted([".submitit", ".task_secret",
                                                                "multirun.yaml", run_dir.name])

@@ -83,7 +83,7 @@ def test_task_passes_the_checker(name: str) -> None:
     assert all(c.status == "ok" for c in report.checks
                if c.name != "hidden set large enough"), report.text()
     hidden = by_name["hidden set large enough"]
-    if name == "linefit":  # 4 hidden lines: the README's minimal example is too small
+    if name == "linefit":  # 4 hidden lines: the minimal example of docs/architecture.md is too small
         assert hidden.status == "fail" and "spread" in hidden.detail, report.text()
     else:
         assert hidden.status == "ok", report.text()
@@ -152,7 +152,7 @@ def test_supporter_hints_replace_name_matching() -> None:
 
 def _train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     """``python -m atlas.train task=linefit`` with the external package path-added and its
-    config folder on Hydra's search path, exactly as the README tells a user to run it."""
+    config folder on Hydra's search path, exactly as docs/tasks.md tells a user to run it."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(EXTERNAL), *filter(None, [os.environ.get("PYTHONPATH")])]), WANDB_MODE="disabled")
     cmd = [sys.executable, "-m", "atlas.train", "task=linefit",

@@ -246,7 +246,7 @@ def llama_cpp_row(prompt: str, tokens: int, threads: int, args: argparse.Namespa
 def speed_rows(agents: dict[str, Any], cfg: dict[str, Any], prompt: str,
                args: argparse.Namespace, results: dict[str, Any]) -> None:
     """Naive fp32 b1, HF generate, the sampler in each precision and llama.cpp, measured back
-    to back in this process; prints the table and the ratios the README quotes."""
+    to back in this process; prints the table and the ratios docs/results.md quotes."""
     from atlas.agent.model import load_base_model
 
     def add(name: str, batch: int, row: dict[str, float]) -> None:

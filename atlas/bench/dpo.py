@@ -2,7 +2,7 @@
 the per-row path against the shared-prompt path, side by side in one run.
 
 Pairs: D_k rebuilt exactly as the loop builds it (``build_pairs``, the run's settings) from a
-real run's ``programs.jsonl`` (default: phase 2 of the README's first command, seed 0, shipped
+real run's ``programs.jsonl`` (default: phase 2 of the main command (docs/results.md), seed 0, shipped
 in ``atlas/bench/data``; ``--programs`` takes any run's file), so prompts are shared only as
 often as a real phase shares them.
 

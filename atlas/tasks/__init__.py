@@ -2,7 +2,7 @@
 
 A task is a ``Task`` subclass in any importable package plus a YAML config. Its YAML names the
 class with Hydra's ``_target_`` (``_target_: mypkg.MyTask``); the built-in tasks may omit it,
-their name is looked up in ``TASKS`` (so run folders recorded before ``_target_`` existed
+their name is looked up in ``TASKS`` (so run folders whose recorded config has no ``_target_``
 resume unchanged). Either way the task is built with ``hydra.utils.instantiate``.
 """
 
@@ -26,7 +26,7 @@ TASKS: dict[str, str] = {
 }
 
 _FIX = ("set task=<a known task>, or give your task's YAML `_target_: <package.module.Class>` "
-        "(README: \"Add your own task\")")
+        "(docs/tasks.md)")
 
 
 def task_target(config: Mapping[str, Any]) -> str:

@@ -2,7 +2,7 @@
 
     u_t + u u_x = nu u_xx,  x in [-1, 1], t in [0, 1],  u(0, x) = -sin(pi x),  u(t, +-1) = 0.
 
-The paper's schedule formula was lost in extraction; DESIGN.md fixes the regimes (viscous
+The paper's schedule formula was lost in extraction; docs/design.md fixes the regimes (viscous
 ~0.1/pi, shock ~0.01/pi) and we drift log(nu) between them, because stiffness grows with
 1/nu: a linear drift in nu would spend almost every round in the easy regime.
 nu is held for ``hold_rounds`` rounds (default: a fine-tuning phase) and moves only at the

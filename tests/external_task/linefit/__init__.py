@@ -1,4 +1,4 @@
-"""Host half of the linefit example task (README: "Add your own task").
+"""Host half of the linefit example task (docs/tasks.md).
 
 A task outside atlas: this class, a scoring module (``scoring.py``: trusted scorer and
 untrusted runner) and a YAML config in ``conf/task/``. Run it with
