@@ -185,7 +185,8 @@ def check_ignored_overrides(cfg: DictConfig, overrides: Sequence[str], *,
         return
     if not ignored:
         return
-    msg = (f"{', '.join(ignored)} has no effect with {why}; drop it, or run a gated method "
+    msg = (f"{', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect with "
+           f"{why}; drop {'it' if len(ignored) == 1 else 'them'}, or run a gated method "
            f"(method=atlas, or method.reference=adaptive method.gate=true)")
     if sweep:
         log.warning("%s (kept: every job of this sweep shares the override)", msg)
