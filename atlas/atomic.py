@@ -18,13 +18,16 @@ from typing import IO
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an error it was raised from) is a full disk."""
-    while exc is not None:
+def disk_full_error(exc: BaseException | None) -> OSError | None:
+    """The full-disk ``OSError`` behind ``exc`` (itself, or an error it was raised from), or
+    None. torch, for one, wraps a failed write in errors of its own."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno in DISK_FULL:
-            return True
+            return exc
         exc = exc.__cause__ or exc.__context__
-    return False
+    return None
 
 
 def write_atomic(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object], *,
@@ -44,13 +47,11 @@ def write_atomic(path: str | os.PathLike[str], write: Callable[[IO[bytes]], obje
             if fsync:
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except OSError as exc:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        if exc.filename is None:  # a write to an open file: name the file it was for
-            raise OSError(exc.errno, exc.strerror, str(path)) from exc
-        raise
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+        full = disk_full_error(exc)
+        if full is not None and full.filename is None:  # name the file it was for
+            raise OSError(full.errno, full.strerror, str(path)) from exc
         raise
     if fsync:
         dir_fd = os.open(path.parent, os.O_RDONLY)

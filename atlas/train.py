@@ -15,7 +15,7 @@ import hydra
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from atlas.atomic import is_disk_full
+from atlas.atomic import disk_full_error
 from atlas.config import check_device, command_line, validate
 from atlas.interrupt import Stopped, stop_on_signals
 from atlas.loggers import finish_logger, make_logger
@@ -65,7 +65,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     per run folder, ``atlas.runfolder``), then the device, and only then is anything built.
     Errors the user can fix end in one line naming the field or file and the fix (Hydra
     prints a ``CompactHydraException``'s message without a traceback); SIGTERM, Ctrl-C and a
-    full disk stop the run with the checkpoint of its last finished round (``_stop``).
+    full disk stop the run with the checkpoint of its last finished round.
     """
     _, sweep = command_line()
     with stop_on_signals():
@@ -107,9 +107,9 @@ def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
 def _resume_hint(run_dir: Path) -> str:
     if holds_run(run_dir):
-        return (f"{run_dir} keeps the checkpoint of the last finished round, re-run the same "
+        return (f"{run_dir} keeps the checkpoint of the last finished round; re-run the same "
                 f"command to resume")
-    return f"{run_dir} holds no checkpoint yet: re-running the same command starts the run afresh"
+    return f"{run_dir} holds no checkpoint yet; re-running the same command starts the run afresh"
 
 
 def _one_line(exc: Exception, run_dir: Path, sweep: bool) -> Exception:
@@ -117,12 +117,11 @@ def _one_line(exc: Exception, run_dir: Path, sweep: bool) -> Exception:
     goes to the job's ``train.log`` and, in a sweep, to the console at once (Hydra's launcher
     reports a failed job only when its whole batch has ended); anything else, a bug, keeps
     its traceback."""
-    if is_disk_full(exc) and not isinstance(exc, DiskFull):
-        err = exc if isinstance(exc, OSError) else OSError()
-        cause = err.strerror or "No space left on device"
-        where = f"writing {err.filename}" if err.filename else f"writing to {run_dir}"
-        exc = DiskFull(f"the disk is full ({cause}) {where}; free space on it, then re-run "
-                       f"the same command: {_resume_hint(run_dir)}")
+    full = disk_full_error(exc)
+    if full is not None and not isinstance(exc, DiskFull):
+        where = full.filename or run_dir
+        exc = DiskFull(f"the disk is full ({full.strerror or 'No space left on device'}) "
+                       f"writing {where}: free space on it; {_resume_hint(run_dir)}")
     if not isinstance(exc, CompactHydraException):
         return exc
     if sweep:

@@ -246,7 +246,7 @@ def test_ctrl_c_in_a_phase_stops_like_sigterm_and_resumes(fast_runs: dict[str, A
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
     stops = [line for line in out.splitlines() if "stopped" in line]
     assert len(stops) == 1 and "SIGINT: stopped" in stops[0], out[-3000:]
-    assert stops[0].endswith("keeps the checkpoint of the last finished round, re-run the same "
+    assert stops[0].endswith("keeps the checkpoint of the last finished round; re-run the same "
                              "command to resume")
     assert checkpoint.load(run_dir)["next_round"] == KILL_PHASE
     assert not [p for p in run_dir.rglob("*") if p.name.endswith(".tmp")]

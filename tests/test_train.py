@@ -293,9 +293,8 @@ def test_a_full_disk_while_checkpointing_stops_cleanly_and_resumes(tmp_path: Pat
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
     last = out.stderr.strip().splitlines()[-1]
     assert last == (f"the disk is full (No space left on device) writing {tmp_path}/checkpoint/"
-                    f"state.pt; free space on it, then re-run the same command: {tmp_path} keeps "
-                    f"the checkpoint of the last finished round, re-run the same command to "
-                    f"resume"), last
+                    f"state.pt: free space on it; {tmp_path} keeps the checkpoint of the last "
+                    f"finished round; re-run the same command to resume"), last
     assert "the disk is full" in (tmp_path / "train.log").read_text()
     assert _no_tmp_files(tmp_path) == []
     from atlas import checkpoint
