@@ -141,11 +141,23 @@ def _to_log_files(message: str) -> None:
                 pass
 
 
+def run_command(cfg: DictConfig) -> float | None:
+    """``run`` as the command line's job: an error the user can fix is printed as its one
+    line and exits 1 (Hydra would frame it with three more lines). In a sweep it goes to
+    Hydra, whose launcher then runs the other jobs; ``run`` has logged it already."""
+    logging.raiseExceptions = False  # a log line that cannot be written (a full disk) is
+    try:                             # dropped, not printed as a traceback
+        return run(cfg)["final_score"]
+    except CompactHydraException as exc:
+        if command_line()[1]:
+            raise
+        print(exc, file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    # a log line that cannot be written (a full disk) is dropped, not printed as a traceback
-    logging.raiseExceptions = False
-    return run(cfg)["final_score"]
+    return run_command(cfg)
 
 
 def hoist_multirun_flag(argv: list[str]) -> list[str]:

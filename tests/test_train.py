@@ -336,7 +336,7 @@ def _driver_main() -> None:
 
     @hydra.main(version_base="1.3", config_path=str(ROOT / "conf"), config_name="train")
     def main(cfg) -> float | None:
-        return train.run(cfg)["final_score"]
+        return train.run_command(cfg)
 
     main()
 
