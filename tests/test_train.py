@@ -184,11 +184,13 @@ def test_two_commands_into_one_folder_do_not_double_the_records(tmp_path: Path) 
     first = subprocess.Popen([*CLI, "-m", *SHORT, "seed=0", f"hydra.sweep.dir={sweep}"],
                              cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
-    job = sweep / "bandit_evotune_s0_explore.phase_every=2,explore.rounds=2,task.T=200,task.env_seeds=[0]"
+    def job() -> Path:  # bandit_evotune_s0_<the overrides>
+        return next(iter(sorted(sweep.glob("bandit_evotune_s0*"))), sweep / "none")
+
     try:
-        _wait_for(lambda: any(e["event"] == "seed" for e in _events(job)), first, 300,
+        _wait_for(lambda: any(e["event"] == "seed" for e in _events(job())), first, 300,
                   "the first run's seed event")
-        same = subprocess.run([*CLI, *SHORT, "seed=0", f"hydra.run.dir={job}"], cwd=ROOT,
+        same = subprocess.run([*CLI, *SHORT, "seed=0", f"hydra.run.dir='{job()}'"], cwd=ROOT,
                               env=_env(), capture_output=True, text=True, timeout=120)
         other_sweep = subprocess.run([*CLI, "-m", *SHORT, "seed=0", f"hydra.sweep.dir={sweep}"],
                                      cwd=ROOT, env=_env(), capture_output=True, text=True,
@@ -203,12 +205,12 @@ def test_two_commands_into_one_folder_do_not_double_the_records(tmp_path: Path) 
     assert holder in same.stderr and "name=<new>" in same.stderr
     assert other_sweep.returncode == 1 and holder in other_sweep.stderr, other_sweep.stderr
     assert "Traceback" not in same.stderr + other_sweep.stderr
-    events = _events(job)
+    events = _events(job())
     assert [e["event"] for e in events].count("seed") == 1
     assert [e["round"] for e in events if e["event"] == "round"] == [1, 2]
-    programs = read_jsonl(job / "programs.jsonl")
+    programs = read_jsonl(job() / "programs.jsonl")
     assert len({p["id"] for p in programs}) == len(programs)
-    results = json.loads((job / "results.json").read_text())
+    results = json.loads((job() / "results.json").read_text())
     assert results["candidates"] == results["candidate_budget"]
 
 
@@ -220,15 +222,17 @@ def test_a_sweep_job_that_fails_validation_says_so_at_once(tmp_path: Path) -> No
                           f"hydra.sweep.dir={sweep}"], cwd=ROOT, env=_env(), capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
-    lines = out.stderr.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.strip().startswith(("#0 :", "#1 :"))]
-    failed = [i for i, line in enumerate(lines)
-              if "this job stopped: explore.rounds must be > 0" in line]
-    assert len(starts) == 2 and len(failed) == 2, out.stderr
+    lines = out.stdout.splitlines()  # the console log, in order
+    starts = [i for i, line in enumerate(lines) if "#0 : " in line or "#1 : " in line]
+    failed = [i for i, line in enumerate(lines) if "[ERROR] - this job stopped: explore.rounds "
+              "must be > 0, got " in line]
+    assert len(starts) == 2 and len(failed) == 2, out.stdout
     assert starts[0] < failed[0] < starts[1] < failed[1]
-    for folder in sorted(sweep.glob("bandit_evotune_s0*")):
-        assert not (folder / "events.jsonl").exists()
-        assert "this job stopped: explore.rounds must be > 0" in (folder / "train.log").read_text()
+    for rounds in ("0", "-1"):
+        folder = sweep / f"bandit_evotune_s0_explore.rounds={rounds}"
+        assert sorted(p.name for p in folder.iterdir()) == ["train.log"]
+        assert (f"this job stopped: explore.rounds must be > 0, got {rounds}"
+                in (folder / "train.log").read_text())
 
 
 # ---- interrupts, a full disk, a broken checkpoint: one line, a resumable run ------------------
