@@ -33,9 +33,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from atlas import checkpoint
 from atlas.agent.adapters import set_adapter_state
-from atlas.atomic import write_text_atomic
 from atlas.agent.precision import run_precision
 from atlas.agent.research_agent import ResearchAgent
+from atlas.atomic import write_text_atomic
 from atlas.dpo import DPOConfig, GateConfig
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.explorer import Explorer, regime_key
