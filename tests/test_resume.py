@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -239,7 +240,8 @@ def test_ctrl_c_in_a_phase_stops_like_sigterm_and_resumes(fast_runs: dict[str, A
     stop as SIGTERM: status 130, one line, the last finished round's checkpoint, no temporary
     file, and the re-run equals the uninterrupted run."""
     run_dir, marker = tmp_path / "interrupted", tmp_path / "interrupted.marker"
-    cmd = _driver_cmd(run_dir, FAST)
+    shutil.copyfile(fast_runs["clean"].parent / "task.secret", tmp_path / "task.secret")
+    cmd = _driver_cmd(run_dir, FAST)  # the clean run's secret: the same hidden environments
     first = _run(cmd, _env(marker, "SIGINT"), timeout=600)
     out = first.stdout + first.stderr
     assert first.returncode == 130 and marker.exists(), out[-3000:]
