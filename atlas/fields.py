@@ -1,7 +1,7 @@
 """Field checks for ``Task`` classes, which validate their own ``task.*`` fields.
 
 The config groups' schemas live in ``atlas.schema`` (pydantic); a task is the extension point
-(``Task(**cfg.task)``, also from packages outside atlas: README "Add your own task"), so it
+(``Task(**cfg.task)``, also from packages outside atlas: docs/architecture.md, "Tasks"), so it
 keeps these small helpers, which phrase errors the way ``atlas.schema`` does: the field's full
 name (``task.n_steps``), the value it got, and what to write instead.
 """

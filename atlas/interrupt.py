@@ -3,8 +3,8 @@ stays for resume.
 
 Why: SLURM (at a time limit or ``scancel``) and ``kill`` send SIGTERM and, after a grace
 period, SIGKILL. Python ends on SIGTERM only while no handler is installed, and Lightning
-installs one during DPO that merely sets a flag, so a run in a phase kept going until the
-SIGKILL (observed). Ctrl-C raises ``KeyboardInterrupt``, which Lightning catches inside
+installs one during DPO that merely sets a flag, so without ours a run in a phase keeps going
+until the SIGKILL (observed). Ctrl-C raises ``KeyboardInterrupt``, which Lightning catches inside
 ``fit`` and turns into ``sys.exit(1)`` without a word, and which elsewhere ends in a long
 traceback. Turning both signals into a ``SystemExit`` subclass stops the run inside the
 current operation the same way (Lightning re-raises it after its teardown); sandbox workers

@@ -12,8 +12,8 @@ folder through interpolation (``save_dir: ${run_dir}``), e.g. in your package's
     save_dir: ${run_dir}
 
 ``name: none`` (``conf/logger/none.yaml``) means no logger: the run folder's JSONL files are
-written either way. A config without ``_target_`` but with ``name: wandb`` (run folders
-recorded before ``_target_`` existed) builds the W&B logger.
+written either way. A config without ``_target_`` but with ``name: wandb`` (as in run folders whose recorded
+config has no ``_target_``) builds the W&B logger.
 """
 
 from __future__ import annotations

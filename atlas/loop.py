@@ -224,6 +224,7 @@ class EvolutionLoop:
         t0 = time.time()
         phase = (r - 1) // every + 1
         self._enter_regime(r, phase)
+        self.agent.check_device(f"round {r}")
         budget = self.explorer.round_budget()
         agent_samples, self.supporter_debt = budget - self.supporter_debt, 0
         with torch_threads(self.threads()):
@@ -253,6 +254,8 @@ class EvolutionLoop:
                      "generate": self.explorer.last_stats.get("generation_s"),
                      "evaluate_wait": self.explorer.last_stats.get("evaluate_wait_s")},
             agent_threads=self.explorer.last_stats.get("agent_threads"),
+            device=self.explorer.last_stats.get("device"), attention=self.agent.attention,
+            batched_islands=self.explorer.last_stats.get("batched_islands"),
             scored_while_generating=self.explorer.last_stats.get("scored_while_generating"))
         if r % every == 0:
             self._phase(phase, r, every)
@@ -364,6 +367,7 @@ class EvolutionLoop:
         with torch_threads(self.threads()):  # DPO and the gate: every core workers leave free
             record = self.finetuner.run_phase(phase, programs, max(before, default=-math.inf),
                                               db=self.db, logger=self.logger)
+        self.agent.check_device(f"phase {phase}")
         self.telemetry.event("phase", round=r, **record.to_event())
 
     def finish(self) -> dict[str, Any]:

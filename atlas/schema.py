@@ -235,6 +235,7 @@ class ExploreConfig:
     max_new_tokens: Int = Field(gt=0)
     temperatures: list[Num]
     top_p: Num = Field(gt=0, le=1)
+    batch_islands: bool
     buffer_size: Int = Field(ge=1)
     clusters: Int = Field(ge=1)
     workers: Int = Field(gt=0)

@@ -310,3 +310,73 @@ def test_smollm2_cache_build_matches_gguf_weights(tmp_path: Path):
     assert time.perf_counter() - t0 < first / 3
     for (k, a), b in zip(model.state_dict().items(), again.state_dict().values()):
         assert torch.equal(a, b), k
+
+
+# ---------------------------------------------------------------- batched islands, merged LoRA
+def test_requests_in_one_batch_sample_what_each_samples_alone(agent):
+    """Islands decoded together keep their own temperature and random stream: each request's
+    completions equal a call with that request alone (tiny fp32 model, prompts of different
+    lengths so the batch is padded), and on_done numbers rows across requests."""
+    from atlas.agent.sampling import Request
+
+    _perturb(agent, POLICY, seed=5, scale=0.5)
+    requests = [Request(_prompt(agent, "a"), 3, 0.7, 11),
+                Request(_prompt(agent, "a much longer prompt, so the batch is padded"), 2, 1.3, 12),
+                Request(_prompt(agent, "greedy"), 2, 0.0, 13)]
+    kw = {"top_p": 0.9, "max_new_tokens": 16}
+    alone = [agent.generate([r.prompt], r.num_samples, temperature=r.temperature, seed=r.seed,
+                            **kw)[0] for r in requests]
+    seen: dict[int, str] = {}
+    together = agent.generate_batch(requests, on_done=lambda row, text: seen.update({row: text}),
+                                    **kw)
+    assert together == alone
+    assert agent.last_stats.rows == 7 and agent.last_stats.prompts == 3
+    flat = [t for texts in together for t in texts]
+    assert all(flat[row] == text for row, text in seen.items())
+    assert len(set(together[0])) > 1  # really sampled, not greedy
+    assert together[2][0] == together[2][1]  # the greedy request is greedy
+    assert agent.generate_batch(requests[::-1], **kw) == alone[::-1]
+
+
+def test_next_tokens_takes_one_temperature_per_row():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 50, generator=gen) * 3
+    temps = torch.tensor([0.5, 0.5, 0.5, 1.5, 1.5, 0.0])
+    u = torch.rand((6, 1), generator=torch.Generator().manual_seed(1))
+    rows = next_tokens(logits, temps, 0.8, None, u=u)
+    for lo, hi, t in ((0, 3, 0.5), (3, 5, 1.5)):
+        assert torch.equal(rows[lo:hi], next_tokens(logits[lo:hi], t, 0.8, None, u=u[lo:hi]))
+    assert rows[5] == logits[5].argmax()
+
+
+def test_merged_lora_matches_peft_and_follows_adapter_changes(agent):
+    """Sampling runs each LoRA layer over a merged weight copy: the same logits as peft's
+    layers (fp32), rebuilt when an adapter changes, and no layer patched afterwards."""
+    from atlas.agent.fastlinear import merged_lora
+
+    _perturb(agent, POLICY, seed=1, scale=0.5)
+    ids = agent.tokenizer(_prompt(agent), return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        plain = agent.model(input_ids=ids).logits
+        with merged_lora(agent.model) as on:
+            merged = agent.model(input_ids=ids).logits
+        assert on and torch.allclose(plain, merged, atol=1e-5, rtol=1e-4)
+        _perturb(agent, POLICY, seed=2, scale=0.5)  # a phase boundary: new adapter weights
+        plain2 = agent.model(input_ids=ids).logits
+        with merged_lora(agent.model):
+            merged2 = agent.model(input_ids=ids).logits
+            with agent.model.disable_adapter():
+                base = agent.model(input_ids=ids).logits
+        assert not torch.allclose(plain, plain2, atol=1e-3)
+        assert torch.allclose(plain2, merged2, atol=1e-5, rtol=1e-4)
+        with agent.model.disable_adapter():
+            assert torch.allclose(base, agent.model(input_ids=ids).logits, atol=1e-5)
+    assert not any("forward" in m.__dict__ for m in agent.model.modules())
+
+
+def test_agent_stops_when_its_model_left_the_run_device(agent):
+    agent.check_device("round 1")  # where the run put it
+    agent.device = "cuda:0"  # as if the run had put it on a GPU and something moved it
+    with pytest.raises(RuntimeError, match=r"round 3: the agent's model is on cpu but the run "
+                                           r"put it on cuda:0"):
+        agent.check_device("round 3")

@@ -447,3 +447,16 @@ def test_dpo_benchmark_compares_the_two_paths_on_recorded_pairs(tmp_path):
     assert new["tokens"] < old["tokens"] and new["reference_table_s"] > 0
     assert old["peak_rss_gb"] > 0.1 and new["peak_rss_gb"] > 0.1
     assert "| float32 | shared |" in proc.stdout and "shared / per-row" in proc.stdout
+
+
+def test_train_phase_leaves_the_model_where_it_was(monkeypatch):
+    """Lightning's teardown calls ``.cpu()`` on the LightningModule after ``fit``; on a GPU
+    that silently moved the agent to the CPU for the rest of the run. The phase must not
+    move it (observed on a CPU through the call itself)."""
+    model, tok = tiny_peft()
+    moved: list[str] = []
+    monkeypatch.setattr(DPOModule, "cpu", lambda self: moved.append("cpu") or self)
+    cfg = DPOConfig(beta=0.5, lr=1e-3, epochs=1, batch_size=2, max_length=64, checkpoints=0)
+    train_phase(model, tok, make_pairs(2), cfg, "fixed", seed=0)
+    assert moved == []
+    assert next(model.parameters()).device.type == "cpu"

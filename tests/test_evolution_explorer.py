@@ -269,3 +269,27 @@ def test_rescore_archives_without_buffering():
     assert [p.source for p in again] == ["rescore"] and again[0].parents == [seeds[0].id]
     assert again[0].round == 3 and again[0].score == seeds[0].score
     assert again[0] in db.all_programs() and again[0] not in db.island(0)
+
+
+def test_batched_islands_file_what_island_by_island_rounds_file():
+    """explore.batch_islands decodes a round's islands as one batch (tiny model, real
+    sampler): the same programs, ids, prompts and completions as one island at a time."""
+    from atlas.agent.research_agent import ResearchAgent
+
+    tiny = {"source": "tiny", "dtype": "float32", "hidden_size": 32, "num_layers": 2,
+            "num_heads": 4, "lora_r": 4, "lora_alpha": 8}
+    rounds = []
+    for batched in (False, True):
+        cfg = {**CFG, "max_new_tokens": 12, "batch_islands": batched}
+        db = ProgramDatabase.from_config(cfg, seed=0)
+        agent = ResearchAgent(tiny, seed=0)
+        ex = Explorer(ToyTask(), agent, ThreadSandbox(), db, cfg, seed=7)
+        ex.seed_islands()
+        new = ex.run_round(round_index=0, phase=0, temperature_overrides={1: 1.9},
+                           agent_samples=7)
+        assert ex.last_stats["batched_islands"] is batched
+        assert ex.last_stats["device"] == "cpu"
+        rounds.append([(p.id, p.island, p.prompt, p.completion, p.code) for p in new])
+    assert rounds[0] == rounds[1]
+    assert [r[1] for r in rounds[1]] == [0, 0, 0, 0, 1, 1, 1]  # 7 samples: 4 + 3
+    assert len({r[3] for r in rounds[1]}) > 2

@@ -1,5 +1,5 @@
 """gate.score_mode=online: each policy of C_k and the reference writes fresh programs for the
-gate prompts, scored in the real sandbox (DESIGN.md's on-line inspector variant)."""
+gate prompts, scored in the real sandbox (docs/design.md's on-line inspector variant)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pre-packed oneDNN linear layers for CPU bf16 generation.
+"""Inference linear layers for generation: LoRA merged into a weight copy, oneDNN-packed on CPU bf16.
 
 On CPU, ``F.linear`` in bf16 re-packs the weight into oneDNN's blocked (AMX) layout on every
 call; for a 135M model decoding a few rows at a time that re-packing costs as much as the
@@ -6,7 +6,9 @@ matmul itself. Packing once (``torch.ops.mkldnn._reorder_linear_weight``) and ca
 ``_linear_pointwise`` gives bit-identical outputs about 1.5x faster. LoRA layers are run with
 their active adapter merged into the packed weight (no per-token LoRA matmuls in fp32).
 
-Only used inside ``packed_linears(model)`` (generation, no grad): training keeps plain layers.
+On every other device and dtype, ``merged_lora`` runs each LoRA layer as one plain linear
+layer over a merged copy of its weight. Only used inside these blocks (generation, no
+grad): training keeps peft's layers.
 Packed copies are cached on the module and rebuilt when a weight changes (``Tensor._version``
 moves on every in-place update: optimiser steps, ``set_adapter_state``).
 """
@@ -48,11 +50,13 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 16)
 
 
-def _cached(module: nn.Module, key: object, stamp: tuple, build) -> torch.Tensor:
+def _cached(module: nn.Module, key: object, stamp: tuple, build, pack: bool = True
+            ) -> torch.Tensor:
     cache: dict = module.__dict__.setdefault(_CACHE_ATTR, {})
     hit = cache.get(key)
     if hit is None or hit[0] != stamp:
-        hit = (stamp, _pack(build()))
+        weight = build()
+        hit = (stamp, _pack(weight) if pack else weight)
         cache[key] = hit
     return hit[1]
 
@@ -63,18 +67,23 @@ def _plain_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x.to(module.weight.dtype), packed, bias, "none", [], "")
 
 
-def _lora_forward(module: nn.Module, original, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    """A peft LoRA Linear with its active adapters merged into one packed weight."""
-    base = module.base_layer
-    if args or kwargs or module.merged or getattr(module, "lora_variant", None):
-        return original(x, *args, **kwargs)
+def _active(module: nn.Module) -> tuple[str, ...] | None:
+    """The LoRA adapters a layer's forward would apply, or None when only peft's own forward
+    is right (extra arguments, merged by peft, a LoRA variant, dropout in training)."""
+    if module.merged or getattr(module, "lora_variant", None):
+        return None
     if module.disable_adapters:
-        names: tuple[str, ...] = ()
-    else:
-        names = tuple(a for a in module.active_adapters if a in module.lora_A)
+        return ()
+    names = tuple(a for a in module.active_adapters if a in module.lora_A)
     if module.training and any(module.lora_dropout[a].p > 0 for a in names
                                if hasattr(module.lora_dropout[a], "p")):
-        return original(x, *args, **kwargs)
+        return None
+    return names
+
+
+def _merged_weight(module: nn.Module, names: tuple[str, ...], pack: bool) -> torch.Tensor:
+    """The layer's weight with ``names`` folded in, built once per change of any of them."""
+    base = module.base_layer
     tensors = [base.weight] + [t for a in names
                                for t in (module.lora_A[a].weight, module.lora_B[a].weight)]
 
@@ -84,9 +93,29 @@ def _lora_forward(module: nn.Module, original, x: torch.Tensor, *args, **kwargs)
             w = w + module.get_delta_weight(a).float()
         return w.to(base.weight.dtype)
 
-    packed = _cached(module, names, _stamp(*tensors), merged)
+    return _cached(module, (pack, names), _stamp(*tensors), merged, pack=pack)
+
+
+def _lora_forward(module: nn.Module, original, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """A peft LoRA Linear with its active adapters merged into one packed weight."""
+    names = None if args or kwargs else _active(module)
+    if names is None:
+        return original(x, *args, **kwargs)
+    base = module.base_layer
+    packed = _merged_weight(module, names, pack=True)
     bias = None if base.bias is None else base.bias.detach()
     return torch.ops.mkldnn._linear_pointwise(x.to(base.weight.dtype), packed, bias, "none", [], "")
+
+
+def _merged_forward(module: nn.Module, original, x: torch.Tensor, *args, **kwargs
+                    ) -> torch.Tensor:
+    """A peft LoRA Linear as one plain linear layer over its merged weight (any device)."""
+    names = None if args or kwargs else _active(module)
+    if not names:  # no adapter to fold in (or peft's own forward is the right one)
+        return original(x, *args, **kwargs)
+    base = module.base_layer
+    weight = _merged_weight(module, names, pack=False)
+    return nn.functional.linear(x.to(base.weight.dtype), weight, base.bias)
 
 
 def _is_lora_linear(module: nn.Module) -> bool:
@@ -123,6 +152,29 @@ def packed_linears(model: nn.Module, enabled: bool = True) -> Iterator[bool]:
         active = bool(patched)
     try:
         yield active
+    finally:
+        for module in patched:
+            module.__dict__.pop("forward", None)
+
+
+@contextmanager
+def merged_lora(model: nn.Module, enabled: bool = True) -> Iterator[bool]:
+    """Run every LoRA layer of ``model`` not already patched (by ``packed_linears``) as one
+    linear layer over a copy of its weight with the active adapter folded in.
+
+    The copy is built when a layer first runs under an adapter and rebuilt only when a weight
+    changes (a phase boundary), so decoding pays one matmul per layer instead of peft's three
+    and its Python dispatch. A copy, not peft's in-place merge: unmerging a bf16 weight does
+    not give the base weight back bit for bit. Yields whether any layer was patched.
+    """
+    patched: list[nn.Module] = []
+    if enabled:
+        for module in model.modules():
+            if _is_lora_linear(module) and "forward" not in module.__dict__:
+                module.forward = functools.partial(_merged_forward, module, module.forward)
+                patched.append(module)
+    try:
+        yield bool(patched)
     finally:
         for module in patched:
             module.__dict__.pop("forward", None)

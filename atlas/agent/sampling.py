@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
-from atlas.agent.fastlinear import packed_linears
+from atlas.agent.fastlinear import merged_lora, packed_linears
 
 TOPK_TRIES = (64, 1024)  # nucleus searched among these top-k first; full sort as a last resort
 THREAD_POLL = 8  # decode steps between looks at the thread budget
@@ -54,7 +54,9 @@ class SampleStats:
     steps: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
-    packed: bool = False
+    packed: bool = False  # bf16 CPU linear layers ran on oneDNN-packed weights
+    merged: bool = False  # LoRA layers ran as one linear layer over a merged weight copy
+    device: str = ""  # where the model decoded
     finish: list[str] = field(default_factory=list)  # per row: "eos" | "stop" | "length"
     threads: list[int] = field(default_factory=list)  # torch threads used, each time they changed
 
@@ -105,34 +107,41 @@ class _BufferLayer(DynamicLayer):
         self._views()
 
 
-def _buffered_cache(prefill: DynamicCache, repeats: int, capacity: int) -> DynamicCache:
-    """Copy a prefilled cache into per-row buffers, each prompt row repeated ``repeats`` times."""
-    layers = []
-    for layer in prefill.layers:
-        k = layer.keys.repeat_interleave(repeats, dim=0)
-        v = layer.values.repeat_interleave(repeats, dim=0)
-        layers.append(_BufferLayer(k, v, capacity))
-    cache = DynamicCache()
-    cache.layers = layers
-    return cache
-
-
-def next_tokens(logits: torch.Tensor, temperature: float, top_p: float,
-                generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row: greedy when ``temperature <= 0``, else nucleus (top-p) sampling.
+def next_tokens(logits: torch.Tensor, temperature: float | torch.Tensor, top_p: float,
+                generator: torch.Generator | None, u: torch.Tensor | None = None) -> torch.Tensor:
+    """One token per row: greedy when a row's temperature is <= 0, else nucleus (top-p).
 
     Inverse-CDF sampling with one uniform per row: deterministic under ``generator`` and far
-    cheaper than ``torch.multinomial`` over a 49k vocabulary.
+    cheaper than ``torch.multinomial`` over a 49k vocabulary. ``temperature`` is one value or
+    one per row (a batch that serves several islands); ``u``: the rows' uniforms, drawn by
+    the caller when rows follow different generators (then ``generator`` is unused).
     """
-    if temperature <= 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    rows = probs.shape[0]
-    u = torch.rand((rows, 1), generator=generator, device=probs.device)
+    rows = logits.shape[0]
+    if not isinstance(temperature, torch.Tensor):
+        if temperature <= 0:
+            return logits.argmax(dim=-1)
+        scale: float | torch.Tensor = temperature
+        greedy = None
+    else:
+        temps = temperature.to(device=logits.device, dtype=torch.float32).reshape(rows, 1)
+        greedy = temps[:, 0] <= 0
+        if bool(greedy.all()):
+            return logits.argmax(dim=-1)
+        scale = torch.where(temps > 0, temps, torch.ones_like(temps))
+        greedy = greedy if bool(greedy.any()) else None
+    probs = torch.softmax(logits.float() / scale, dim=-1)
+    if u is None:
+        u = torch.rand((rows, 1), generator=generator, device=probs.device)
     if top_p >= 1.0:
         cdf = probs.cumsum(dim=-1)
         choice = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=probs.shape[-1] - 1)
-        return choice.squeeze(1)
+        picked = choice.squeeze(1)
+    else:
+        picked = _nucleus(probs, top_p, u)
+    return picked if greedy is None else torch.where(greedy, logits.argmax(dim=-1), picked)
+
+
+def _nucleus(probs: torch.Tensor, top_p: float, u: torch.Tensor) -> torch.Tensor:
     vals = idx = cum = None
     for k in TOPK_TRIES:  # small nuclei are the rule: try a cheap top-k before a full sort
         if k >= probs.shape[-1]:
@@ -184,6 +193,21 @@ def validate_sampling(num_samples: int, temperature: float, top_p: float,
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
 
 
+@dataclass(frozen=True)
+class Request:
+    """One prompt's share of a batched call: its samples, temperature and random stream.
+
+    Requests of one call decode as one batch; each draws its uniforms from its own
+    generator seeded with ``seed``, so a request's samples are those it would get alone
+    (up to float rounding that batch composition can change; see ``sample_requests``).
+    """
+
+    prompt: str
+    num_samples: int
+    temperature: float
+    seed: int | None = None
+
+
 @torch.inference_mode()
 def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], num_samples: int,
            *, temperature: float, top_p: float, max_new_tokens: int,
@@ -194,53 +218,158 @@ def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], nu
     """Sample ``num_samples`` completions for each prompt; returns texts and ``SampleStats``.
 
     Completions are the generated text only, cut before the first stop string (EOS removed).
-    Rows of the batch are (prompt, sample) pairs, prompt-major. Same seed, same output.
+    Rows of the batch are (prompt, sample) pairs, prompt-major; all rows share one random
+    stream seeded with ``seed``. Same seed, same output.
     ``threads``: polled every ``THREAD_POLL`` decode steps for the torch threads to use now
     (the cores sandbox workers leave free); the caller's setting is restored at the end.
     ``on_done(row, text)``: called as soon as a row ends (EOS or stop string) with its final
     text (row = prompt index * num_samples + sample index), so a caller can start scoring it
     while the other rows still decode; rows cut by ``max_new_tokens`` are only returned.
+    ``pack``: decode through inference layers (LoRA merged into a weight copy; bf16 CPU
+    weights oneDNN-packed); False runs peft's layers as training does.
     """
     validate_sampling(num_samples, temperature, top_p, max_new_tokens)
-    stop = [s for s in (stop or []) if s]
-    stats = SampleStats(prompts=len(prompts), rows=len(prompts) * num_samples)
-    if not prompts:
-        return [], stats
-    device = next(model.parameters()).device
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, (1,)).item())  # follows torch.manual_seed
-    gen = torch.Generator(device=device).manual_seed(int(seed))
-    eos = torch.tensor(_eos_ids(model, tokenizer), device=device)
-    window = max((len(s) for s in stop), default=0) + 4  # tokens of tail text to scan
+    requests = [Request(p, int(num_samples), float(temperature)) for p in prompts]
+    return _decode(model, tokenizer, requests, [0] * len(requests), [seed], top_p=top_p,
+                   max_new_tokens=max_new_tokens, stop=stop, pack=pack, threads=threads,
+                   on_done=on_done)
+
+
+@torch.inference_mode()
+def sample_requests(model, tokenizer: PreTrainedTokenizerBase, requests: Sequence[Request], *,
+                    top_p: float, max_new_tokens: int, stop: Sequence[str] | None = None,
+                    pack: bool = True, threads: Callable[[], int] | None = None,
+                    on_done: Callable[[int, str], None] | None = None
+                    ) -> tuple[list[list[str]], SampleStats]:
+    """Decode several requests (e.g. the islands of a round) as one batch.
+
+    Each request keeps its own temperature and random stream, and each prompt is prefilled
+    on its own as ``sample`` would, so a request draws the uniforms it would draw alone.
+    What batch composition can change: the decode steps of a padded batch run with an
+    attention mask and other matrix shapes, so a logit can differ in its last bits from a
+    call with that request alone, and a token drawn at a near-tie can differ. On one machine
+    the same requests in the same order give the same output. Rows are request-major;
+    ``on_done``'s row counts across requests (request j's rows follow request j-1's).
+    """
+    if not requests:
+        return [], SampleStats()
+    for r in requests:
+        validate_sampling(r.num_samples, r.temperature, top_p, max_new_tokens)
+    return _decode(model, tokenizer, list(requests), list(range(len(requests))),
+                   [r.seed for r in requests], top_p=top_p, max_new_tokens=max_new_tokens,
+                   stop=stop, pack=pack, threads=threads, on_done=on_done)
+
+
+def _prefill(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
+             device: torch.device) -> tuple[list, torch.Tensor, torch.Tensor]:
+    """Prompt caches (one per padded batch of prompts), last logits, attention mask.
+
+    Prompts of one length share a forward pass; different lengths are prefilled apart, so
+    that no prompt's prefill depends on another's padding.
+    """
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
     ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
-    stats.prompt_tokens = int(mask.sum())
     padded = bool((mask == 0).any())
+    cache = DynamicCache(config=model.config)
+    pos = (mask.cumsum(-1) - 1).clamp_(min=0)
+    out = model(input_ids=ids, attention_mask=mask if padded else None, position_ids=pos,
+                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return out.past_key_values, out.logits[:, -1].float(), mask
+
+
+def _decode(model, tokenizer: PreTrainedTokenizerBase, requests: list[Request],
+            streams: list[int], seeds: list[int | None], *, top_p: float, max_new_tokens: int,
+            stop: Sequence[str] | None, pack: bool, threads: Callable[[], int] | None,
+            on_done: Callable[[int, str], None] | None) -> tuple[list[list[str]], SampleStats]:
+    """The decode loop shared by ``sample`` and ``sample_requests``.
+
+    ``streams[j]``: the random stream request j draws from (``seeds[stream]`` seeds it).
+    Rows are request-major; a stream's rows are contiguous, so drawing each stream's
+    uniforms for its live rows in stream order lines them up with the live batch.
+    """
+    stop = [s for s in (stop or []) if s]
+    counts = [r.num_samples for r in requests]
+    total = sum(counts)
+    stats = SampleStats(prompts=len(requests), rows=total)
+    device = next(model.parameters()).device
+    gens = []
+    for seed in seeds:
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)).item())  # follows torch.manual_seed
+        gens.append(torch.Generator(device=device).manual_seed(int(seed)))
+    row_stream = torch.tensor([streams[j] for j, n in enumerate(counts) for _ in range(n)],
+                              device=device)
+    row_temp = torch.tensor([r.temperature for r in requests for _ in range(r.num_samples)],
+                            dtype=torch.float32, device=device)
+    stream_temp = {streams[j]: r.temperature for j, r in enumerate(requests)}
+    one_temp = len(set(stream_temp.values())) == 1
+    eos = torch.tensor(_eos_ids(model, tokenizer), device=device)
+    window = max((len(s) for s in stop), default=0) + 4  # tokens of tail text to scan
 
     threads_before = torch.get_num_threads()
-    with packed_linears(model, enabled=pack) as stats.packed, _restore_threads(threads_before):
+    stats.device = str(device)
+    with packed_linears(model, enabled=pack) as stats.packed, \
+            merged_lora(model, enabled=pack) as stats.merged, _restore_threads(threads_before):
         _set_threads(threads, stats)
         t0 = time.perf_counter()
-        cache = DynamicCache(config=model.config)
-        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
-        out = model(input_ids=ids, attention_mask=mask if padded else None, position_ids=pos,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1].float().repeat_interleave(num_samples, dim=0)
-        width = ids.shape[1]
-        cache = _buffered_cache(out.past_key_values, num_samples, width + max_new_tokens)
-        mask_buf = torch.ones((stats.rows, width + max_new_tokens), dtype=mask.dtype, device=device)
-        mask_buf[:, :width] = mask.repeat_interleave(num_samples, dim=0)
-        next_pos = (mask.sum(-1, keepdim=True)).repeat_interleave(num_samples, dim=0)
+        # one prefill for requests that share a stream (``sample``'s prompts: one padded
+        # batch); one per request otherwise
+        groups: list[list[int]] = []
+        for j in range(len(requests)):
+            if groups and streams[groups[-1][0]] == streams[j] and len(set(streams)) == 1:
+                groups[-1].append(j)
+            else:
+                groups.append([j])
+        parts = [_prefill(model, tokenizer, [requests[j].prompt for j in g], device)
+                 for g in groups]
+        width = max(m.shape[1] for _, _, m in parts)
+        capacity = width + max_new_tokens
+        stats.prompt_tokens = int(sum(m.sum() for _, _, m in parts))
+        layers = []
+        for li in range(len(parts[0][0].layers)):
+            ks, vs = [], []
+            for (cache, _, m), g in zip(parts, groups):
+                reps = torch.tensor([counts[j] for j in g], device=device)
+                k = cache.layers[li].keys.repeat_interleave(reps, dim=0)
+                v = cache.layers[li].values.repeat_interleave(reps, dim=0)
+                pad = width - m.shape[1]
+                if pad:
+                    k = torch.nn.functional.pad(k, (0, 0, pad, 0))
+                    v = torch.nn.functional.pad(v, (0, 0, pad, 0))
+                ks.append(k)
+                vs.append(v)
+            layers.append(_BufferLayer(torch.cat(ks), torch.cat(vs), capacity))
+        cache = DynamicCache()
+        cache.layers = layers
+        masks = []
+        for (_, _, m), g in zip(parts, groups):
+            reps = torch.tensor([counts[j] for j in g], device=device)
+            masks.append(torch.nn.functional.pad(m, (width - m.shape[1], 0))
+                         .repeat_interleave(reps, dim=0))
+        prompt_mask = torch.cat(masks)
+        padded = bool((prompt_mask == 0).any())
+        mask_buf = torch.ones((total, capacity), dtype=prompt_mask.dtype, device=device)
+        mask_buf[:, :width] = prompt_mask
+        logits = torch.cat([lg.repeat_interleave(torch.tensor([counts[j] for j in g],
+                                                              device=device), dim=0)
+                            for (_, lg, _), g in zip(parts, groups)])
+        next_pos = prompt_mask.sum(-1, keepdim=True)
         stats.prefill_seconds = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        rows = torch.arange(stats.rows, device=device)  # original row of each live batch row
-        generated: list[list[int]] = [[] for _ in range(stats.rows)]
-        finish = ["length"] * stats.rows
+        rows = torch.arange(total, device=device)  # original row of each live batch row
+        live_stream, live_temp = row_stream, row_temp
+        generated: list[list[int]] = [[] for _ in range(total)]
+        finish = ["length"] * total
         for step in range(max_new_tokens):
             if threads is not None and step % THREAD_POLL == 0:
                 _set_threads(threads, stats)
-            tok = next_tokens(logits, temperature, top_p, gen)
+            if len(gens) == 1:
+                tok = next_tokens(logits, stream_temp[0] if one_temp else live_temp, top_p,
+                                  gens[0])
+            else:
+                tok = next_tokens(logits, stream_temp[0] if one_temp else live_temp, top_p,
+                                  None, u=_uniforms(gens, live_stream, stream_temp, device))
             done = torch.isin(tok, eos)
             stats.steps += 1
             live_rows, toks, dones = rows.tolist(), tok.tolist(), done.tolist()
@@ -260,6 +389,7 @@ def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], nu
                 if keep.numel() == 0:
                     break
                 rows, tok, next_pos = rows[keep], tok[keep], next_pos[keep]
+                live_stream, live_temp = live_stream[keep], live_temp[keep]
                 mask_buf = mask_buf[keep]
                 for layer in cache.layers:
                     layer.batch_select_indices(keep)
@@ -273,4 +403,23 @@ def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], nu
 
     stats.finish = finish
     texts = [_final_text(tokenizer, toks, finish[r], stop) for r, toks in enumerate(generated)]
-    return [texts[i * num_samples:(i + 1) * num_samples] for i in range(len(prompts))], stats
+    bounds = [0]
+    for n in counts:
+        bounds.append(bounds[-1] + n)
+    return [texts[bounds[j]:bounds[j + 1]] for j in range(len(requests))], stats
+
+
+def _uniforms(gens: list[torch.Generator], live_stream: torch.Tensor,
+              stream_temp: dict[int, float], device: torch.device) -> torch.Tensor:
+    """One uniform per live row, each stream drawing for its own live rows, in stream order
+    (a greedy stream draws nothing, as it would alone)."""
+    present = torch.bincount(live_stream, minlength=len(gens)).tolist()
+    parts = []
+    for s, n in enumerate(present):
+        if n == 0:
+            continue
+        if stream_temp[s] > 0:
+            parts.append(torch.rand((n, 1), generator=gens[s], device=device))
+        else:
+            parts.append(torch.zeros((n, 1), device=device))
+    return torch.cat(parts)

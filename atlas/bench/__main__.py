@@ -6,7 +6,8 @@ import importlib
 import sys
 
 BENCHES = {"agent": "atlas.bench.agent", "dpo": "atlas.bench.dpo", "gate": "atlas.bench.gate",
-           "pinn": "atlas.bench.pinn", "supporters": "atlas.bench.supporters"}
+           "pinn": "atlas.bench.pinn", "sampler": "atlas.bench.sampler",
+           "supporters": "atlas.bench.supporters"}
 
 
 def main(argv: list[str] | None = None) -> None:

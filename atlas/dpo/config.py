@@ -1,8 +1,8 @@
 """The typed schemas of ``conf/dpo/default.yaml`` and ``conf/gate/default.yaml``.
 
-The strategist (an LLM) and the command line both change these knobs, and the design notes
-record that LLM answers were malformed or out of range; so every value is type-checked on
-the way in (``atlas.schema``: one validation style and one error format for every group),
+The strategist (an LLM) and the command line both change these knobs, and LLM answers can be
+malformed or out of range (docs/design.md); so every value is type-checked on the way in
+(``atlas.schema``: one validation style and one error format for every group),
 and ``DPOConfig.clamped`` pins the strategist-tunable knobs inside ``bounds``. The defaults
 are the YAML's values (``tests/test_schema.py`` keeps them equal), for use from Python.
 """
@@ -146,13 +146,14 @@ class GateConfig:
     """The unit of the inspector score. subset: one scale for all of G_k, 0 = its worst
     score (a failure's floor when one failed), 1 = its best, so a near-tie between two valid
     programs weighs as little as it scores; item: each item's own worst-to-best range (a
-    0.006 near-tie then counts as much as a failure against the best; the unit until
-    2026-11). README, the gate section, has both measured."""
+    0.006 near-tie then counts as much as a failure against the best). The gate bench
+    measures both (docs/results.md)."""
     bound: Literal["bc", "percentile", "normal"] = "bc"
     """How the lower confidence bound is read off the paired bootstrap. bc: bias-corrected
     percentile (Efron), needed because resampling a handful of completions per item shrinks
     the re-weighting gain (a plug-in covariance, times (n-1)/n); percentile: the plain
-    (1 - confidence) quantile (before 2026-11); normal: gain - z * bootstrap SE."""
+    (1 - confidence) quantile, conservative on few completions; normal: gain - z * bootstrap
+    SE."""
     bc_min_completions: Int = Field(32, ge=0)
     """Fewest informative completions in G_k for ``bound=bc``; below it the plain percentile
     bound is used. BC estimates the bootstrap's bias from the resamples, and with a handful
@@ -169,7 +170,7 @@ class GateConfig:
     """Divides the sequence log-likelihood ratio log pi(y) - log ref(y) in the inspector
     score's importance weights (1: the exact ratio)."""
     batch_size: Int = Field(8, ge=1)
-    """Validated but no longer used: the gate's passes run each item's prompt once and each
+    """Validated but not read: the gate's passes run each item's prompt once and each
     completion after it as its own unpadded row (``atlas.dpo.prefix``)."""
     max_length: Int = Field(768, ge=2)
     """Prompt+completion tokens kept per gate sequence (prompt truncated from the left)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.utils.data import DataLoader
 
 from atlas.agent.adapters import POLICY, get_adapter_state
@@ -80,6 +81,19 @@ def _quiet_lightning() -> Iterator[None]:
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+class StayOnDevice(SingleDeviceStrategy):
+    """Lightning's teardown moves the LightningModule to the CPU after ``fit``; the agent's
+    model inside it is shared with sampling and the gate, so here it stays where it was
+    (the optimizer state still goes to the CPU, as Lightning does)."""
+
+    def teardown(self) -> None:
+        module, self._lightning_module = self._lightning_module, None
+        try:
+            super().teardown()
+        finally:
+            self._lightning_module = module
 
 
 def _summary(history: list[dict], steps: int, seconds: float, n_pairs: int) -> dict[str, float]:
@@ -162,6 +176,7 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
                             collate_fn=collate, generator=torch.Generator().manual_seed(seed))
         trainer = pl.Trainer(
             accelerator=accelerator, devices=[device.index or 0] if accelerator == "gpu" else 1,
+            strategy=StayOnDevice(device=device),
             max_epochs=cfg.epochs, logger=False, enable_checkpointing=False,
             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
             log_every_n_steps=1, callbacks=callbacks, default_root_dir=None,
@@ -175,6 +190,8 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
             if hf_checkpointing:
                 set_checkpointing(model, False)
             model.train(was_training)
+            if next(model.parameters()).device != device:  # never silently elsewhere
+                model.to(device)
     seconds = time.perf_counter() - t0
     history = module.history
     _emit(logger, history)

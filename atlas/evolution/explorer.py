@@ -74,6 +74,7 @@ class ExploreSettings:
     temperatures: tuple[float, ...]
     top_p: float
     temperature_bounds: tuple[float, float] = (0.1, 2.0)
+    batch_islands: bool = True
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> "ExploreSettings":
@@ -98,7 +99,8 @@ class ExploreSettings:
                 samples_per_prompt=int(need("samples_per_prompt")),
                 programs_in_prompt=int(need("programs_in_prompt")),
                 max_new_tokens=int(need("max_new_tokens")), temperatures=tuple(temps[:islands]),
-                top_p=float(need("top_p")), temperature_bounds=(bounds[0], bounds[1]))
+                top_p=float(need("top_p")), temperature_bounds=(bounds[0], bounds[1]),
+                batch_islands=bool(cfg.get("batch_islands", True)))
         checks = [
             (s.islands >= 1, "islands", "must be >= 1"),
             (1 <= s.islands_per_round <= s.islands, "islands_per_round",
@@ -114,6 +116,19 @@ class ExploreSettings:
             if not ok:
                 raise ValueError(f"explore.{name}={getattr(s, name)!r} {rule}")
         return s
+
+
+@dataclasses.dataclass
+class IslandPlan:
+    """What a round samples for one island: its prompt, parents, temperature and seed."""
+
+    island: int
+    parents: list[Program]
+    prefill: str
+    text: str
+    temperature: float
+    samples: int
+    seed: int
 
 
 class Explorer:
@@ -223,8 +238,6 @@ class Explorer:
         ``round_budget()``; the loop passes less when supporter programs already spent part
         of it), split evenly; each served island gets at least one.
         """
-        from atlas.agent.adapters import POLICY  # deferred: peft is slow to import
-
         s, critiques = self.settings, critiques or {}
         context = self.task.context(round_index)
         regime = regime_key(context)
@@ -237,49 +250,43 @@ class Explorer:
         pending: list[tuple[Program, Future]] = []
         out: list[Program] = []
         stats: dict[str, Any] = {"round": round_index, "phase": phase, "islands": {},
-                                 "generation_s": 0.0}
+                                 "generation_s": 0.0, "scored_while_generating": 0}
         t_round = time.perf_counter()
-        for island in served:
-            parents = self.parents_for(island)
-            system, user, prefill = build_prompt(self.spec, parents, critiques.get(island))
-            text = self.agent.chat_prompt(system, user, prefill)
-            temp = self.temperature(island, temperature_overrides)
-            # a sample that ends early goes to the sandbox while the others still decode
-            early: dict[int, tuple[str, str | None, Future]] = {}
-
-            def score_now(row: int, completion: str, prefill: str = prefill,
-                          early: dict = early) -> None:
-                code = extract_program(prefill, completion, self.spec.entry_point)
-                early[row] = (completion, code, self._submit(code, context))
-
-            streams = {"on_done": score_now} if getattr(self.agent, "streams_results", False) \
-                else {}
+        batched = s.batch_islands and len(served) > 1 and hasattr(self.agent, "generate_batch")
+        # batched: every island's prompt first, one decode for all; else one island at a time
+        # (each island's prompt reads the database as the islands before it left it)
+        for group in ([served] if batched else [[i] for i in served]):
+            plans = [self._plan(island, counts[island], critiques, temperature_overrides,
+                                round_index) for island in group]
             t0 = time.perf_counter()
-            completions = self.agent.generate(
-                [text], counts[island], temperature=temp, top_p=s.top_p,
-                max_new_tokens=s.max_new_tokens, stop=STOP, adapter=POLICY,
-                seed=self._generation_seed(round_index, island), **streams)[0]
+            finished = self._generate(plans, context)
             stats["generation_s"] += time.perf_counter() - t0
-            stats["scored_while_generating"] = stats.get("scored_while_generating", 0) + len(early)
-            for row, completion in enumerate(completions):
-                if row in early and early[row][0] == completion:
-                    _, code, fut = early[row]
-                else:
-                    code = extract_program(prefill, completion, self.spec.entry_point)
-                    fut = self._submit(code, context)
-                prog = Program(id=self.db.next_id(), island=island, round=round_index,
-                               code=code or "", evaluation=Evaluation.failure(FailureKind.KILLED, "pending"),
-                               prompt=text, completion=completion,
-                               parents=[p.id for p in parents], source="agent", phase=phase,
-                               regime=regime)
-                pending.append((prog, fut))
-            stats["islands"][island] = {"temperature": temp, "samples": len(completions),
-                                        "critique": bool(critiques.get(island))}
+            for plan, (completions, early) in zip(plans, finished):
+                stats["scored_while_generating"] += len(early)
+                for row, completion in enumerate(completions):
+                    if row in early and early[row][0] == completion:
+                        _, code, fut = early[row]
+                    else:
+                        code = extract_program(plan.prefill, completion, self.spec.entry_point)
+                        fut = self._submit(code, context)
+                    prog = Program(id=self.db.next_id(), island=plan.island, round=round_index,
+                                   code=code or "",
+                                   evaluation=Evaluation.failure(FailureKind.KILLED, "pending"),
+                                   prompt=plan.text, completion=completion,
+                                   parents=[p.id for p in plan.parents], source="agent",
+                                   phase=phase, regime=regime)
+                    pending.append((prog, fut))
+                stats["islands"][plan.island] = {"temperature": plan.temperature,
+                                                 "samples": len(completions),
+                                                 "critique": bool(critiques.get(plan.island))}
             self._file(pending, out, block=False)  # file what finished while we generated
         t_wait = time.perf_counter()
         self._file(pending, out, block=True)
         stats["evaluate_wait_s"] = time.perf_counter() - t_wait  # sandbox time not hidden
-        stats["agent_threads"] = getattr(getattr(self.agent, "last_stats", None), "threads", None)
+        last = getattr(self.agent, "last_stats", None)
+        stats["agent_threads"] = getattr(last, "threads", None)
+        stats["device"] = getattr(last, "device", None) or None
+        stats["batched_islands"] = batched
         for island, row in stats["islands"].items():
             mine = [p for p in out if p.island == island]
             row["valid"] = sum(p.passed for p in mine)
@@ -287,6 +294,48 @@ class Explorer:
         stats["wall_s"] = time.perf_counter() - t_round
         self.last_stats = stats
         return out
+
+    def _plan(self, island: int, samples: int, critiques: Mapping[int, str],
+              overrides: Mapping[int, float] | None, round_index: int) -> IslandPlan:
+        parents = self.parents_for(island)
+        system, user, prefill = build_prompt(self.spec, parents, critiques.get(island))
+        return IslandPlan(island=island, parents=parents, prefill=prefill,
+                          text=self.agent.chat_prompt(system, user, prefill),
+                          temperature=self.temperature(island, overrides), samples=samples,
+                          seed=self._generation_seed(round_index, island))
+
+    def _generate(self, plans: list[IslandPlan], context: dict[str, Any]
+                  ) -> list[tuple[list[str], dict[int, tuple[str, str | None, Future]]]]:
+        """Sample every plan's completions (one batch when there are several); a sample
+        that ends early goes to the sandbox while the others still decode."""
+        from atlas.agent.adapters import POLICY  # deferred: peft is slow to import
+        from atlas.agent.sampling import Request
+
+        s = self.settings
+        early: list[dict[int, tuple[str, str | None, Future]]] = [{} for _ in plans]
+        starts = [0]
+        for plan in plans:
+            starts.append(starts[-1] + plan.samples)
+
+        def score_now(row: int, completion: str) -> None:
+            j = next(k for k in range(len(plans)) if row < starts[k + 1])
+            code = extract_program(plans[j].prefill, completion, self.spec.entry_point)
+            early[j][row - starts[j]] = (completion, code, self._submit(code, context))
+
+        streams = {"on_done": score_now} if getattr(self.agent, "streams_results", False) \
+            else {}
+        if len(plans) == 1:
+            plan = plans[0]
+            texts = self.agent.generate(
+                [plan.text], plan.samples, temperature=plan.temperature, top_p=s.top_p,
+                max_new_tokens=s.max_new_tokens, stop=STOP, adapter=POLICY, seed=plan.seed,
+                **streams)
+        else:
+            texts = self.agent.generate_batch(
+                [Request(p.text, p.samples, p.temperature, p.seed) for p in plans],
+                top_p=s.top_p, max_new_tokens=s.max_new_tokens, stop=STOP, adapter=POLICY,
+                **streams)
+        return list(zip(texts, early))
 
     def sample_and_score(self, prompts: list[str], *, samples: int, temperature: float,
                          seed: int, context: dict[str, Any], adapter: str | None

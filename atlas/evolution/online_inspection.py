@@ -1,4 +1,4 @@
-"""The Policy Inspector's on-line score (``gate.score_mode=online``, DESIGN.md).
+"""The Policy Inspector's on-line score (``gate.score_mode=online``, docs/design.md).
 
 S(pi) = the mean task score of programs that pi writes *now* for the gate prompts G_k,
 each scored in the sandbox; a failed program counts as the phase's failure floor, as in the

@@ -83,8 +83,9 @@ class ExplorationConfig(RoleConfig):
     #: scored candidates only and the agent never learns from them
     as_preferences: bool = True
     critique_chars: int = Field(400, ge=40, le=4000)
+    #: the island's best programs shown to the exploration supporter (best first)
     programs_in_prompt: int = Field(3, ge=1, le=10)
-    code_chars: int = Field(1500, ge=200, le=20000)  # per program shown to the model
+    code_chars: int = Field(1500, ge=200, le=20000)  # characters of each program shown
     temperature_step: float = Field(0.1, ge=0.0, le=0.5)
 
 
