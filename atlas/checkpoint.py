@@ -19,11 +19,19 @@ from typing import Any
 
 import numpy as np
 import torch
+from hydra.errors import CompactHydraException
+
+from atlas.atomic import write_atomic
 
 log = logging.getLogger("atlas.checkpoint")
 
 FILENAME = "state.pt"
 TMP_GLOB = f".{FILENAME}.*.tmp"  # what save() writes before the rename
+
+
+class CheckpointError(RuntimeError, CompactHydraException):
+    """A checkpoint that cannot be resumed from; the message names the file and the fix (on
+    the command line, one line: no traceback)."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -54,22 +62,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save(run_dir: Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` atomically under ``run_dir/checkpoint``."""
+    """Write ``state`` atomically under ``run_dir/checkpoint``; on failure (a full disk) the
+    previous checkpoint stays and the temporary file is removed (``atlas.atomic``)."""
     folder = Path(run_dir) / "checkpoint"
     folder.mkdir(parents=True, exist_ok=True)
-    final = folder / FILENAME
-    tmp = folder / f".{FILENAME}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as fh:
-        torch.save(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
-    dir_fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return final
+    return write_atomic(folder / FILENAME, lambda fh: torch.save(state, fh),
+                        tmp=folder / f".{FILENAME}.{os.getpid()}.tmp", fsync=True)
 
 
 def stale_tmp_files(run_dir: Path) -> list[Path]:
@@ -95,10 +93,11 @@ def load(run_dir: Path) -> dict[str, Any] | None:
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # noqa: BLE001 - any unpickling error means the same thing
-        raise RuntimeError(f"checkpoint {path} is unreadable ({type(exc).__name__}: {exc}); "
-                           f"delete {path.parent} to restart this run from round 0, or pass "
-                           f"resume=false") from exc
+        why = (str(exc).strip().splitlines() or [""])[0]  # one line: some errors span many
+        raise CheckpointError(f"checkpoint {path} is unreadable ({type(exc).__name__}: {why}); "
+                              f"delete {path.parent} to restart this run from round 0, or pass "
+                              f"resume=false") from None
     if not isinstance(state, dict) or "next_round" not in state:
-        raise RuntimeError(f"checkpoint {path} holds no run state (no 'next_round'); it was "
-                           f"not written by atlas: delete {path.parent} or pass resume=false")
+        raise CheckpointError(f"checkpoint {path} holds no run state (no 'next_round'); it was "
+                              f"not written by atlas: delete {path.parent} or pass resume=false")
     return state

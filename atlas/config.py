@@ -11,7 +11,8 @@ from __future__ import annotations
 import difflib
 import functools
 import logging
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,98 @@ def check_ignored(cfg: DictConfig) -> None:
                     "method=atlas)", cfg.supporters.get("backend"), cfg.method.name)
 
 
+#: gate fields that only decide a promotion: with method.gate=false (EvoDPO promotes every
+#: phase) the gate's numbers are recorded, and these change nothing
+GATE_DECIDES = ("epsilon", "delta", "holdout")
+
+
+def command_line() -> tuple[list[str] | None, bool]:
+    """The overrides typed on the command line and whether this is a sweep (``-m``) job;
+    ``(None, False)`` outside a Hydra command (a config composed in Python)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+    except (ImportError, ValueError):
+        return None, False
+    return list(hc.overrides.task), hc.mode == RunMode.MULTIRUN
+
+
+def check_ignored_overrides(cfg: DictConfig, overrides: Sequence[str], *,
+                            sweep: bool = False) -> None:
+    """A ``gate.*`` override the chosen method never reads is an error naming it.
+
+    Why an error, not a warning: a value the user typed that does nothing makes the run's
+    records say something about it that did not happen (``method=evotune gate.epsilon=0.5``
+    ran exactly as without it). In a sweep (``-m``) it is a warning: one override line is
+    shared by all jobs, and a sweep over methods (``method=evotune,atlas gate.epsilon=0.05``)
+    sets it for the jobs that do read it.
+    """
+    typed = {o.split("=", 1)[0].lstrip("+~"): o for o in overrides if "=" in o}
+    gate = [o for k, o in typed.items() if k.startswith("gate.")]
+    if not gate:
+        return
+    method = cfg.method
+    if str(method.reference) == "fixed":
+        ignored = gate
+        why = (f"method={method.name}: its reference is fixed (method.reference=fixed), so no "
+               f"gate runs")
+    elif not method.gate:
+        ignored = [o for o in gate if o.split("=", 1)[0].lstrip("+~")[5:] in GATE_DECIDES]
+        why = (f"method={method.name}: it promotes every phase (method.gate=false), so the gate's "
+               f"numbers are recorded, never applied")
+    else:
+        return
+    if not ignored:
+        return
+    msg = (f"{', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect with "
+           f"{why}; drop {'it' if len(ignored) == 1 else 'them'}, or run a gated method "
+           f"(method=atlas, or method.reference=adaptive method.gate=true)")
+    if sweep:
+        log.warning("%s (kept: every job of this sweep shares the override)", msg)
+        return
+    raise ConfigError(msg)
+
+
+# -- files a run reads ---------------------------------------------------------------------------
+def check_model_path(model: Mapping[str, Any]) -> None:
+    """``model.name_or_path`` written as a path (``/``, ``.``, ``~``) must be a folder (a hub
+    id such as ``meta-llama/Llama-3.2-1B-Instruct`` is checked when the model loads)."""
+    name = model.get("name_or_path")
+    if model.get("source") != "hf" or not name:
+        return
+    name = str(name)
+    if name.startswith(("/", ".", "~")) and not Path(os.path.expanduser(name)).is_dir():
+        raise ConfigError(f"model.name_or_path={name!r} is not a folder; point it at a saved "
+                          f"Hugging Face model folder (config.json and weights) or use a hub id")
+
+
+def check_files(cfg: DictConfig) -> None:
+    """Files the config names that must exist before a run starts: the model folder and the
+    shared secret (``sandbox.secret_file``, unless ``sandbox.create_secret`` asks for it)."""
+    check_model_path(cfg.model)
+    source = cfg.sandbox.get("secret_file")
+    if source and not cfg.sandbox.get("create_secret") \
+            and not Path(os.path.expanduser(str(source))).exists():
+        from atlas.sandbox.secret import missing_secret_message
+
+        raise ConfigError(missing_secret_message(source))
+
+
+def check_device(device: str) -> None:
+    """``device=cuda`` needs a GPU torch can see: checked right after validation (it imports
+    torch), before anything is built."""
+    if device != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("device=cuda but torch sees no GPU (torch.cuda.is_available() is "
+                          "false); use device=cpu or device=auto, or install a CUDA build of "
+                          "torch on a machine with a GPU")
+
+
 # -- values: every group's schema, built here ------------------------------------------------
 def _build(make: Any, *args: Any) -> Any:
     try:
@@ -152,7 +245,7 @@ def check_typed_groups(cfg: DictConfig) -> None:
     """Build the typed DPO and gate configs now (their errors name the field) and refuse DPO
     knobs outside ``dpo.bounds``: training would clamp them while the run's records said
     otherwise."""
-    from atlas.dpo import DPOConfig, GateConfig
+    from atlas.dpo.config import DPOConfig, GateConfig
 
     dpo = _build(DPOConfig.from_cfg, cfg.dpo)
     _build(GateConfig.from_cfg, cfg.gate)
@@ -172,9 +265,17 @@ def check_typed_groups(cfg: DictConfig) -> None:
                               f"; set dpo.{name} within the bounds or widen dpo.bounds.{name}")
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
+             sweep: bool = False) -> None:
     """Raise ``ConfigError`` on the first invalid value: the one place a composed config is
-    checked, by building each group's schema (``atlas.schema``) before a model loads."""
+    checked, by building each group's schema (``atlas.schema``) before a model loads, with
+    no torch import (a typo fails in a second or two).
+
+    ``overrides``: the command line's (default: Hydra's, when running under it), for the
+    settings typed there that the chosen method ignores; ``sweep``: whether they are a sweep's.
+    """
+    if overrides is None:
+        overrides, sweep = command_line()
     check_known_keys(cfg)
     _build(RunConfig.from_top, cfg)
     try:  # a built-in name or a `_target_` Task subclass, built once: it checks its fields
@@ -196,3 +297,5 @@ def validate(cfg: DictConfig) -> None:
 
         _build(role_configs, cfg.supporters)
     check_ignored(cfg)
+    check_ignored_overrides(cfg, overrides or [], sweep=sweep)
+    check_files(cfg)

@@ -1,13 +1,17 @@
-"""SIGTERM stops a run at once; the checkpoint of the last finished round stays for resume.
+"""SIGTERM and SIGINT (Ctrl-C) stop a run at once; the checkpoint of the last finished round
+stays for resume.
 
 Why: SLURM (at a time limit or ``scancel``) and ``kill`` send SIGTERM and, after a grace
 period, SIGKILL. Python ends on SIGTERM only while no handler is installed, and Lightning
 installs one during DPO that merely sets a flag, so without ours a run in a phase keeps going
-until the SIGKILL (observed). Turning SIGTERM into an exception stops the run inside the current
-operation; sandbox workers and the W&B run are closed by the ``finally`` blocks on the way
-out, and re-running the same command resumes from the last finished round.
-Where SIGTERM already has an owner (submitit requeues on USR2 and ignores SIGTERM on
-purpose), it is left alone.
+until the SIGKILL (observed). Ctrl-C raises ``KeyboardInterrupt``, which Lightning catches inside
+``fit`` and turns into ``sys.exit(1)`` without a word, and which elsewhere ends in a long
+traceback. Turning both signals into a ``SystemExit`` subclass stops the run inside the
+current operation the same way (Lightning re-raises it after its teardown); sandbox workers
+and the W&B run are closed by the ``finally`` blocks on the way out, the caller says so in
+one line, and re-running the same command resumes from the last finished round.
+Where a signal already has an owner (submitit requeues on USR2 and ignores SIGTERM on
+purpose; a program embedding atlas may handle SIGINT itself), it is left alone.
 """
 
 from __future__ import annotations
@@ -15,30 +19,62 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from types import FrameType
 
 
-class Terminated(SystemExit):
-    """Raised in the main thread when SIGTERM arrives; exit status 128 + SIGTERM (143)."""
+class Stopped(SystemExit):
+    """Raised in the main thread when a stop signal arrives; exit status 128 + the signal."""
+
+    signal_name = ""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + int(signum))
+
+
+class Terminated(Stopped):
+    """SIGTERM (``kill``, SLURM): exit status 143."""
+
+    signal_name = "SIGTERM"
 
     def __init__(self) -> None:
-        super().__init__(128 + int(signal.SIGTERM))
+        super().__init__(signal.SIGTERM)
 
 
-def _raise(signum: int, frame: FrameType | None) -> None:
-    raise Terminated()
+class Interrupted(Stopped):
+    """SIGINT (Ctrl-C): exit status 130."""
+
+    signal_name = "SIGINT"
+
+    def __init__(self) -> None:
+        super().__init__(signal.SIGINT)
+
+
+_RAISES = {signal.SIGTERM: (Terminated, signal.SIG_DFL),
+           signal.SIGINT: (Interrupted, signal.default_int_handler)}
 
 
 @contextmanager
-def stop_on_sigterm() -> Iterator[bool]:
-    """Install the handler for the block; yields whether it was installed."""
+def _stop_on(signum: signal.Signals) -> Iterator[bool]:
+    exc, default = _RAISES[signum]
     if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+            or signal.getsignal(signum) is not default):
         yield False
         return
-    previous = signal.signal(signal.SIGTERM, _raise)
+
+    def _raise(num: int, frame: FrameType | None) -> None:
+        raise exc()
+
+    previous = signal.signal(signum, _raise)
     try:
         yield True
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signum, previous)
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[dict[str, bool]]:
+    """Install the handlers for the block; yields which ones were installed, by name."""
+    with ExitStack() as stack:
+        yield {s.name: stack.enter_context(_stop_on(s)) for s in _RAISES}
+

@@ -35,6 +35,7 @@ from atlas import checkpoint
 from atlas.agent.adapters import set_adapter_state
 from atlas.agent.precision import run_precision
 from atlas.agent.research_agent import ResearchAgent
+from atlas.atomic import write_text_atomic
 from atlas.dpo import DPOConfig, GateConfig
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.explorer import Explorer, regime_key, score_seed
@@ -114,8 +115,10 @@ class EvolutionLoop:
         self.task = make_task(task_cfg.pop("name"), **task_cfg)
         ex = cfg.explore
         secret_file = cfg.sandbox.secret_file or sweep_secret_file()
+        create = bool(cfg.sandbox.get("create_secret")) or not cfg.sandbox.secret_file
         self.sandbox = Sandbox.for_task(
-            self.task, secret=run_secret(self.run_dir, secret_file), workers=int(ex.workers),
+            self.task, secret=run_secret(self.run_dir, secret_file, create=create),
+            workers=int(ex.workers),
             isolation=str(cfg.sandbox.isolation),
             hide=[str(self.run_dir), *([str(secret_file)] if secret_file else [])])
         log.info("sandbox isolation: %s", self.sandbox.isolation)
@@ -385,9 +388,7 @@ class EvolutionLoop:
                 "supporters": self.supporters.stats() if self.supporters else None}
         results = summarise(self.run_dir, meta)
         self.telemetry.event("end", results=results)
-        tmp = self.run_dir / ".results.json.tmp"
-        tmp.write_text(dumps(results) + "\n")
-        os.replace(tmp, self.run_dir / "results.json")
+        write_text_atomic(self.run_dir / "results.json", dumps(results) + "\n")
         checkpoint.save(self.run_dir, {**self.state_dict(), "finished": True})
         return results
 

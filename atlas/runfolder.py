@@ -6,20 +6,32 @@ records say something else. ``prepare`` refuses that before anything is loaded, 
 configuration once, when a run starts from round 0 (``.hydra/config.yaml``; Hydra's own
 per-invocation copy is switched off in ``conf/train.yaml``), and turns an unwritable folder
 into one line naming the path and the fix.
+
+One process per run folder: ``locked`` holds an exclusive ``flock`` on ``<run dir>/.lock`` for
+the whole job, so a second command aimed at the folder (the same command twice, or two sweeps
+launched into one sweep folder, whose jobs land in the same folders) stops in one line naming
+the holder's PID, instead of writing every record twice. The kernel drops the lock when its
+process dies (``kill -9`` included), so a crashed run resumes without anyone removing a stale
+lock file; the PID written in the file is only read to name the holder.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from atlas.atomic import write_text_atomic
 from atlas.config import ConfigError
 from atlas.telemetry import EVENTS
 
@@ -27,8 +39,10 @@ log = logging.getLogger("atlas.runfolder")
 
 # keys that may differ between invocations of one run: how it is driven and where it is
 # written or logged, never what it computes
-INVOCATION_KEYS = ("resume", "progress", "device", "run_dir", "name", "experiment_name", "logger")
+INVOCATION_KEYS = ("resume", "progress", "device", "run_dir", "name", "experiment_name", "logger",
+                   "sandbox.create_secret")
 _SHOWN = 12  # differing keys listed in the error
+LOCK_FILE = ".lock"  # held (flock) by the process running the run; holds its PID
 
 
 class RunFolderError(ConfigError):
@@ -50,6 +64,49 @@ def check_writable(run_dir: Path) -> None:
             f"cannot write the run folder {run_dir}: {reason}{where}; choose a writable folder "
             f"with hydra.run.dir=<dir> (or run_dir=<dir>, hydra.sweep.dir=<dir> for -m), or run "
             f"from a writable working directory") from None
+
+
+def _holder(fd: int) -> str:
+    """The PID written in an open lock file, or "" (the holder has not written it yet)."""
+    try:
+        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+    return text if text.isdigit() else ""
+
+
+@contextmanager
+def locked(run_dir: Path) -> Iterator[Path]:
+    """Hold ``run_dir``'s lock for the block (the run), or raise ``RunFolderError`` naming the
+    process that holds it and the fix. The folder must exist (``check_writable``)."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise RunFolderError(f"cannot open the run folder's lock file {path}: "
+                             f"{exc.strerror or exc}; choose a writable run folder") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _holder(fd)
+            who = f"process {pid}" if pid else "another process"
+            stop = f"stop it (kill {pid})" if pid else f"stop the process holding {path}"
+            raise RunFolderError(
+                f"run folder {run_dir} is in use by {who}, which is running this run; wait for "
+                f"it to finish or {stop} and re-run to resume, or choose another run folder "
+                f"with name=<new> (hydra.sweep.dir=<dir> under -m)") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        try:
+            yield path
+        finally:
+            try:
+                os.ftruncate(fd, 0)  # released cleanly: no PID left to mislead anyone
+            except OSError:
+                pass
+    finally:
+        os.close(fd)  # drops the flock
 
 
 def recorded_config(run_dir: Path) -> dict[str, Any] | None:
@@ -79,7 +136,7 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any
     missing = object()
     out = []
     for key in sorted(set(a) | set(b)):
-        if key.split(".")[0] in INVOCATION_KEYS:
+        if key in INVOCATION_KEYS or key.split(".")[0] in INVOCATION_KEYS:
             continue
         va, vb = a.get(key, missing), b.get(key, missing)
         if va != vb:
@@ -135,14 +192,12 @@ def record_config(cfg: DictConfig, run_dir: Path) -> None:
     except ValueError:  # not running under Hydra (tests call atlas.train.run directly)
         pass
     for name, text in files.items():
-        tmp = folder / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(folder / name)
+        write_text_atomic(folder / name, text)
 
 
 def prepare(cfg: DictConfig, run_dir: Path) -> None:
-    """Everything about the run folder that must hold before a model is loaded."""
-    check_writable(run_dir)
+    """Everything about a writable, locked run folder (``check_writable``, ``locked``) that
+    must hold before a model is loaded."""
     check_same_config(cfg, run_dir)
     if not (cfg.resume and holds_run(run_dir)):
         record_config(cfg, run_dir)

@@ -261,6 +261,8 @@ class SandboxConfig:
 
     isolation: Literal["auto", "bwrap", "rlimits"]
     secret_file: Str | None
+    create_secret: Bool = Field(description="create secret_file when it does not exist "
+                                "(else a missing one is an error)")
 
 
 @group("logger")

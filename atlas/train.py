@@ -12,14 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from atlas.config import validate
-from atlas.interrupt import Terminated, stop_on_sigterm
+from atlas.atomic import disk_full_error
+from atlas.config import check_device, command_line, validate
+from atlas.interrupt import Stopped, stop_on_signals
 from atlas.loggers import finish_logger, make_logger
-from atlas.runfolder import prepare
+from atlas.runfolder import check_writable, holds_run, locked, prepare
 
 log = logging.getLogger("atlas.train")
+
+
+class DiskFull(RuntimeError, CompactHydraException):
+    """The disk filled up while the run wrote to it; one line naming the file and the fix."""
+
 
 # "_<overrides>" when a sweep job has overrides beyond task/method/seed, else "" (run folder names)
 if not OmegaConf.has_resolver("atlas.suffix"):
@@ -51,16 +58,39 @@ def summary(results: dict[str, Any]) -> str:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Run (or resume) one job whose outputs go to ``cfg.run_dir``; a folder holding a run of
-    another configuration is refused (``atlas.runfolder``)."""
-    from atlas.loop import EvolutionLoop
+    """Run (or resume) one job whose outputs go to ``cfg.run_dir``.
 
+    Order matters for what a mistake costs: the config is validated first, without torch (a
+    typo fails in a second or two), then the run folder is checked and locked (one process
+    per run folder, ``atlas.runfolder``), then the device, and only then is anything built.
+    Errors the user can fix end in one line naming the field or file and the fix (Hydra
+    prints a ``CompactHydraException``'s message without a traceback); SIGTERM, Ctrl-C and a
+    full disk stop the run with the checkpoint of its last finished round.
+    """
+    _, sweep = command_line()
+    with stop_on_signals():
+        try:
+            return _run(cfg, Path(cfg.run_dir))
+        except Stopped as stop:
+            log.warning("%s: stopped; %s", stop.signal_name, _resume_hint(Path(cfg.run_dir)))
+            raise
+        except Exception as exc:
+            err = _one_line(exc, Path(cfg.run_dir), sweep)
+            if err is exc:
+                raise
+            raise err from None
+
+
+def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     validate(cfg)
-    run_dir = Path(cfg.run_dir)
-    prepare(cfg, run_dir)  # writable, and not another configuration's run
-    logger = make_logger(cfg, run_dir)
-    status = "failed"
-    with stop_on_sigterm():
+    check_writable(run_dir)
+    with locked(run_dir):
+        prepare(cfg, run_dir)  # not another configuration's run
+        check_device(str(cfg.device))
+        from atlas.loop import EvolutionLoop
+
+        logger = make_logger(cfg, run_dir)
+        status = "failed"
         try:
             loop = EvolutionLoop(cfg, run_dir, logger)
             try:
@@ -68,10 +98,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 status = "success"
             finally:
                 loop.close()
-        except Terminated:
-            log.warning("SIGTERM: stopped; %s keeps the checkpoint of the last finished round, "
-                        "re-run the same command to resume", run_dir)
-            raise
         finally:
             finish_logger(logger, status)
     print(summary(results), flush=True)
@@ -79,9 +105,59 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     return results
 
 
+def _resume_hint(run_dir: Path) -> str:
+    if holds_run(run_dir):
+        return (f"{run_dir} keeps the checkpoint of the last finished round; re-run the same "
+                f"command to resume")
+    return f"{run_dir} holds no checkpoint yet; re-running the same command starts the run afresh"
+
+
+def _one_line(exc: Exception, run_dir: Path, sweep: bool) -> Exception:
+    """What ``run`` raises for ``exc``: a full disk becomes ``DiskFull``; a message of one line
+    goes to the job's ``train.log`` and, in a sweep, to the console at once (Hydra's launcher
+    reports a failed job only when its whole batch has ended); anything else, a bug, keeps
+    its traceback."""
+    full = disk_full_error(exc)
+    if full is not None and not isinstance(exc, DiskFull):
+        where = full.filename or run_dir
+        exc = DiskFull(f"the disk is full ({full.strerror or 'No space left on device'}) "
+                       f"writing {where}: free space on it; {_resume_hint(run_dir)}")
+    if not isinstance(exc, CompactHydraException):
+        return exc
+    if sweep:
+        log.error("this job stopped: %s", exc)
+    else:  # the console line is Hydra's; the run folder's log keeps it too
+        _to_log_files(f"stopped: {exc}")
+    return exc
+
+
+def _to_log_files(message: str) -> None:
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            try:
+                handler.handle(record)
+            except Exception:  # noqa: BLE001 - a full disk: the console line is enough
+                pass
+
+
+def run_command(cfg: DictConfig) -> float | None:
+    """``run`` as the command line's job: an error the user can fix is printed as its one
+    line and exits 1 (Hydra would frame it with three more lines). In a sweep it goes to
+    Hydra, whose launcher then runs the other jobs; ``run`` has logged it already."""
+    logging.raiseExceptions = False  # a log line that cannot be written (a full disk) is
+    try:                             # dropped, not printed as a traceback
+        return run(cfg)["final_score"]
+    except CompactHydraException as exc:
+        if command_line()[1]:
+            raise
+        print(exc, file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    return run(cfg)["final_score"]
+    return run_command(cfg)
 
 
 def hoist_multirun_flag(argv: list[str]) -> list[str]:

@@ -182,7 +182,8 @@ def test_secret_is_stable_per_run_folder_and_hidden_environments_differ(tmp_path
     assert run_secret(tmp_path / "a") == first
     assert oct(os.stat(tmp_path / "a" / SECRET_FILE).st_mode & 0o777) == "0o600"
     shared = tmp_path / "shared.secret"
-    assert run_secret(tmp_path / "b", str(shared)) == run_secret(tmp_path / "c", str(shared))
+    assert run_secret(tmp_path / "b", str(shared), create=True) == run_secret(tmp_path / "c",
+                                                                               str(shared))
     assert run_secret(tmp_path / "b") != first
     from atlas.tasks.bandit.evaluator import build_envs
 

@@ -127,7 +127,7 @@ def test_name_or_path_is_rejected_when_the_source_ignores_it() -> None:
     with pytest.raises(ConfigError, match=r"model\.name_or_path='/models/llama' is ignored with "
                                           r"model\.source=tiny; set model\.source=hf"):
         validate(cfg)
-    validate(compose_cfg(["experiment=test", "model.source=hf", "model.name_or_path=/models/llama"]))
+    validate(compose_cfg(["experiment=test", "model.source=hf", "model.name_or_path=/tmp"]))
 
 
 def test_dpo_knob_outside_its_bounds_fails_at_start() -> None:
@@ -195,3 +195,110 @@ def test_logger_is_built_from_its_target_and_a_bad_target_names_the_field(tmp_pa
                       run_dir=tmp_path)
     with pytest.raises(ValueError, match=r"logger._target_='nopkg.Logger' cannot be imported"):
         make_logger(bad, tmp_path)
+
+
+# ---- errors before heavy imports, in one line (issue 22, item 6) ------------------------------
+def _cli(*overrides: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "atlas.train", *overrides], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_validation_imports_neither_torch_nor_lightning() -> None:
+    """A mistyped value must fail in a second or two: validation builds every schema
+    (atlas.dpo.config included) without importing torch, Lightning or transformers."""
+    code = ("import sys; from tests.conftest import compose_cfg; from atlas.config import "
+            "validate; validate(compose_cfg(['experiment=test', 'method=atlas'])); "
+            "print(sorted(m for m in ('torch', 'lightning', 'transformers', 'peft') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_cli_typo_fails_before_torch_is_imported(tmp_path) -> None:
+    """The command line itself: ``-X importtime`` lists every module imported before exit."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "atlas.train",
+                          "experiment=test", "seed=abc", f"hydra.run.dir={tmp_path}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    errors = [line for line in out.stderr.splitlines() if not line.startswith("import time:")]
+    assert errors == ["seed='abc' must be an integer; set e.g. seed=0"], errors
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "hydra" in imported and not imported & {"torch", "lightning", "transformers"}
+
+
+@pytest.mark.parametrize("overrides,line", [
+    (["method=evotune", "gate.epsilon=0.5", "gate.delta=0.2"],
+     "gate.epsilon=0.5, gate.delta=0.2 have no effect with method=evotune: its reference is "
+     "fixed (method.reference=fixed), so no gate runs; drop them, or run a gated method (method=atlas, "
+     "or method.reference=adaptive method.gate=true)"),
+    (["model.source=hf", "model.name_or_path=/nonexistent/llama"],
+     "model.name_or_path='/nonexistent/llama' is not a folder; point it at a saved Hugging Face "
+     "model folder (config.json and weights) or use a hub id"),
+    (["sandbox.secret_file=/nonexistent/typo.secret"],
+     "sandbox.secret_file='/nonexistent/typo.secret' does not exist: a mistyped path would give "
+     "this run a fresh secret, and scores not comparable with the runs it was meant to match; "
+     "fix the path, or set sandbox.create_secret=true to create a new shared secret there"),
+])
+def test_cli_file_and_ignored_setting_errors_are_one_line(tmp_path, overrides, line) -> None:
+    out = _cli("experiment=test", *overrides, f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [line], out.stderr
+    assert not (tmp_path / "run" / "events.jsonl").exists()
+    assert not (tmp_path / "run" / ".task_secret").exists()
+
+
+def test_cli_device_cuda_without_a_gpu_is_one_line(tmp_path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    out = _cli("experiment=test", "device=cuda", f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        "device=cuda but torch sees no GPU (torch.cuda.is_available() is false); use "
+        "device=cpu or device=auto, or install a CUDA build of torch on a machine with a GPU"]
+    assert not (tmp_path / "events.jsonl").exists()
+    assert "device=cuda but torch sees no GPU" in (tmp_path / "train.log").read_text()
+
+
+def test_gate_settings_a_method_never_reads_are_refused_by_name(caplog) -> None:
+    """EvoTune: no gate runs (fixed reference), every gate.* is refused. EvoDPO: the gate is
+    measured for the record but always accepts, so only the fields that decide are refused.
+    A sweep shares one override line between its methods: a warning there."""
+    def check(method: str, typed: list[str], sweep: bool = False) -> None:
+        validate(compose_cfg(["experiment=test", f"method={method}", *typed]),
+                 [f"method={method}", *typed], sweep=sweep)
+
+    with pytest.raises(ConfigError, match=r"^gate\.subset_size=2 has no effect with "
+                                          r"method=evotune: its reference is fixed"):
+        check("evotune", ["gate.subset_size=2"])
+    with pytest.raises(ConfigError, match=r"^gate\.holdout=0\.3 has no effect with method=evodpo"
+                                          r": it promotes every phase \(method\.gate=false\)"):
+        check("evodpo", ["gate.subset_size=2", "gate.holdout=0.3"])
+    check("evodpo", ["gate.subset_size=2", "gate.max_length=512"])  # they shape its record
+    check("atlas", ["gate.epsilon=0.5", "gate.delta=0.2"])
+    check("evotune", [])  # the experiment's own gate.subset_size was not typed
+    with caplog.at_level("WARNING", logger="atlas.config"):
+        check("evotune", ["gate.epsilon=0.05"], sweep=True)
+    assert "gate.epsilon=0.05 has no effect with method=evotune" in caplog.text
+    assert "every job of this sweep shares the override" in caplog.text
+
+
+def test_a_missing_secret_file_is_created_only_when_asked(tmp_path) -> None:
+    from atlas.sandbox.secret import run_secret
+
+    shared = tmp_path / "typo" / "task.secret"
+    with pytest.raises(ConfigError, match=r"sandbox\.secret_file=.* does not exist"):
+        validate(compose_cfg(["experiment=test", f"sandbox.secret_file={shared}"]))
+    with pytest.raises(FileNotFoundError, match="sandbox.create_secret=true"):
+        run_secret(tmp_path / "run", str(shared))
+    assert not shared.exists() and not (tmp_path / "run" / ".task_secret").exists()
+    validate(compose_cfg(["experiment=test", f"sandbox.secret_file={shared}",
+                          "sandbox.create_secret=true"]))
+    value = run_secret(tmp_path / "run", str(shared), create=True)
+    assert shared.read_text().strip() == value and len(value) == 64
+    validate(compose_cfg(["experiment=test", f"sandbox.secret_file={shared}"]))  # exists now
+    assert run_secret(tmp_path / "run2", str(shared)) == value

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,6 +123,7 @@ def _driver_cmd(run_dir: Path, overrides: list[str]) -> list[str]:
     # environments (docs/sandbox.md: a fresh run folder draws a fresh secret otherwise)
     secret = f"sandbox.secret_file={run_dir.parent / 'task.secret'}"
     return [sys.executable, "-m", "tests.test_resume", *overrides, secret,
+            "sandbox.create_secret=true",
             f"hydra.run.dir={run_dir}"]
 
 
@@ -229,6 +231,32 @@ def test_sigterm_in_a_phase_stops_at_once_and_resumes(fast_runs: dict[str, Any])
     assert [e["phase"] for e in t["events"] if e["event"] == "phase"] == list(range(1, KILL_PHASE))
     assert max(e["round"] for e in t["events"] if e["event"] == "round") == KILL_PHASE
     _assert_equal_runs(comparable(fast_runs["termed"]), comparable(fast_runs["clean"]))
+
+
+def test_ctrl_c_in_a_phase_stops_like_sigterm_and_resumes(fast_runs: dict[str, Any],
+                                                          tmp_path: Path) -> None:
+    """SIGINT (Ctrl-C) inside phase KILL_PHASE's first DPO step. Lightning catches a
+    KeyboardInterrupt in ``fit`` and exits 1 without a word; atlas turns SIGINT into the same
+    stop as SIGTERM: status 130, one line, the last finished round's checkpoint, no temporary
+    file, and the re-run equals the uninterrupted run."""
+    run_dir, marker = tmp_path / "interrupted", tmp_path / "interrupted.marker"
+    shutil.copyfile(fast_runs["clean"].parent / "task.secret", tmp_path / "task.secret")
+    cmd = _driver_cmd(run_dir, FAST)  # the clean run's secret: the same hidden environments
+    first = _run(cmd, _env(marker, "SIGINT"), timeout=600)
+    out = first.stdout + first.stderr
+    assert first.returncode == 130 and marker.exists(), out[-3000:]
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
+    stops = [line for line in out.splitlines() if "stopped" in line]
+    assert len(stops) == 1 and "SIGINT: stopped" in stops[0], out[-3000:]
+    assert stops[0].endswith("keeps the checkpoint of the last finished round; re-run the same "
+                             "command to resume")
+    assert checkpoint.load(run_dir)["next_round"] == KILL_PHASE
+    assert not [p for p in run_dir.rglob("*") if p.name.endswith(".tmp")]
+    _assert_ok(_run(cmd, _env(marker, "SIGINT"), timeout=600))
+    resumed, clean = comparable(run_dir), comparable(fast_runs["clean"])
+    for events in (resumed["events"], clean["events"]):  # the same secret, copied elsewhere
+        events[0]["config"]["sandbox"].pop("secret_file")
+    _assert_equal_runs(resumed, clean)
 
 
 def test_rerunning_a_finished_run_is_a_noop(fast_runs: dict[str, Any]) -> None:

@@ -56,7 +56,8 @@ def test_a_study_seed_changes_the_bandit_environments_not_the_methods(tmp_path: 
     cfg = compose_cfg(["experiment=study", "task=bandit"])
     task = OmegaConf.to_container(cfg.task, resolve=True)
     shared = {s: tmp_path / f"multirun/study/.task_secret_s{s}" for s in (0, 1)}
-    secrets = {(m, s): run_secret(tmp_path / f"bandit_{m}_s{s}", str(shared[s]))
+    secrets = {(m, s): run_secret(tmp_path / f"bandit_{m}_s{s}", str(shared[s]),
+                                     create=True)
                for m in ("evotune", "atlas") for s in (0, 1)}
     assert secrets[("evotune", 0)] == secrets[("atlas", 0)] != secrets[("evotune", 1)]
     envs = {s: build_envs(task, secrets[("atlas", s)]) for s in (0, 1)}

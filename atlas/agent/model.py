@@ -33,7 +33,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from atlas.config import ConfigError
+from atlas.config import ConfigError, check_model_path
 
 SOURCES = ("smollm2", "tiny", "hf", "llama3_1b_shape")
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -309,10 +309,8 @@ def _load_hf(cfg: Mapping, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrai
     if not name:
         raise ValueError("model.source=hf needs model.name_or_path: a local folder or a hub id "
                          "such as meta-llama/Llama-3.2-1B-Instruct")
+    check_model_path(cfg)
     name = str(name)
-    if name.startswith(("/", ".", "~")) and not Path(os.path.expanduser(name)).is_dir():
-        raise FileNotFoundError(f"model.name_or_path={name!r} is not a folder; point it at a "
-                                "saved Hugging Face model folder or use a hub id")
     folder = os.path.expanduser(name)
     if not Path(folder).is_dir():
         return _from_hub(name, dtype)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from atlas.atomic import write_text_atomic
+
 CHOICES = ("auto", "bfloat16", "float32", "float16")
 #: bf16 must beat fp32 by this factor in the micro-benchmark to be chosen on a non-native CPU
 BF16_MARGIN = 1.1
@@ -125,9 +127,7 @@ def measured_cpu_precision(cache_dir: str | os.PathLike | None) -> Precision:
     if file is not None:
         try:
             file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = file.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(choice.to_dict()))
-            os.replace(tmp, file)
+            write_text_atomic(file, json.dumps(choice.to_dict()))
         except OSError:
             pass  # a read-only cache only costs the benchmark again next time
     return choice
@@ -151,7 +151,8 @@ def choose_precision(requested: str, device: str, cache_dir: str | os.PathLike |
 def run_precision(run_dir: str | os.PathLike, requested: str, device: str,
                   cache_dir: str | os.PathLike | None, resume: bool) -> Precision:
     """The run's precision: the one recorded in ``run_dir`` when resuming an ``auto`` run,
-    else a fresh choice, which is then recorded there."""
+    else a fresh choice, which is then recorded there (only when it differs from the file's:
+    a re-run writes nothing, so a run folder on a full disk can still be resumed)."""
     file = Path(run_dir) / RUN_FILE
     if resume and str(requested) == "auto":
         try:
@@ -161,8 +162,12 @@ def run_precision(run_dir: str | os.PathLike, requested: str, device: str,
         except (OSError, ValueError, TypeError):
             pass
     choice = choose_precision(requested, device, cache_dir)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(choice.to_dict()) + "\n")
-    os.replace(tmp, file)
+    text = json.dumps(choice.to_dict()) + "\n"
+    try:
+        unchanged = file.read_text() == text
+    except OSError:
+        unchanged = False
+    if not unchanged:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(file, text)
     return choice

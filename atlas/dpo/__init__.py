@@ -8,19 +8,39 @@ which the next ``train_phase`` applies through Lightning, or ``flush`` at run en
 Dependencies run one way (no import circle): the shared records (``ReferenceMode``,
 ``PolicyCandidate``, ``GateDecision``) live in the leaf ``atlas.types``; ``promote`` in
 ``atlas.agent.adapters``; config <- loss <- module <- callbacks/phase, gate <- scoring.
+
+Names are imported on first use (PEP 562): ``atlas.config`` validates a command line with
+``atlas.dpo.config`` alone, before torch and Lightning load, so a typo fails in a second.
 """
 
-from atlas.agent.adapters import promote
-from atlas.dpo.callbacks import PolicySnapshotCallback, ReferenceSwapCallback
-from atlas.dpo.config import DPOConfig, GateConfig
-from atlas.dpo.gate import decide, hold_out_prompts, inspector_score, select_and_gate, token_kl
-from atlas.dpo.loss import dpo_loss, evaluate_pairs
-from atlas.dpo.module import DPOModule
-from atlas.dpo.phase import PhaseResult, train_phase
-from atlas.types import GateDecision, PolicyCandidate, ReferenceMode
+from __future__ import annotations
 
-__all__ = [
-    "DPOConfig", "DPOModule", "GateConfig", "GateDecision", "PhaseResult", "PolicyCandidate",
-    "PolicySnapshotCallback", "ReferenceMode", "ReferenceSwapCallback", "decide", "dpo_loss", "evaluate_pairs",
-    "hold_out_prompts", "inspector_score", "promote", "select_and_gate", "token_kl", "train_phase",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "promote": "atlas.agent.adapters",
+    "PolicySnapshotCallback": "atlas.dpo.callbacks", "ReferenceSwapCallback": "atlas.dpo.callbacks",
+    "DPOConfig": "atlas.dpo.config", "GateConfig": "atlas.dpo.config",
+    "decide": "atlas.dpo.gate", "hold_out_prompts": "atlas.dpo.gate",
+    "inspector_score": "atlas.dpo.gate", "select_and_gate": "atlas.dpo.gate",
+    "token_kl": "atlas.dpo.gate",
+    "dpo_loss": "atlas.dpo.loss", "evaluate_pairs": "atlas.dpo.loss",
+    "DPOModule": "atlas.dpo.module",
+    "PhaseResult": "atlas.dpo.phase", "train_phase": "atlas.dpo.phase",
+    "GateDecision": "atlas.types", "PolicyCandidate": "atlas.types", "ReferenceMode": "atlas.types",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'atlas.dpo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})

@@ -43,12 +43,23 @@ def _read(path: Path, fix: str) -> str:
     raise ValueError(f"{path} is not a task secret (expected 64 hex characters); {fix}")
 
 
-def run_secret(run_dir: str | os.PathLike[str], source: str | None = None) -> str:
+def missing_secret_message(source: str | os.PathLike[str]) -> str:
+    """Why a missing ``sandbox.secret_file`` is refused, and the fix (one line)."""
+    return (f"sandbox.secret_file={str(source)!r} does not exist: a mistyped path would give "
+            f"this run a fresh secret, and scores not comparable with the runs it was meant to "
+            f"match; fix the path, or set sandbox.create_secret=true to create a new shared "
+            f"secret there")
+
+
+def run_secret(run_dir: str | os.PathLike[str], source: str | None = None, *,
+               create: bool = False) -> str:
     """The run's secret (64 hex chars), created with mode 0600 on first use.
 
     ``source`` (``sandbox.secret_file``) seeds a new run folder with a shared secret, so runs
     whose scores are compared (methods, a resumed run and an uninterrupted one) face the same
-    hidden environments; otherwise a fresh random secret is drawn.
+    hidden environments; otherwise a fresh random secret is drawn. A ``source`` that does
+    not exist is created only with ``create`` (``sandbox.create_secret``, and a sweep's own
+    secret); else ``FileNotFoundError``: a typo in the path must not start a new secret.
     """
     path = Path(run_dir) / SECRET_FILE
     if path.exists():
@@ -56,6 +67,8 @@ def run_secret(run_dir: str | os.PathLike[str], source: str | None = None) -> st
     if source:
         src = Path(source).expanduser()
         if not src.exists():
+            if not create:
+                raise FileNotFoundError(missing_secret_message(source))
             create_secret_file(src)
         value = _read(src, "fix sandbox.secret_file or point it to a new path")
     else:
