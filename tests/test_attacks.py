@@ -300,7 +300,7 @@ def _sweep_layout(base: Path) -> dict[str, Path]:
                               ("other_sweep", "multirun/other/job_c", None),
                               ("single_run", "outputs/exp/run_d", None)):
         run_dir = base / run
-        run_secret(run_dir, str(source) if source else None)
+        run_secret(run_dir, str(source) if source else None, create=True)
         (run_dir / "programs.jsonl").write_text('{"code": "def policy(): return 0"}\n')
         paths[name] = run_dir
     # world-readable, as if the candidate ran as the owner (the rlimits mode without root):
