@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from atlas.supporters.config import (
     ExplorationConfig,
     InspectorConfig,
+    RoleConfig,
     StrategistConfig,
     role_configs,
 )
@@ -69,7 +70,11 @@ class Supporters:
 
 def build_supporters(cfg: Mapping | None, *, task_name: str, seed: int) -> Supporters:
     """The roles described by the ``supporters`` config group (None: all embedded)."""
-    cfgs = role_configs(cfg)
+    return make_supporters(role_configs(cfg), task_name=task_name, seed=seed)
+
+
+def make_supporters(cfgs: Mapping[str, RoleConfig], *, task_name: str, seed: int) -> Supporters:
+    """The roles of validated settings (``role_configs``; a run's ``Settings.supporters``)."""
     exp, strat, insp = cfgs["exploration"], cfgs["strategist"], cfgs["inspector"]
     assert isinstance(exp, ExplorationConfig) and isinstance(strat, StrategistConfig)
     assert isinstance(insp, InspectorConfig)
@@ -83,5 +88,5 @@ __all__ = [
     "ExplorationSupporter", "FineTuningStrategist", "GateDecision", "GateNumbers",
     "InspectorRequest", "InspectorVerdict", "KnobBounds", "Knobs", "PolicyInspector",
     "ProgramView", "QualityMetricView", "ScoreStats", "StrategistAdvice", "StrategistRequest", "Supporters",
-    "build_supporters",
+    "build_supporters", "make_supporters",
 ]
