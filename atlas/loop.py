@@ -289,7 +289,8 @@ class EvolutionLoop:
         for island in islands:
             request = supporter_requests.exploration_request(
                 self.task, island, self.db.island(island),
-                self.temperatures.get(island, self.explorer.temperature(island)))
+                self.temperatures.get(island, self.explorer.temperature(island)),
+                self.settings.explore.temperature_bounds)
             advice = self.supporters.exploration.advise(request)
             if advice.critique:
                 self.critiques[island] = advice.critique

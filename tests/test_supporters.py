@@ -60,8 +60,8 @@ def _explore_req(programs, task="bandit", entry="policy", temperature=0.9) -> Ex
 
     hints = tuple(make_task(task).supporter_hints)  # the task's own hints, as the loop sends
     return ExplorationRequest(task_name=task, island=0, entry_point=entry,
-                              temperature=temperature, problem="p", signature=f"def {entry}():",
-                              programs=programs, task_hints=hints)
+                              temperature=temperature, temperature_bounds=(0.3, 1.5), problem="p",
+                              signature=f"def {entry}():", programs=programs, task_hints=hints)
 
 
 def _strat_req(**kw) -> StrategistRequest:
@@ -212,7 +212,25 @@ def test_bounds_outside_hard_limits_are_rejected_with_the_field():
     with pytest.raises(ValueError, match=r"bounds.lr.*dpo.bounds.lr"):
         KnobBounds(lr=(1e-7, 1e-3))
     with pytest.raises(ValueError):
-        ExplorationAdvice(temperature=1.6)
+        ExplorationAdvice(temperature=0.0)
+
+
+def test_the_exploration_supporter_keeps_the_requests_temperature_bounds():
+    """explore.temperature_bounds travels in the request: the rule clamps to it, and a
+    model's answer outside it is out of range (clamped with out_of_range=clamp)."""
+    from atlas.supporters.answers import parse_exploration
+    from atlas.supporters.config import ExplorationConfig
+
+    narrow = _explore_req([], temperature=1.8)
+    wide = narrow.model_copy(update={"temperature_bounds": (0.3, 2.0)})
+    rule = build_supporters(None, task_name="bandit", seed=0).exploration
+    assert rule.advise(narrow).temperature == 1.5 and rule.advise(wide).temperature == 1.8
+    answer = json.dumps({"critique": "c", "patches": [], "temperature": 1.9})
+    clamp = ExplorationConfig(out_of_range="clamp")
+    assert parse_exploration(answer, narrow, clamp).temperature == 1.5
+    assert parse_exploration(answer, wide, clamp).temperature == 1.9
+    with pytest.raises(SupporterError, match=r"temperature=1.9 outside \[0.3, 1.5\]"):
+        parse_exploration(answer, narrow, ExplorationConfig())
 
 
 # ------------------------------------------------------------------ embedded inspector
@@ -399,7 +417,8 @@ def test_request_builders_read_loop_objects():
 
     progs = [prog(0, -0.5), prog(1, None, code="x"), prog(2, -0.4, metrics={"val_ic": 0.1}),
              prog(3, -0.6, metrics={"val_ic": 0.4})]
-    er = sreq.exploration_request(Task(), 0, progs, 0.8, round=5, best=2, recent=1)
+    er = sreq.exploration_request(Task(), 0, progs, 0.8, (0.3, 1.5), round=5, best=2,
+                                  recent=1)
     assert [p.score for p in er.programs] == [-0.4, -0.5, -0.6] and er.hints == ("h",)
     assert sreq.code_diversity(progs) == pytest.approx(2 / 4)
 

@@ -21,7 +21,6 @@ from atlas.supporters.config import (
 from atlas.supporters.roles import ExplorationSupporter, FineTuningStrategist, PolicyInspector
 from atlas.supporters.schemas import (
     HARD_BOUNDS,
-    TEMPERATURE_BOUNDS,
     DpoMetrics,
     ExplorationAdvice,
     ExplorationRequest,
@@ -84,7 +83,7 @@ def make_supporters(cfgs: Mapping[str, RoleConfig], *, task_name: str, seed: int
 
 
 __all__ = [
-    "HARD_BOUNDS", "TEMPERATURE_BOUNDS", "DpoMetrics", "ExplorationAdvice", "ExplorationRequest",
+    "HARD_BOUNDS", "DpoMetrics", "ExplorationAdvice", "ExplorationRequest",
     "ExplorationSupporter", "FineTuningStrategist", "GateDecision", "GateNumbers",
     "InspectorRequest", "InspectorVerdict", "KnobBounds", "Knobs", "PolicyInspector",
     "ProgramView", "QualityMetricView", "ScoreStats", "StrategistAdvice", "StrategistRequest", "Supporters",

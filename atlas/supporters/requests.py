@@ -45,7 +45,8 @@ def _finite(v: Any) -> float | None:
 
 
 def exploration_request(task: Any, island: int, programs: Sequence[Program], temperature: float,
-                        round: int = 0, best: int = 3, recent: int = 3) -> ExplorationRequest:
+                        temperature_bounds: tuple[float, float], round: int = 0, best: int = 3,
+                        recent: int = 3) -> ExplorationRequest:
     """The island's ``best`` passed programs plus its ``recent`` newest other programs."""
     spec = task.prompt_spec()
     ranked = sorted((p for p in programs if p.passed), key=lambda p: p.score, reverse=True)
@@ -53,7 +54,7 @@ def exploration_request(task: Any, island: int, programs: Sequence[Program], tem
     ids = {id(p) for p in chosen}
     others = [p for p in reversed(list(programs)) if id(p) not in ids][:recent]
     return ExplorationRequest.build(task.name, spec, island, chosen + others, temperature,
-                                    round=round,
+                                    temperature_bounds, round=round,
                                     task_hints=tuple(getattr(task, "supporter_hints", ())))
 
 
