@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
+from atlas.dpo.config import GateConfig
 from atlas.supporters import (
     DpoMetrics,
     ExplorationRequest,
@@ -431,7 +432,7 @@ def test_request_builders_read_loop_objects():
                {"phase": 2, "skipped": True}]
     sr = sreq.strategist_request(3, Dpo(), progs, {"best": -0.4, "median": -0.5, "min": -0.6,
                                                    "valid_rate": 0.75, "n": 4}, history,
-                                 gate_cfg={"epsilon": 0.0, "delta": 0.05})
+                                 gate_cfg=GateConfig(epsilon=0.0, delta=0.05))
     assert sr.bounds.beta == (0.05, 2.0) and sr.bounds.epochs == (1, 3)
     assert sr.pairs_built == 6 and sr.dpo.accuracy == 0.9 and sr.gate_decisions[0].kl == 0.2
     assert sr.scores.n_passed == 3
@@ -699,7 +700,7 @@ def test_strategist_acts_on_cpu_run_telemetry():
     Dpo.score_threshold = -0.375
     req2 = sreq.strategist_request(2, Dpo(), p2, {"best": -0.375, "median": -0.375,
                                                   "min": -0.375, "valid_rate": 0.72, "n": 32},
-                                   hist, gate_cfg={"epsilon": 0.0, "delta": 0.05})
+                                   hist, gate_cfg=GateConfig(epsilon=0.0, delta=0.05))
     assert req2.diversity < 0.5
     a2 = strat.advise(req2)
     assert a2.changed == ["beta"] and a2.beta == pytest.approx(0.2)
@@ -740,7 +741,7 @@ def test_strategist_on_the_recorded_cpu_run():
         pp = [p for p in progs if a <= p.round <= b]
         req = sreq.strategist_request(phase, Dpo(), pp,
                                       score_stats([p for p in pp if p.source != "seed"]),
-                                      history, gate_cfg={"epsilon": 0.0, "delta": 0.05})
+                                      history, gate_cfg=GateConfig(epsilon=0.0, delta=0.05))
         adv = strat.advise(req)
         changed.append((round(req.diversity, 3), adv.changed))
         # what that run recorded after each phase: D_k size and mean DPO accuracy
