@@ -8,21 +8,22 @@ bounds, and values that are well-formed YAML but wrong for ATLAS.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from atlas.fields import check_known_fields
 from atlas.knobs import HARD_BOUNDS
 from atlas.loggers import builtin as builtin_logger
 from atlas.schema import (
+    ConfigError,
     ExploreConfig,
     LoggerConfig,
     MethodConfig,
@@ -31,6 +32,11 @@ from atlas.schema import (
     SandboxConfig,
 )
 from atlas.tasks import make_task, task_class
+from atlas.tasks.base import Task
+
+if TYPE_CHECKING:  # validation imports atlas.dpo.config on first use (no torch either way)
+    from atlas.dpo.config import DPOConfig, GateConfig
+    from atlas.supporters.config import RoleConfig
 
 log = logging.getLogger("atlas.config")
 
@@ -38,13 +44,6 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 # sub-trees whose keys are validated by their consumer, not by the YAML schema
 _OPEN = frozenset({"dpo.bounds"})  # any DPO knob; DPOConfig checks the names
 _ROLE_BLOCKS = ("exploration", "strategist", "inspector")  # may repeat any supporters key
-
-
-class ConfigError(ValueError, CompactHydraException):
-    """A config value that cannot work; the message names the field and the fix.
-
-    A ``CompactHydraException``: on the command line Hydra prints the message, not a traceback.
-    """
 
 
 # -- known keys -------------------------------------------------------------------------------
@@ -196,22 +195,9 @@ def check_ignored_overrides(cfg: DictConfig, overrides: Sequence[str], *,
 
 
 # -- files a run reads ---------------------------------------------------------------------------
-def check_model_path(model: Mapping[str, Any]) -> None:
-    """``model.name_or_path`` written as a path (``/``, ``.``, ``~``) must be a folder (a hub
-    id such as ``meta-llama/Llama-3.2-1B-Instruct`` is checked when the model loads)."""
-    name = model.get("name_or_path")
-    if model.get("source") != "hf" or not name:
-        return
-    name = str(name)
-    if name.startswith(("/", ".", "~")) and not Path(os.path.expanduser(name)).is_dir():
-        raise ConfigError(f"model.name_or_path={name!r} is not a folder; point it at a saved "
-                          f"Hugging Face model folder (config.json and weights) or use a hub id")
-
-
 def check_files(cfg: DictConfig) -> None:
-    """Files the config names that must exist before a run starts: the model folder and the
-    shared secret (``sandbox.secret_file``, unless ``sandbox.create_secret`` asks for it)."""
-    check_model_path(cfg.model)
+    """The shared secret must exist before a run starts (``sandbox.secret_file``, unless
+    ``sandbox.create_secret`` asks for it); the model folder is ``ModelConfig``'s rule."""
     source = cfg.sandbox.get("secret_file")
     if source and not cfg.sandbox.get("create_secret") \
             and not Path(os.path.expanduser(str(source))).exists():
@@ -241,14 +227,14 @@ def _build(make: Any, *args: Any) -> Any:
         raise ConfigError(str(exc)) from None
 
 
-def check_typed_groups(cfg: DictConfig) -> None:
-    """Build the typed DPO and gate configs now (their errors name the field) and refuse DPO
-    knobs outside ``dpo.bounds``: training would clamp them while the run's records said
+def check_typed_groups(cfg: DictConfig) -> tuple[DPOConfig, GateConfig]:
+    """The typed DPO and gate configs (their errors name the field); DPO knobs outside
+    ``dpo.bounds`` are refused: training would clamp them while the run's records said
     otherwise."""
     from atlas.dpo.config import DPOConfig, GateConfig
 
     dpo = _build(DPOConfig.from_cfg, cfg.dpo)
-    _build(GateConfig.from_cfg, cfg.gate)
+    gate = _build(GateConfig.from_cfg, cfg.gate)
     if cfg.method.supporters:  # the strategist keeps every knob inside its hard limits
         for name, (low, high) in dpo.bounds.items():
             hard = HARD_BOUNDS.get(name)
@@ -263,13 +249,36 @@ def check_typed_groups(cfg: DictConfig) -> None:
             raise ConfigError(f"dpo.{name}={value!r} is outside dpo.bounds.{name} = "
                               f"[{low:g}, {high:g}] (DPO would train at {getattr(clamped, name)!r})"
                               f"; set dpo.{name} within the bounds or widen dpo.bounds.{name}")
+    return dpo, gate
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """A run's validated configuration: each group's typed schema and the built Task.
+
+    Why one object: the composed config is read once, here, and every component takes the
+    group it needs, so no component re-reads the raw config with defaults of its own.
+    """
+
+    run: RunConfig
+    method: MethodConfig
+    model: ModelConfig
+    explore: ExploreConfig
+    sandbox: SandboxConfig
+    dpo: DPOConfig
+    gate: GateConfig
+    #: the supporter roles' settings; None when the method runs no supporters
+    supporters: Mapping[str, RoleConfig] | None
+    #: None for a logger with its own ``_target_`` (its factory checks its fields)
+    logger: LoggerConfig | None
+    task: Task
 
 
 def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
-             sweep: bool = False) -> None:
-    """Raise ``ConfigError`` on the first invalid value: the one place a composed config is
-    checked, by building each group's schema (``atlas.schema``) before a model loads, with
-    no torch import (a typo fails in a second or two).
+             sweep: bool = False) -> Settings:
+    """The run's ``Settings``, or ``ConfigError`` on the first invalid value: the one place a
+    composed config is read, by building each group's schema (``atlas.schema``) before a
+    model loads, with no torch import (a typo fails in a second or two).
 
     ``overrides``: the command line's (default: Hydra's, when running under it), for the
     settings typed there that the chosen method ignores; ``sweep``: whether they are a sweep's.
@@ -277,25 +286,29 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
     if overrides is None:
         overrides, sweep = command_line()
     check_known_keys(cfg)
-    _build(RunConfig.from_top, cfg)
+    run = _build(RunConfig.from_top, cfg)
     try:  # a built-in name or a `_target_` Task subclass, built once: it checks its fields
         task_class(OmegaConf.to_container(cfg.task, resolve=False))
-        make_task(**OmegaConf.to_container(cfg.task, resolve=True))
+        task = make_task(**OmegaConf.to_container(cfg.task, resolve=True))
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     method = _build(MethodConfig.from_cfg, cfg.method)
-    _build(ModelConfig.from_cfg, cfg.model)
-    _build(SandboxConfig.from_cfg, cfg.sandbox)
-    logger = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=False).items()
-              if k != "_target_"}
+    model = _build(ModelConfig.from_cfg, cfg.model)
+    sandbox = _build(SandboxConfig.from_cfg, cfg.sandbox)
+    logger = None
     if builtin_logger(cfg.logger):  # else its factory checks its fields
-        _build(LoggerConfig.from_cfg, OmegaConf.create(logger))
-    _build(ExploreConfig.from_cfg, cfg.explore)
-    check_typed_groups(cfg)
+        fields = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=False).items()
+                  if k != "_target_"}
+        logger = _build(LoggerConfig.from_cfg, OmegaConf.create(fields))
+    explore = _build(ExploreConfig.from_cfg, cfg.explore)
+    dpo, gate = check_typed_groups(cfg)
+    roles = None
     if method.supporters:  # the roles' settings are read only when supporters run
         from atlas.supporters.config import role_configs
 
-        _build(role_configs, cfg.supporters)
+        roles = _build(role_configs, cfg.supporters)
     check_ignored(cfg)
     check_ignored_overrides(cfg, overrides or [], sweep=sweep)
     check_files(cfg)
+    return Settings(run=run, method=method, model=model, explore=explore, sandbox=sandbox,
+                    dpo=dpo, gate=gate, supporters=roles, logger=logger, task=task)

@@ -34,6 +34,7 @@ from atlas.evolution.preferences import (
     sample_gate_subset,
 )
 from atlas.knobs import KNOBS
+from atlas.schema import MethodConfig
 from atlas.supporters import Supporters
 from atlas.supporters import requests as supporter_requests
 from atlas.supporters.schemas import KNOB_FIELDS
@@ -127,7 +128,7 @@ def score_stats(programs: list[Program]) -> dict[str, float | None]:
 class FineTuner:
     """Holds what persists across phases: the knobs, optimiser state, gate history."""
 
-    def __init__(self, agent: Any, method: Any, dpo_cfg: DPOConfig, gate_cfg: GateConfig,
+    def __init__(self, agent: Any, method: MethodConfig, dpo_cfg: DPOConfig, gate_cfg: GateConfig,
                  supporters: Supporters | None, task_name: str, seed: int,
                  explorer: Any = None, quality_metrics: Any = None) -> None:
         if gate_cfg.score_mode == "online" and explorer is None:

@@ -22,21 +22,20 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from atlas import checkpoint
 from atlas.agent.adapters import set_adapter_state
 from atlas.agent.precision import run_precision
 from atlas.agent.research_agent import ResearchAgent
 from atlas.atomic import write_text_atomic
-from atlas.dpo import DPOConfig, GateConfig
+from atlas.config import Settings
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.explorer import Explorer, regime_key, score_seed
 from atlas.evolution.extract import extract_program
@@ -45,10 +44,9 @@ from atlas.fine_tuning import FineTuner, adapter_snapshot
 from atlas.results import summarise
 from atlas.sandbox import Sandbox
 from atlas.sandbox.secret import run_secret, sweep_secret_file
-from atlas.supporters import build_supporters
+from atlas.supporters import make_supporters
 from atlas.supporters import requests as supporter_requests
 from atlas.supporters.patching import as_completion
-from atlas.tasks import make_task
 from atlas.telemetry import Telemetry, dumps
 from atlas.types import Program
 
@@ -80,12 +78,11 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def agent_thread_budget(cfg: DictConfig, sandbox: Sandbox) -> Callable[[], int]:
+def agent_thread_budget(fixed: int | None, sandbox: Sandbox) -> Callable[[], int]:
     """Torch threads for the agent at any moment: the cores that sandbox workers are not
     scoring on right now (each busy worker holds one core; oversubscribed OpenMP threads
     spin-wait on each other and slow everything many times over), at least one.
-    ``explore.agent_threads`` fixes the number instead."""
-    fixed = cfg.explore.get("agent_threads")
+    ``fixed`` (``explore.agent_threads``) fixes the number instead."""
     if fixed:
         return lambda: int(fixed)
     cores = usable_cores()
@@ -104,47 +101,49 @@ def island_summary(db: ProgramDatabase, islands: int, k: int) -> dict[str, Any]:
 
 
 class EvolutionLoop:
-    """Owns the run's components; ``run()`` executes (or resumes) the whole run."""
+    """Owns the run's components; ``run()`` executes (or resumes) the whole run.
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, logger: Any = None) -> None:
-        self.cfg = cfg
+    ``settings``: the validated config (``atlas.config.validate``); each component takes its
+    group. ``config``: the composed config as plain data, recorded as the run's first event.
+    """
+
+    def __init__(self, settings: Settings, config: Mapping[str, Any], run_dir: Path,
+                 logger: Any = None) -> None:
+        self.settings = settings
+        self.config = config
         self.run_dir = Path(run_dir)
         self.logger = logger
-        seed_everything(int(cfg.seed))
-        task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
-        self.task = make_task(task_cfg.pop("name"), **task_cfg)
-        ex = cfg.explore
-        secret_file = cfg.sandbox.secret_file or sweep_secret_file()
-        create = bool(cfg.sandbox.get("create_secret")) or not cfg.sandbox.secret_file
+        run, seed, ex = settings.run, settings.run.seed, settings.explore
+        seed_everything(seed)
+        self.task = settings.task
+        secret_file = settings.sandbox.secret_file or sweep_secret_file()
+        create = settings.sandbox.create_secret or not settings.sandbox.secret_file
         self.sandbox = Sandbox.for_task(
             self.task, secret=run_secret(self.run_dir, secret_file, create=create),
-            workers=int(ex.workers),
-            isolation=str(cfg.sandbox.isolation),
+            workers=ex.workers, isolation=settings.sandbox.isolation,
             hide=[str(self.run_dir), *([str(secret_file)] if secret_file else [])])
         log.info("sandbox isolation: %s", self.sandbox.isolation)
         # a broken task stops the run here, before the model loads (a resumed run has its seed)
-        resuming = bool(cfg.resume) and (self.run_dir / "checkpoint" / checkpoint.FILENAME).exists()
+        resuming = run.resume and (self.run_dir / "checkpoint" / checkpoint.FILENAME).exists()
         try:
             self.seed_evaluation = None if resuming else score_seed(self.task, self.sandbox)
         except BaseException:
             self.sandbox.close()
             raise
-        device = resolve_device(cfg.device)
-        self.precision = run_precision(self.run_dir, cfg.model.get("dtype") or "float32", device,
-                                       cfg.model.get("cache_dir"), resume=bool(cfg.resume))
+        device = resolve_device(run.device)
+        self.precision = run_precision(self.run_dir, settings.model.dtype, device,
+                                       settings.model.cache_dir, resume=run.resume)
         log.info("precision: %s (%s)", self.precision.dtype, self.precision.reason)
-        self.agent = ResearchAgent(cfg.model, device=device, seed=int(cfg.seed),
+        self.agent = ResearchAgent(settings.model, device=device, seed=seed,
                                    precision=self.precision)
-        self.db = ProgramDatabase.from_config(ex, seed=int(cfg.seed))
-        self.threads = agent_thread_budget(cfg, self.sandbox)
+        self.db = ProgramDatabase(ex, seed)
+        self.threads = agent_thread_budget(ex.agent_threads, self.sandbox)
         self.agent.thread_budget = self.threads
-        self.explorer = Explorer(self.task, self.agent, self.sandbox, self.db, ex, int(cfg.seed))
-        use_supporters = bool(cfg.method.supporters)
-        self.supporters = (build_supporters(cfg.supporters, task_name=self.task.name,
-                                            seed=int(cfg.seed)) if use_supporters else None)
-        self.finetuner = FineTuner(self.agent, cfg.method, DPOConfig.from_cfg(cfg.dpo),
-                                   GateConfig.from_cfg(cfg.gate), self.supporters,
-                                   self.task.name, int(cfg.seed), explorer=self.explorer)
+        self.explorer = Explorer(self.task, self.agent, self.sandbox, self.db, ex, seed)
+        self.supporters = (make_supporters(settings.supporters, task_name=self.task.name,
+                                           seed=seed) if settings.supporters else None)
+        self.finetuner = FineTuner(self.agent, settings.method, settings.dpo, settings.gate,
+                                   self.supporters, self.task.name, seed, explorer=self.explorer)
         self.telemetry = Telemetry(self.run_dir, logger)
         self.critiques: dict[int, str] = {}
         self.temperatures: dict[int, float] = {}
@@ -188,20 +187,20 @@ class EvolutionLoop:
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        ex = self.cfg.explore
-        rounds, every = int(ex.rounds), int(ex.phase_every)
-        state = checkpoint.load(self.run_dir) if self.cfg.resume else None
+        ex, resume = self.settings.explore, self.settings.run.resume
+        rounds, every = ex.rounds, ex.phase_every
+        state = checkpoint.load(self.run_dir) if resume else None
         if state is not None and state.get("finished") and (self.run_dir / "results.json").exists():
             log.info("%s already holds a finished run; set name=<new> for a new one", self.run_dir)
             return json.loads((self.run_dir / "results.json").read_text())
-        if state is None and not self.cfg.resume and (self.run_dir / "results.json").exists():
+        if state is None and not resume and (self.run_dir / "results.json").exists():
             log.warning("resume=false: overwriting the run in %s", self.run_dir)
         if state is not None:
             self.load_state_dict(state)
             log.info("resumed from round %d", self.next_round)
         else:
             self.telemetry.truncate_to({})
-            self.telemetry.event("config", config=OmegaConf.to_container(self.cfg, resolve=True),
+            self.telemetry.event("config", config=self.config,
                                  isolation=self.sandbox.isolation,
                                  precision=self.precision.to_dict())
             seeds = self.explorer.seed_islands(0, evaluation=self.seed_evaluation)
@@ -213,7 +212,8 @@ class EvolutionLoop:
                                    f"{seeds[0].evaluation.failure_kind}: {seeds[0].evaluation.message}")
             self.next_round = 1
             self.save()
-        progress = _progress(self.cfg, rounds, self.next_round - 1)
+        progress = (_progress(f"{self.task.name}/{self.settings.method.name}", rounds,
+                              self.next_round - 1) if self.settings.run.progress else None)
         try:
             for r in range(self.next_round, rounds + 1):
                 self._round(r, every)
@@ -242,7 +242,7 @@ class EvolutionLoop:
         served = sorted({p.island for p in programs})
         if self.supporters is not None:
             programs += self._explore_support(served, r, phase, programs,
-                                              last=r == int(self.cfg.explore.rounds))
+                                              last=r == self.settings.explore.rounds)
         self.telemetry.programs(programs)
         agent_programs = [p for p in programs if p.source == "agent"]
         failures: dict[str, int] = {}
@@ -255,8 +255,8 @@ class EvolutionLoop:
             next_round_agent_samples=budget - self.supporter_debt,
             valid_rate=(sum(p.passed for p in agent_programs) / len(agent_programs)) if agent_programs else None,
             best=self._best_now(), round_best=max((p.score for p in programs if p.passed), default=None),
-            failures=failures, islands=island_summary(self.db, int(self.cfg.explore.islands),
-                                                      int(self.cfg.dpo.top_k)),
+            failures=failures, islands=island_summary(self.db, self.settings.explore.islands,
+                                                      self.settings.dpo.top_k),
             seconds={"explore": t_explore, "total": time.time() - t0,
                      "generate": self.explorer.last_stats.get("generation_s"),
                      "evaluate_wait": self.explorer.last_stats.get("evaluate_wait_s")},
@@ -289,7 +289,8 @@ class EvolutionLoop:
         for island in islands:
             request = supporter_requests.exploration_request(
                 self.task, island, self.db.island(island),
-                self.temperatures.get(island, self.explorer.temperature(island)))
+                self.temperatures.get(island, self.explorer.temperature(island)),
+                self.settings.explore.temperature_bounds)
             advice = self.supporters.exploration.advise(request)
             if advice.critique:
                 self.critiques[island] = advice.critique
@@ -380,8 +381,8 @@ class EvolutionLoop:
     def finish(self) -> dict[str, Any]:
         self.finetuner.flush_promotion()
         wall = self.wall_before + time.time() - self.started
-        meta = {"task": self.task.name, "method": self.cfg.method.name, "seed": int(self.cfg.seed),
-                "model": self.cfg.model.source, "isolation": self.sandbox.isolation,
+        meta = {"task": self.task.name, "method": self.settings.method.name,
+                "seed": self.settings.run.seed, "model": self.settings.model.source, "isolation": self.sandbox.isolation,
                 "isolation_reason": self.sandbox.isolation_reason,
                 "dtype": self.precision.dtype, "dtype_reason": self.precision.reason,
                 "wall_seconds": wall, "score_label": self.task.score_label,
@@ -397,12 +398,10 @@ class EvolutionLoop:
         self.telemetry.close()
 
 
-def _progress(cfg: DictConfig, total: int, done: int) -> Any:
-    if not cfg.progress:
-        return None
+def _progress(desc: str, total: int, done: int) -> Any:
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=done, desc=f"{cfg.task.name}/{cfg.method.name}", unit="round")
+    return tqdm(total=total, initial=done, desc=desc, unit="round")
 
 
 def resolve_device(device: str) -> str:

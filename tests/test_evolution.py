@@ -21,6 +21,7 @@ from atlas.evolution.preferences import (
 from atlas.evolution.prompts import build_prompt
 from atlas.tasks.base import PromptSpec
 from atlas.types import Evaluation, FailureKind, Program
+from tests.conftest import explore_settings
 
 GREEDY = """import numpy as np
 
@@ -69,26 +70,26 @@ def test_constants_and_names_do_not_split_a_cluster_but_algorithms_do():
     renamed = code_features(GREEDY.format(w=10).replace("means", "totals"))
     assert similarity(a, b) == 1.0 and similarity(a, renamed) == 1.0
     assert similarity(a, code_features(LINUCB.format(lam=1.0))) < 0.6
-    clusters = IslandClusters(max_clusters=8)
+    clusters = IslandClusters(max_clusters=8, threshold=0.85)
     ids = [clusters.assign(c) for c in (GREEDY.format(w=10), LINUCB.format(lam=1.0),
                                         GREEDY.format(w=99), LINUCB.format(lam=0.1), RANDOM)]
     assert ids == ["c0", "c1", "c0", "c1", "c2"]
 
 
 def test_cluster_cap_joins_the_most_similar_cluster():
-    clusters = IslandClusters(max_clusters=2)
+    clusters = IslandClusters(max_clusters=2, threshold=0.85)
     assert clusters.assign(GREEDY.format(w=1)) == "c0"
     assert clusters.assign(RANDOM) == "c1"
     # a third algorithm cannot found a cluster: it joins its nearest (greedy shares numpy/loops)
     assert clusters.assign(LINUCB.format(lam=1.0)) == "c0"
     assert len(clusters.leaders) == 2
     with pytest.raises(ValueError, match="explore.clusters"):
-        IslandClusters(max_clusters=0)
+        IslandClusters(max_clusters=0, threshold=0.85)
 
 
 # ---- database -----------------------------------------------------------------------------
 def filled_db() -> ProgramDatabase:
-    db = ProgramDatabase(num_islands=2, buffer_size=16, max_clusters=8)
+    db = ProgramDatabase(explore_settings(islands=2, buffer_size=16, clusters=8))
     # cluster of greedy variants with high scores, one LinUCB lower, one random lowest
     for code, score in [(GREEDY.format(w=1), -0.10), (GREEDY.format(w=2), -0.11),
                         (GREEDY.format(w=3), -0.12), (LINUCB.format(lam=1.0), -0.20),
@@ -135,7 +136,7 @@ def test_failed_programs_are_archived_not_buffered_and_best_ignores_them():
 
 
 def test_eviction_keeps_the_last_member_of_a_cluster():
-    db = ProgramDatabase(num_islands=1, buffer_size=3, max_clusters=8)
+    db = ProgramDatabase(explore_settings(islands=1, buffer_size=3, clusters=8))
     db.add(prog(db.next_id(), RANDOM, -0.9))  # its own cluster, worst score
     db.add(prog(db.next_id(), GREEDY.format(w=1), -0.1))
     db.add(prog(db.next_id(), GREEDY.format(w=2), -0.2))
@@ -147,7 +148,7 @@ def test_eviction_keeps_the_last_member_of_a_cluster():
 def test_state_dict_round_trip_is_json_and_continues_identically():
     db = filled_db()
     state = json.loads(json.dumps(db.state_dict()))  # JSON-able, -inf became null
-    db2 = ProgramDatabase(num_islands=2, buffer_size=16, max_clusters=8)
+    db2 = ProgramDatabase(explore_settings(islands=2, buffer_size=16, clusters=8))
     db2.load_state_dict(state)
     assert [p.to_dict() for p in db2.all_programs()] == [p.to_dict() for p in db.all_programs()]
     assert db2.all_programs()[-1].score == -math.inf
@@ -158,7 +159,7 @@ def test_state_dict_round_trip_is_json_and_continues_identically():
     db2.add(prog(7, new, -0.3))
     assert db2.all_programs()[-1].cluster == db.all_programs()[-1].cluster == "c1"
     with pytest.raises(ValueError, match="buffer_size"):
-        ProgramDatabase(num_islands=2, buffer_size=8, max_clusters=8).load_state_dict(state)
+        ProgramDatabase(explore_settings(islands=2, buffer_size=8, clusters=8)).load_state_dict(state)
 
 
 # ---- prompts ------------------------------------------------------------------------------
@@ -240,7 +241,7 @@ def test_extraction_of_external_code_without_prefill():
 
 # ---- preference pairs D_k -----------------------------------------------------------------
 def phase_programs() -> tuple[ProgramDatabase, list[Program]]:
-    db = ProgramDatabase(num_islands=2, buffer_size=32, max_clusters=8)
+    db = ProgramDatabase(explore_settings(islands=2, buffer_size=32, clusters=8))
     rows = [  # (island, prompt, code, score or None)
         (0, "P0", GREEDY.format(w=1), -0.10), (0, "P0", GREEDY.format(w=2), -0.30),
         (0, "P0", "bad", None), (0, "P0", LINUCB.format(lam=1.0), -0.20),
@@ -325,13 +326,16 @@ def test_gate_subset_is_fresh_per_seed_and_complete():
 
 
 def test_database_rejects_bad_settings_by_field_name():
-    with pytest.raises(ValueError, match="explore.buffer_size"):
-        ProgramDatabase(num_islands=2, buffer_size=0, max_clusters=8)
-    with pytest.raises(ValueError, match="explore.topk_pool_factor"):
-        ProgramDatabase(num_islands=2, buffer_size=4, max_clusters=8, pool_factor=0.5)
+    with pytest.raises(ValueError, match="explore.buffer_size must be >= 1"):
+        explore_settings(buffer_size=0)
+    with pytest.raises(ValueError, match="explore.topk_pool_factor must be >= 1"):
+        explore_settings(topk_pool_factor=0.5)
+    with pytest.raises(ValueError, match="explore.cluster_similarity must be > 0"):
+        explore_settings(cluster_similarity=0.0)
     with pytest.raises(ValueError, match="top_k"):
         select_top_k([], -1)
     assert select_top_k([prog(0, RANDOM, -0.1)], 0) == []
-    db = ProgramDatabase.from_config({"islands": 3, "buffer_size": 5, "clusters": 2,
-                                      "topk_pool_factor": 1.0, "cluster_similarity": 0.9})
+    db = ProgramDatabase(explore_settings(islands=3, buffer_size=5, clusters=2,
+                                          topk_pool_factor=1.0, cluster_similarity=0.9))
     assert (db.num_islands, db.buffer_size, db.max_clusters, db.pool_factor) == (3, 5, 2, 1.0)
+    assert db.cluster_similarity == 0.9

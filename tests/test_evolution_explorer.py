@@ -15,6 +15,7 @@ from atlas.sandbox.candidate import CandidateError, load_candidate
 from atlas.tasks.base import PromptSpec, Task
 from atlas.tasks.checker import TaskError
 from atlas.types import Evaluation, FailureKind, Program
+from tests.conftest import explore_settings, model_settings
 
 SEED = "def pick(xs):\n    return 0\n"
 
@@ -96,10 +97,11 @@ COMPLETIONS = [
 
 
 def make(completions=COMPLETIONS, cfg=CFG):
-    db = ProgramDatabase.from_config(cfg, seed=0)
+    settings = explore_settings(**cfg)
+    db = ProgramDatabase(settings, seed=0)
     agent, sandbox = ScriptedAgent(completions), ThreadSandbox()
     agent.sandbox = sandbox
-    return Explorer(ToyTask(), agent, sandbox, db, cfg, seed=7), agent, sandbox, db
+    return Explorer(ToyTask(), agent, sandbox, db, settings, seed=7), agent, sandbox, db
 
 
 def test_seed_islands_files_one_evaluated_copy_per_island():
@@ -125,7 +127,7 @@ def test_round_bookkeeping_ids_parents_islands_failure_kinds():
     assert [p.score for p in new[:2]] == [0.0, -0.5] and new[2].code == ""
     assert len(sandbox.submitted) == 1 + 8  # no-code completions never reach the sandbox
     # per-island temperature, the override clamped to the bounds, the policy adapter, stop
-    assert [c["temperature"] for c in agent.calls] == [0.7, 2.0]
+    assert [c["temperature"] for c in agent.calls] == [0.7, ex.settings.temperature_bounds[1]]
     assert all(c["adapter"] == "policy" and c["stop"] == ["\n```"] and c["n"] == 5
                and c["max_new_tokens"] == 64 for c in agent.calls)
     assert agent.calls[0]["seed"] != agent.calls[1]["seed"]
@@ -176,17 +178,31 @@ def test_add_external_is_evaluated_and_filed():
 
 
 def test_bad_config_names_the_field():
+    """The explore group's rules are the schema's (one rule per field, checked before a run
+    starts); the explorer only checks that its database has as many islands."""
+    from atlas.schema import ExploreConfig
+
     with pytest.raises(ValueError, match="explore.temperatures"):
         make(cfg={**CFG, "temperatures": [0.7, 0.8]})
+    with pytest.raises(TypeError, match="explore.temperatures"):  # one per island, no scalar
+        make(cfg={**CFG, "temperatures": 0.7})
+    with pytest.raises(ValueError, match=r"explore.temperatures.1 must be > 0"):
+        make(cfg={**CFG, "temperatures": [0.7, 0.0, 1.0]})
     with pytest.raises(ValueError, match="explore.islands_per_round"):
         make(cfg={**CFG, "islands_per_round": 4})
     with pytest.raises(ValueError, match="explore.top_p"):
         make(cfg={**CFG, "top_p": 0})
+    with pytest.raises(ValueError, match="explore.programs_in_prompt must be >= 1"):
+        make(cfg={**CFG, "programs_in_prompt": 0})
+    with pytest.raises(ValueError, match=r"explore.temperature_bounds=\[2, 1\]"):
+        make(cfg={**CFG, "temperature_bounds": [2.0, 1.0]})
+    yaml = explore_settings().__dict__
     with pytest.raises(ValueError, match="explore.samples_per_prompt is missing"):
-        make(cfg={k: v for k, v in CFG.items() if k != "samples_per_prompt"})
-    db = ProgramDatabase(num_islands=2, buffer_size=4, max_clusters=2)
+        ExploreConfig(**{k: v for k, v in yaml.items() if k != "samples_per_prompt"})
+    db = ProgramDatabase(explore_settings(islands=2, buffer_size=4, clusters=2))
     with pytest.raises(ValueError, match="explore.islands"):
-        Explorer(ToyTask(), ScriptedAgent(["x"]), ThreadSandbox(), db, CFG, seed=0)
+        Explorer(ToyTask(), ScriptedAgent(["x"]), ThreadSandbox(), db, explore_settings(**CFG),
+                 seed=0)
 
 
 def test_a_failing_seed_program_stops_the_run():
@@ -239,8 +255,10 @@ def test_round_through_the_real_sandbox():
     ]
     cfg = {**CFG, "islands": 2, "islands_per_round": 1, "samples_per_prompt": 4}
     with Sandbox(ToyBanditTask.evaluator_factory, {"steps": 20}, workers=2, timeout_s=2.0) as sb:
-        db = ProgramDatabase.from_config(cfg)
-        ex = Explorer(ToyBanditTask(), ScriptedAgent(completions), sb, db, cfg, seed=0)
+        settings = explore_settings(**cfg)
+        ex = Explorer(ToyBanditTask(), ScriptedAgent(completions), sb,
+                      ProgramDatabase(settings), settings, seed=0)
+        db = ex.db
         seeds = ex.seed_islands()
         new = ex.run_round(0, 0)
     assert seeds[0].passed and math.isfinite(seeds[0].score)
@@ -278,14 +296,13 @@ def test_batched_islands_file_what_island_by_island_rounds_file():
     sampler): the same programs, ids, prompts and completions as one island at a time."""
     from atlas.agent.research_agent import ResearchAgent
 
-    tiny = {"source": "tiny", "dtype": "float32", "hidden_size": 32, "num_layers": 2,
-            "num_heads": 4, "lora_r": 4, "lora_alpha": 8}
+    tiny = model_settings()  # conf/model/tiny.yaml
     rounds = []
     for batched in (False, True):
-        cfg = {**CFG, "max_new_tokens": 12, "batch_islands": batched}
-        db = ProgramDatabase.from_config(cfg, seed=0)
+        settings = explore_settings(**{**CFG, "max_new_tokens": 12, "batch_islands": batched})
         agent = ResearchAgent(tiny, seed=0)
-        ex = Explorer(ToyTask(), agent, ThreadSandbox(), db, cfg, seed=7)
+        ex = Explorer(ToyTask(), agent, ThreadSandbox(), ProgramDatabase(settings, seed=0),
+                      settings, seed=7)
         ex.seed_islands()
         new = ex.run_round(round_index=0, phase=0, temperature_overrides={1: 1.9},
                            agent_samples=7)

@@ -7,14 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from atlas.bench import gate as bench
 from atlas.dpo import DPOConfig, GateConfig
 from atlas.evolution.database import ProgramDatabase
 from atlas.telemetry import read_jsonl
 from atlas.train import run
-from tests.conftest import compose_cfg
+from tests.conftest import compose_cfg, explore_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,8 +48,7 @@ def test_atlas_run_scores_the_gate_on_prompts_held_out_of_dk(tmp_path: Path) -> 
 
 def test_bench_trial_data_holds_the_gate_prompt_out_and_inverts_pairs() -> None:
     programs = bench.load_programs(bench.DATA)
-    db = ProgramDatabase.from_config(OmegaConf.load(ROOT / "conf" / "explore" / "default.yaml"),
-                                     seed=0)
+    db = ProgramDatabase(explore_settings(), seed=0)
     gate, dpo = GateConfig(), DPOConfig()
     pairs, items, held = bench.trial_data(programs, db, gate, dpo, 0, 24)
     # the loop's hold-out over the two shipped runs' 16 prompts: half, informative first

@@ -30,7 +30,7 @@ from atlas.supporters.patching import add_robust_loss, as_completion, find_numer
 from atlas.tasks import make_task
 from atlas.telemetry import EVENTS, PROGRAMS
 from atlas.types import Evaluation, FailureKind, Program
-from tests.conftest import compose_cfg
+from tests.conftest import compose_cfg, explore_settings
 
 
 def _seed(task_name: str) -> tuple[Any, Program, str]:
@@ -87,7 +87,7 @@ def _p(pid: int, score: float | None, prompt: str, completion: str, source: str 
 
 
 def test_a_supporter_program_is_chosen_against_the_worse_completions_of_its_prompt():
-    db = ProgramDatabase(1, 16, 4)
+    db = ProgramDatabase(explore_settings(islands=1, buffer_size=16, clusters=4))
     agent = [_p(1, -0.5, "P", "a1"), _p(2, -0.2, "P", "a2"), _p(3, None, "P", "a3"),
              _p(4, -0.9, "Q", "q1")]
     supporter = _p(5, -0.3, "P", "s1", source="supporter")

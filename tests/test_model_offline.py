@@ -14,13 +14,15 @@ import pytest
 from atlas.agent import model as model_mod
 from atlas.agent.model import ModelUnavailable, load_base_model
 from atlas.config import ConfigError
+from atlas.schema import ModelConfig
+from tests.conftest import model_settings
 
 BOGUS = "atlas-test/no-such-model-xyz"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _hf(name: str) -> dict:
-    return {"source": "hf", "name_or_path": name, "dtype": "float32"}
+def _hf(name: str) -> ModelConfig:
+    return model_settings(source="hf", name_or_path=name, dtype="float32")
 
 
 @pytest.mark.parametrize("offline", ["1", ""])

@@ -19,13 +19,13 @@ from atlas.evolution.prompts import build_prompt, prefill_of
 from atlas.fine_tuning import FineTuner
 from atlas.sandbox import Sandbox
 from atlas.types import GateItem
+from tests.conftest import explore_settings, model_settings
 from tests.test_evolution_explorer import CFG, ToyBanditTask
 
-TINY = {"source": "tiny", "hidden_size": 32, "num_layers": 2, "num_heads": 4, "lora_r": 4,
-        "lora_alpha": 8, "lora_targets": ["q_proj", "v_proj"]}
+TINY = model_settings()  # conf/model/tiny.yaml
 GOOD = "\n    return int(contexts.sum(axis=1).argmax())\n```"
 JUNK = "\nI would rather not write code."
-EXPLORE = {**CFG, "islands": 2, "islands_per_round": 1, "max_new_tokens": 24}
+EXPLORE = explore_settings(**{**CFG, "islands": 2, "islands_per_round": 1, "max_new_tokens": 24})
 
 
 class ByAdapterAgent(ResearchAgent):
@@ -83,7 +83,7 @@ def test_real_agent_same_seeds_for_every_policy_and_adapters_restored(sandbox):
                            adapter=POLICY, seed=11)
     assert other != as_reference  # the policy adapter really differs
 
-    explorer = Explorer(ToyBanditTask(), agent, sandbox, ProgramDatabase.from_config(EXPLORE),
+    explorer = Explorer(ToyBanditTask(), agent, sandbox, ProgramDatabase(EXPLORE),
                         EXPLORE, seed=0)
     inspect = OnlineInspector(explorer, prompts, {"round": 0}, samples=3, temperature=0.9,
                               failure_score=-2.0, seed=5)
@@ -103,7 +103,7 @@ def test_online_gate_promotes_the_policy_that_writes_valid_programs(sandbox):
     set_adapter_state(agent.model, REF, perturbed(agent, 1))
     final = perturbed(agent, 2)
     set_adapter_state(agent.model, POLICY, final)
-    explorer = Explorer(ToyBanditTask(), agent, sandbox, ProgramDatabase.from_config(EXPLORE),
+    explorer = Explorer(ToyBanditTask(), agent, sandbox, ProgramDatabase(EXPLORE),
                         EXPLORE, seed=0)
     prompts = prompts_for(agent)
     items = [GateItem(prompt=p, completions=[GOOD, JUNK], scores=[0.5, -2.0], preferred=GOOD)

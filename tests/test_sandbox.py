@@ -379,15 +379,12 @@ def test_real_bandit_evaluator_with_hostile_programs():
 
 def test_busy_workers_counts_candidates_being_scored():
     """The agent's thread budget reads this: cores minus workers scoring right now."""
-    from omegaconf import OmegaConf
-
     from atlas.loop import agent_thread_budget, usable_cores
 
     code = ("import time\n\ndef policy(contexts, history, t, state):\n"
             "    if t == 0:\n        time.sleep(1.0)\n    return 0\n")
-    cfg = OmegaConf.create({"explore": {"agent_threads": None}})
     with Sandbox(TOY, {}, workers=2, timeout_s=TIMEOUT_S) as sb:
-        budget = agent_thread_budget(cfg, sb)
+        budget = agent_thread_budget(None, sb)
         sb.evaluate_many([GOOD, GOOD], {})  # start both workers
         assert sb.busy_workers == 0 and budget() == usable_cores()
         fut = sb.submit(code, {})
@@ -397,7 +394,7 @@ def test_busy_workers_counts_candidates_being_scored():
         assert sb.busy_workers == 1 and budget() == max(1, usable_cores() - 1)
         assert fut.result().passed
         assert sb.busy_workers == 0 and budget() == usable_cores()
-    fixed = agent_thread_budget(OmegaConf.create({"explore": {"agent_threads": 3}}), sb)
+    fixed = agent_thread_budget(3, sb)
     assert fixed() == 3
 
 

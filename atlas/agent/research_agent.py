@@ -6,8 +6,9 @@ One object owns the model so that the explorer (sampling), the DPO step (trainin
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,9 +24,10 @@ from atlas.agent.adapters import (
     promote,
     set_adapter_state,
 )
-from atlas.agent.model import _get, load_base_model
+from atlas.agent.model import load_base_model
 from atlas.agent.precision import Precision, choose_precision
 from atlas.agent.sampling import Request, SampleStats, sample, sample_requests
+from atlas.schema import ModelConfig
 
 ADAPTER_FILE = "adapters.safetensors"
 ADAPTER_META = "adapters.json"
@@ -63,23 +65,21 @@ class ResearchAgent:
     ``adapter="policy"`` (default) from the trained adapter; ``promote()`` copies policy -> ref.
     """
 
-    def __init__(self, model_cfg: Mapping, device: str = "cpu", seed: int = 0,
+    def __init__(self, model_cfg: ModelConfig, device: str = "cpu", seed: int = 0,
                  precision: Precision | None = None) -> None:
         self.device = resolve_device(device)
         self.seed = int(seed)
         # model.dtype=auto resolves per machine (atlas.agent.precision); a run passes the
         # precision recorded in its folder so that a resume keeps it
-        self.precision = precision or choose_precision(
-            _get(model_cfg, "dtype", "float32"), self.device, _get(model_cfg, "cache_dir"))
-        self.cfg = {**_plain(model_cfg), "dtype": self.precision.dtype}
+        self.precision = precision or choose_precision(model_cfg.dtype, self.device,
+                                                       model_cfg.cache_dir)
+        self.cfg = dataclasses.replace(model_cfg, dtype=self.precision.dtype)
         base, self.tokenizer = load_base_model(self.cfg)
-        targets = _get(model_cfg, "lora_targets", ["q_proj", "v_proj"])
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)  # LoRA A init: same seed, same adapters
             self.model: PeftModel = attach_adapters(
-                base, r=int(_get(model_cfg, "lora_r", 16)),
-                alpha=int(_get(model_cfg, "lora_alpha", 32)),
-                dropout=float(_get(model_cfg, "lora_dropout", 0.0)), targets=list(targets))
+                base, r=model_cfg.lora_r, alpha=int(model_cfg.lora_alpha),
+                dropout=model_cfg.lora_dropout, targets=list(model_cfg.lora_targets))
         self.model.to(self.device)
         self.model.eval()
         self.attention = choose_attention(self.device)
@@ -180,8 +180,8 @@ class ResearchAgent:
             for k, v in get_adapter_state(self.model, name).items():
                 tensors[f"{name}/{k}"] = v.contiguous()
         save_file(tensors, str(folder / ADAPTER_FILE))
-        meta = {k: _get(self.cfg, k) for k in ("source", "name_or_path", "lora_r", "lora_alpha")}
-        meta["lora_targets"] = list(_get(self.cfg, "lora_targets", []))
+        meta = {k: getattr(self.cfg, k) for k in ("source", "name_or_path", "lora_r", "lora_alpha")}
+        meta["lora_targets"] = list(self.cfg.lora_targets)
         (folder / ADAPTER_META).write_text(json.dumps(meta, indent=1))
         return folder / ADAPTER_FILE
 
@@ -199,18 +199,6 @@ class ResearchAgent:
             if not state:
                 raise KeyError(f"{file} holds no tensors for adapter {name!r}")
             set_adapter_state(self.model, name, state)
-
-
-def _plain(cfg: Mapping) -> dict:
-    """A plain dict of a config node (OmegaConf or dict)."""
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            return dict(OmegaConf.to_container(cfg, resolve=True))
-    except ImportError:  # pragma: no cover - omegaconf ships with hydra
-        pass
-    return dict(cfg)
 
 
 def _adapter_ctx(model: PeftModel, name: str | None):

@@ -248,6 +248,7 @@ def speed_rows(agents: dict[str, Any], cfg: dict[str, Any], prompt: str,
     """Naive fp32 b1, HF generate, the sampler in each precision and llama.cpp, measured back
     to back in this process; prints the table and the ratios docs/results.md quotes."""
     from atlas.agent.model import load_base_model
+    from atlas.schema import ModelConfig
 
     def add(name: str, batch: int, row: dict[str, float]) -> None:
         row = {"path": name, "batch": batch, **row}
@@ -258,7 +259,7 @@ def speed_rows(agents: dict[str, Any], cfg: dict[str, Any], prompt: str,
     gen = (args.temperature, args.top_p, args.seed)
     device = next(iter(agents.values())).device
     if args.baseline_tokens > 0:
-        base32, tok = load_base_model({**cfg, "dtype": "float32"})
+        base32, tok = load_base_model(ModelConfig.from_cfg({**cfg, "dtype": "float32"}))
         base32.to(device)
         hf_generate(base32, tok, prompt, 1, 4, *gen)  # warm-up
         add("naive fp32 HF generate", 1, hf_generate(base32, tok, prompt, 1,
@@ -267,7 +268,7 @@ def speed_rows(agents: dict[str, Any], cfg: dict[str, Any], prompt: str,
     for dtype in agents:
         if not _ints(args.hf_batches):
             break
-        base, tok = load_base_model({**cfg, "dtype": dtype})
+        base, tok = load_base_model(ModelConfig.from_cfg({**cfg, "dtype": dtype}))
         base.to(device)
         for b in _ints(args.hf_batches):
             hf_generate(base, tok, prompt, b, 4, *gen)
@@ -339,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         model_label,
         resolve_bench_device,
     )
+    from atlas.schema import ModelConfig
 
     device = resolve_bench_device(args.device)
     try:
@@ -354,7 +356,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     else:
         dtypes = [d for d in args.dtypes.split(",") if d]
     t0 = time.perf_counter()
-    agents = {d: ResearchAgent({**cfg, "dtype": d}, device=device, seed=args.seed)
+    agents = {d: ResearchAgent(ModelConfig.from_cfg({**cfg, "dtype": d}), device=device,
+                               seed=args.seed)
               for d in dtypes}
     agent = agents.get(auto.dtype) or next(iter(agents.values()))
     load_s = time.perf_counter() - t0

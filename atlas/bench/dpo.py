@@ -42,14 +42,13 @@ def recorded_pairs(path: Path, phase: int, max_pairs: int, top_k: int, seed: int
 
     from atlas.evolution.database import ProgramDatabase
     from atlas.evolution.preferences import build_pairs
+    from atlas.schema import ExploreConfig
     from atlas.types import Program
 
     conf = Path(__file__).resolve().parents[2] / "conf" / "explore" / "default.yaml"
-    explore = OmegaConf.load(conf) if conf.exists() else OmegaConf.create(
-        {"islands": 6, "buffer_size": 64, "clusters": 8})
     programs = [Program.from_dict(json.loads(line)) for line in path.read_text().splitlines()
                 if line.strip()]
-    db = ProgramDatabase.from_config(explore, seed=seed)
+    db = ProgramDatabase(ExploreConfig.from_cfg(OmegaConf.load(conf)), seed=seed)
     for p in programs:
         db.add(p)
     mine = [p for p in programs if p.phase == phase and p.source == "agent"]
@@ -66,10 +65,11 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     from atlas.bench.floor import profile_busy
     from atlas.bench.machine import bench_model_cfg
     from atlas.dpo import DPOConfig, train_phase
+    from atlas.schema import ModelConfig
 
     torch.set_num_threads(args.threads)
     model_cfg = bench_model_cfg(args.model, args.hidden, args.layers, dtype=args.dtype)
-    agent = ResearchAgent(model_cfg, device=args.device, seed=0)
+    agent = ResearchAgent(ModelConfig.from_cfg(model_cfg), device=args.device, seed=0)
     pairs = recorded_pairs(Path(args.programs), args.phase, args.pairs, 4, 0)
     cfg = DPOConfig(batch_size=args.batch_size, max_length=args.max_length, checkpoints=0,
                     **SETTINGS[args.setting])

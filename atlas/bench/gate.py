@@ -149,6 +149,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from atlas.agent.research_agent import ResearchAgent
     from atlas.dpo import DPOConfig, select_and_gate, train_phase
     from atlas.evolution.database import ProgramDatabase
+    from atlas.schema import ExploreConfig, ModelConfig
 
     torch.set_num_threads(args.threads)
     model_cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml"))
@@ -157,12 +158,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.max_length:
         dpo = dataclasses.replace(dpo, max_length=args.max_length)
         gate = dataclasses.replace(gate, max_length=args.max_length)
-    agent = ResearchAgent(model_cfg, seed=0)
+    agent = ResearchAgent(ModelConfig.from_cfg(model_cfg), seed=0)
     start = {POLICY: get_adapter_state(agent.model, POLICY), REF: get_adapter_state(agent.model, REF)}
     programs = load_programs([Path(p) for p in args.programs])
     # select_top_k only: the recorded programs keep the clusters their runs assigned
-    db = ProgramDatabase.from_config(OmegaConf.load(ROOT / "conf" / "explore" / "default.yaml"),
-                                     seed=0)
+    db = ProgramDatabase(ExploreConfig.from_cfg(OmegaConf.load(ROOT / "conf" / "explore"
+                                                               / "default.yaml")), seed=0)
     if args.lr:
         dpo = dataclasses.replace(dpo, lr=args.lr)
     rows: list[dict[str, Any]] = []

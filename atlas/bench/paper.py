@@ -18,6 +18,7 @@ timed, and so not in the projection: the gate and supporters (method=atlas), che
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import time
 from collections.abc import Sequence
@@ -119,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from atlas.evolution.database import ProgramDatabase
     from atlas.evolution.explorer import Explorer
     from atlas.sandbox import Sandbox
+    from atlas.schema import ExploreConfig, ModelConfig
     from atlas.tasks import make_task
 
     if args.threads:
@@ -142,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"rounds (batch {cfg.dpo.batch_size}, max_length {cfg.dpo.max_length}, "
           f"max_pairs {cfg.dpo.max_pairs}); sandbox workers {explore['workers']}", flush=True)
     t0 = time.perf_counter()
-    agent = ResearchAgent(model_cfg, device=device, seed=args.seed)
+    agent = ResearchAgent(ModelConfig.from_cfg(model_cfg), device=device, seed=args.seed)
     load_s = time.perf_counter() - t0
     print(f"model load {load_s:.1f} s ({agent.precision.dtype}: {agent.precision.reason})",
           flush=True)
@@ -152,8 +154,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {"device": info, "model": label, "load_s": load_s,
                                "explore": explore, "rounds": []}
     try:
-        db = ProgramDatabase.from_config(cfg.explore, seed=args.seed)
-        explorer = Explorer(task, agent, sandbox, db, explore, args.seed)
+        settings = ExploreConfig.from_cfg(cfg.explore)
+        db = ProgramDatabase(settings, seed=args.seed)
+        explorer = Explorer(task, agent, sandbox, db, settings, args.seed)
         explorer.seed_islands(0)
         programs: list = []
         for r in range(1, args.rounds_timed + 1):
@@ -173,8 +176,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                   f"{tokens} tokens = {row['tokens_per_s']:.1f} tok/s", flush=True)
         if args.floor_tokens > 0:
             tokens = min(int(explore["max_new_tokens"]), args.floor_tokens)
-            short = Explorer(task, agent, sandbox, db, {**explore, "max_new_tokens": tokens},
-                             args.seed)
+            short = Explorer(task, agent, sandbox, db,
+                             dataclasses.replace(settings, max_new_tokens=tokens), args.seed)
             rnd = args.rounds_timed + 1
             t0 = time.perf_counter()
             short.run_round(rnd, phase=0)

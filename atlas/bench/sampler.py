@@ -75,10 +75,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from atlas.agent.research_agent import ResearchAgent
     from atlas.agent.sampling import sample_requests
     from atlas.evolution.explorer import STOP
+    from atlas.schema import ModelConfig
 
     device = resolve_bench_device(args.device)
     cfg = bench_model_cfg(args.model, args.hidden or None, args.layers or None, args.dtype)
-    agent = ResearchAgent(cfg, device=device, seed=args.seed)
+    agent = ResearchAgent(ModelConfig.from_cfg(cfg), device=device, seed=args.seed)
     gen = torch.Generator().manual_seed(args.seed)  # a trained-looking policy adapter
     with torch.no_grad():
         for p in adapter_params(agent.model, POLICY).values():

@@ -93,7 +93,7 @@ def requests() -> dict[str, Any]:
     return {
         "exploration": ExplorationRequest(
             task_name="bandit", island=0, entry_point="policy", temperature=0.9,
-            problem="Pick one of 5 arms each step; rewards drift over time.",
+            temperature_bounds=(0.3, 1.5), problem="Pick one of 5 arms each step; rewards drift over time.",
             signature="def policy(contexts, history, t, state):",
             programs=[ProgramView(code=PROGRAM, score=-0.375, passed=True),
                       ProgramView(code="def policy(", passed=False,

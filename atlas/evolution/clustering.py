@@ -64,7 +64,7 @@ class IslandClusters:
     """The cluster leaders of one island; ``assign`` files a program's code into a cluster."""
 
     max_clusters: int
-    threshold: float = 0.85
+    threshold: float  # explore.cluster_similarity
     leaders: dict[str, str] = field(default_factory=dict)  # cluster id -> leader code
     _features: dict[str, Counter[str]] = field(default_factory=dict, repr=False)
 

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from atlas.evolution.clustering import FAILED, IslandClusters
+from atlas.schema import ExploreConfig
 from atlas.types import Program
 
 STATE_VERSION = 1
@@ -70,33 +71,20 @@ def select_top_k(programs: Iterable[Program], k: int, pool_factor: float = 2.0) 
 class ProgramDatabase:
     """Independent island populations with clustering and coverage tracking."""
 
-    def __init__(self, num_islands: int, buffer_size: int, max_clusters: int, seed: int = 0, *,
-                 pool_factor: float = 2.0, cluster_similarity: float = 0.85) -> None:
-        if num_islands < 1:
-            raise ValueError(f"num_islands must be >= 1, got {num_islands} (explore.islands)")
-        if buffer_size < 1:
-            raise ValueError(f"buffer_size must be >= 1, got {buffer_size} (explore.buffer_size)")
-        if pool_factor < 1.0:
-            raise ValueError(f"pool_factor must be >= 1, got {pool_factor} "
-                             "(explore.topk_pool_factor)")
-        self.num_islands = num_islands
-        self.buffer_size = buffer_size
-        self.max_clusters = max_clusters
+    def __init__(self, settings: ExploreConfig, seed: int = 0) -> None:
+        """``settings``: the ``explore`` group (islands, buffer_size, clusters,
+        topk_pool_factor, cluster_similarity; their bounds are the schema's)."""
+        self.num_islands = settings.islands
+        self.buffer_size = settings.buffer_size
+        self.max_clusters = settings.clusters
         self.seed = seed  # stored for resume checks; the database itself is deterministic
-        self.pool_factor = pool_factor
-        self.cluster_similarity = cluster_similarity
-        self._clusters = [IslandClusters(max_clusters, cluster_similarity)
-                          for _ in range(num_islands)]
-        self._buffers: list[list[Program]] = [[] for _ in range(num_islands)]
+        self.pool_factor = settings.topk_pool_factor
+        self.cluster_similarity = settings.cluster_similarity
+        self._clusters = [IslandClusters(self.max_clusters, self.cluster_similarity)
+                          for _ in range(self.num_islands)]
+        self._buffers: list[list[Program]] = [[] for _ in range(self.num_islands)]
         self._archive: list[Program] = []
         self._next_id = 0
-
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], seed: int = 0) -> "ProgramDatabase":
-        """Build from the ``explore`` config group."""
-        return cls(int(cfg["islands"]), int(cfg["buffer_size"]), int(cfg["clusters"]), seed,
-                   pool_factor=float(cfg.get("topk_pool_factor", 2.0)),
-                   cluster_similarity=float(cfg.get("cluster_similarity", 0.85)))
 
     # ---- ids and filing -------------------------------------------------------------------
     def next_id(self) -> int:

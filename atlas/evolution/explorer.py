@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.extract import extract_program
 from atlas.evolution.prompts import build_prompt, prefill_of
+from atlas.schema import ExploreConfig
 from atlas.tasks.base import Task
 from atlas.types import Evaluation, FailureKind, Program
 
@@ -94,62 +95,6 @@ class Sandbox(Protocol):
     def submit(self, code: str, context: dict[str, Any]) -> Future: ...
 
 
-@dataclasses.dataclass(frozen=True)
-class ExploreSettings:
-    """The validated subset of the ``explore`` config group the explorer uses."""
-
-    islands: int
-    islands_per_round: int
-    samples_per_prompt: int
-    programs_in_prompt: int
-    max_new_tokens: int
-    temperatures: tuple[float, ...]
-    top_p: float
-    temperature_bounds: tuple[float, float] = (0.1, 2.0)
-    batch_islands: bool = True
-
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> "ExploreSettings":
-        def need(name: str) -> Any:
-            if name not in cfg or cfg[name] is None:
-                raise ValueError(f"explore.{name} is missing; see conf/explore/default.yaml")
-            return cfg[name]
-
-        islands = int(need("islands"))
-        temps = need("temperatures")
-        temps = [float(temps)] * islands if isinstance(temps, (int, float)) else [float(t) for t in temps]
-        if len(temps) == 1:
-            temps = temps * islands
-        if len(temps) < islands:
-            raise ValueError(f"explore.temperatures has {len(temps)} values but explore.islands="
-                             f"{islands}; give one temperature per island or a single value")
-        bounds = tuple(float(b) for b in cfg.get("temperature_bounds", None) or (0.1, 2.0))
-        if len(bounds) != 2 or not 0 < bounds[0] <= bounds[1]:
-            raise ValueError(f"explore.temperature_bounds must be [low, high] with 0 < low <= "
-                             f"high, got {list(bounds)}")
-        s = cls(islands=islands, islands_per_round=int(need("islands_per_round")),
-                samples_per_prompt=int(need("samples_per_prompt")),
-                programs_in_prompt=int(need("programs_in_prompt")),
-                max_new_tokens=int(need("max_new_tokens")), temperatures=tuple(temps[:islands]),
-                top_p=float(need("top_p")), temperature_bounds=(bounds[0], bounds[1]),
-                batch_islands=bool(cfg.get("batch_islands", True)))
-        checks = [
-            (s.islands >= 1, "islands", "must be >= 1"),
-            (1 <= s.islands_per_round <= s.islands, "islands_per_round",
-             f"must be in [1, islands={s.islands}]"),
-            (s.samples_per_prompt >= 1, "samples_per_prompt", "must be >= 1"),
-            (s.programs_in_prompt >= 0, "programs_in_prompt", "must be >= 0"),
-            (s.max_new_tokens >= 1, "max_new_tokens", "must be >= 1"),
-            (all(math.isfinite(t) and t > 0 for t in s.temperatures), "temperatures",
-             "must all be finite and > 0"),
-            (0 < s.top_p <= 1, "top_p", "must be in (0, 1]"),
-        ]
-        for ok, name, rule in checks:
-            if not ok:
-                raise ValueError(f"explore.{name}={getattr(s, name)!r} {rule}")
-        return s
-
-
 @dataclasses.dataclass
 class IslandPlan:
     """What a round samples for one island: its prompt, parents, temperature and seed."""
@@ -167,8 +112,8 @@ class Explorer:
     """Runs exploration rounds: prompts -> samples -> extraction -> sandbox -> database."""
 
     def __init__(self, task: Task, agent: Agent, sandbox: Sandbox, db: ProgramDatabase,
-                 cfg: Mapping[str, Any], seed: int) -> None:
-        self.settings = ExploreSettings.from_config(cfg)
+                 settings: ExploreConfig, seed: int) -> None:
+        self.settings = settings
         if db.num_islands != self.settings.islands:
             raise ValueError(f"the database has {db.num_islands} islands but explore.islands="
                              f"{self.settings.islands}; build it with the same explore config")
@@ -250,7 +195,7 @@ class Explorer:
     def parents_for(self, island: int) -> list[Program]:
         """The island's coverage-aware top programs; the global best if the island is empty."""
         parents = self.db.top_k(island, self.settings.programs_in_prompt)
-        if not parents and self.settings.programs_in_prompt > 0:
+        if not parents:
             best = self.db.best()
             parents = [best] if best is not None else []
         return parents

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from atlas.supporters.config import (
     ExplorationConfig,
     InspectorConfig,
+    RoleConfig,
     StrategistConfig,
     role_configs,
 )
 from atlas.supporters.roles import ExplorationSupporter, FineTuningStrategist, PolicyInspector
 from atlas.supporters.schemas import (
     HARD_BOUNDS,
-    TEMPERATURE_BOUNDS,
     DpoMetrics,
     ExplorationAdvice,
     ExplorationRequest,
@@ -69,7 +69,11 @@ class Supporters:
 
 def build_supporters(cfg: Mapping | None, *, task_name: str, seed: int) -> Supporters:
     """The roles described by the ``supporters`` config group (None: all embedded)."""
-    cfgs = role_configs(cfg)
+    return make_supporters(role_configs(cfg), task_name=task_name, seed=seed)
+
+
+def make_supporters(cfgs: Mapping[str, RoleConfig], *, task_name: str, seed: int) -> Supporters:
+    """The roles of validated settings (``role_configs``; a run's ``Settings.supporters``)."""
     exp, strat, insp = cfgs["exploration"], cfgs["strategist"], cfgs["inspector"]
     assert isinstance(exp, ExplorationConfig) and isinstance(strat, StrategistConfig)
     assert isinstance(insp, InspectorConfig)
@@ -79,9 +83,9 @@ def build_supporters(cfg: Mapping | None, *, task_name: str, seed: int) -> Suppo
 
 
 __all__ = [
-    "HARD_BOUNDS", "TEMPERATURE_BOUNDS", "DpoMetrics", "ExplorationAdvice", "ExplorationRequest",
+    "HARD_BOUNDS", "DpoMetrics", "ExplorationAdvice", "ExplorationRequest",
     "ExplorationSupporter", "FineTuningStrategist", "GateDecision", "GateNumbers",
     "InspectorRequest", "InspectorVerdict", "KnobBounds", "Knobs", "PolicyInspector",
     "ProgramView", "QualityMetricView", "ScoreStats", "StrategistAdvice", "StrategistRequest", "Supporters",
-    "build_supporters",
+    "build_supporters", "make_supporters",
 ]

@@ -20,7 +20,6 @@ from atlas.supporters.patching import defines_entry_point
 from atlas.supporters.schemas import (
     KNOB_FIELDS,
     RAW_CHARS,
-    TEMPERATURE_BOUNDS,
     ExplorationAdvice,
     ExplorationRequest,
     InspectorRequest,
@@ -103,7 +102,7 @@ def parse_exploration(text: str, req: ExplorationRequest, cfg: ExplorationConfig
     clamped: list[str] = []
     temp = _number(obj, "temperature", text)
     if temp is not None:
-        temp = _bounded("temperature", temp, *TEMPERATURE_BOUNDS, cfg, text, clamped)
+        temp = _bounded("temperature", temp, *req.temperature_bounds, cfg, text, clamped)
     return ExplorationAdvice(backend="openai", raw=text[:RAW_CHARS],
                              critique=critique.strip()[: cfg.critique_chars], patches=patches,
                              temperature=temp, patches_dropped=dropped)

@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from atlas.schema import field_error
+from atlas.schema import field_error, plain_mapping
 
 ROLES: tuple[str, ...] = ("exploration", "strategist", "inspector")
 
@@ -115,22 +115,9 @@ _ROLE_MODELS: dict[str, type[RoleConfig]] = {
 }
 
 
-def _plain(cfg: Any) -> dict[str, Any]:
-    """Hydra DictConfig or Mapping -> plain dict."""
-    try:
-        from omegaconf import OmegaConf
-        if OmegaConf.is_config(cfg):
-            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    except ImportError:  # pragma: no cover - omegaconf ships with hydra
-        pass
-    if not isinstance(cfg, Mapping):
-        raise TypeError(f"supporters config must be a mapping, got {type(cfg).__name__}")
-    return {k: (_plain(v) if isinstance(v, Mapping) else v) for k, v in cfg.items()}
-
-
 def role_configs(cfg: Mapping | None) -> dict[str, RoleConfig]:
     """Validated per-role configs; errors name the offending ``supporters.*`` field."""
-    raw = _plain(cfg) if cfg is not None else {}
+    raw = plain_mapping(cfg, "supporters") if cfg is not None else {}
     raw.pop("name", None)  # Hydra group label, if present
     shared = {k: v for k, v in raw.items() if k not in ROLES}
     if "json_mode" in shared:

@@ -48,7 +48,6 @@ from atlas.supporters.answers import changed_knobs
 from atlas.supporters.config import ExplorationConfig, InspectorConfig, StrategistConfig
 from atlas.supporters.patching import add_robust_loss, find_numeric_sites, normalise, perturb
 from atlas.supporters.schemas import (
-    TEMPERATURE_BOUNDS,
     ExplorationAdvice,
     ExplorationRequest,
     GateDecision,
@@ -110,7 +109,7 @@ def explore(req: ExplorationRequest, cfg: ExplorationConfig, rng: random.Random
 
 def _temperature(req: ExplorationRequest, cfg: ExplorationConfig, passed: list, failed: list
                  ) -> float:
-    lo, hi = TEMPERATURE_BOUNDS
+    lo, hi = req.temperature_bounds
     t = min(max(req.temperature, lo), hi)
     n = len(req.programs)
     if n == 0:

@@ -13,7 +13,6 @@ from string import Template
 
 from atlas.supporters.config import ExplorationConfig
 from atlas.supporters.schemas import (
-    TEMPERATURE_BOUNDS,
     ExplorationRequest,
     InspectorRequest,
     StrategistRequest,
@@ -59,7 +58,7 @@ def exploration(req: ExplorationRequest, cfg: ExplorationConfig) -> tuple[str, s
                   problem=req.problem, signature=req.signature or req.entry_point,
                   hints="; ".join(req.hints) or "none", focus=focus,
                   programs="\n\n".join(blocks) or "(none yet)", temperature=req.temperature,
-                  t_lo=TEMPERATURE_BOUNDS[0], t_hi=TEMPERATURE_BOUNDS[1],
+                  t_lo=req.temperature_bounds[0], t_hi=req.temperature_bounds[1],
                   entry_point=req.entry_point, max_patches=cfg.max_patches)
     return system.substitute(values), user.substitute(values)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from statistics import mean
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atlas.knobs import INTEGER_KNOBS
 from atlas.supporters.patching import normalise
@@ -29,6 +29,9 @@ from atlas.supporters.schemas import (
 )
 from atlas.types import GateItem, Program
 
+if TYPE_CHECKING:
+    from atlas.dpo.config import DPOConfig, GateConfig
+
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
     if isinstance(obj, Mapping):
@@ -45,7 +48,8 @@ def _finite(v: Any) -> float | None:
 
 
 def exploration_request(task: Any, island: int, programs: Sequence[Program], temperature: float,
-                        round: int = 0, best: int = 3, recent: int = 3) -> ExplorationRequest:
+                        temperature_bounds: tuple[float, float], round: int = 0, best: int = 3,
+                        recent: int = 3) -> ExplorationRequest:
     """The island's ``best`` passed programs plus its ``recent`` newest other programs."""
     spec = task.prompt_spec()
     ranked = sorted((p for p in programs if p.passed), key=lambda p: p.score, reverse=True)
@@ -53,7 +57,7 @@ def exploration_request(task: Any, island: int, programs: Sequence[Program], tem
     ids = {id(p) for p in chosen}
     others = [p for p in reversed(list(programs)) if id(p) not in ids][:recent]
     return ExplorationRequest.build(task.name, spec, island, chosen + others, temperature,
-                                    round=round,
+                                    temperature_bounds, round=round,
                                     task_hints=tuple(getattr(task, "supporter_hints", ())))
 
 
@@ -64,8 +68,8 @@ def code_diversity(programs: Sequence[Program]) -> float:
     return len({normalise(c) for c in codes}) / len(codes) if codes else 1.0
 
 
-def _bounds(dpo_cfg: Any) -> KnobBounds:
-    raw = _get(dpo_cfg, "bounds") or {}
+def _bounds(dpo_cfg: DPOConfig) -> KnobBounds:
+    raw = dpo_cfg.bounds or {}
     out: dict[str, tuple[float, float]] = {}
     for name, (hlo, hhi) in HARD_BOUNDS.items():
         lo, hi = raw.get(name, (hlo, hhi))
@@ -76,14 +80,13 @@ def _bounds(dpo_cfg: Any) -> KnobBounds:
     return KnobBounds(**out)
 
 
-def strategist_request(phase: int, dpo_cfg: Any, programs: Sequence[Program],
+def strategist_request(phase: int, dpo_cfg: DPOConfig, programs: Sequence[Program],
                        stats: Mapping[str, Any], history: Sequence[Mapping[str, Any]],
-                       gate_cfg: Any = None) -> StrategistRequest:
+                       gate_cfg: GateConfig | None = None) -> StrategistRequest:
     """Phase telemetry: knobs and bounds from ``dpo_cfg``, score stats of this phase, and the
     last trained phase's pairs / DPO metrics / gate decision from ``history`` (oldest first)."""
-    th = _get(dpo_cfg, "score_threshold")
-    knobs = Knobs(beta=float(_get(dpo_cfg, "beta")), lr=float(_get(dpo_cfg, "lr")),
-                  epochs=int(_get(dpo_cfg, "epochs")),
+    th = dpo_cfg.score_threshold
+    knobs = Knobs(beta=float(dpo_cfg.beta), lr=float(dpo_cfg.lr), epochs=int(dpo_cfg.epochs),
                   score_threshold=None if th is None else float(th))
     trained = [h for h in history if not h.get("skipped")]
     built = [h for h in history if "pairs" in h]  # phases that built D_k (0 pairs included)
@@ -105,8 +108,8 @@ def strategist_request(phase: int, dpo_cfg: Any, programs: Sequence[Program],
         dpo=DpoMetrics(loss=_finite(dpo.get("loss")),
                        accuracy=_clip01(_finite(dpo.get("accuracy", dpo.get("reward_accuracy")))),
                        margin=_finite(dpo.get("margin", dpo.get("reward_margin")))),
-        gate_epsilon=_finite(_get(gate_cfg, "epsilon", _get(last_gate, "epsilon"))) or 0.0,
-        gate_delta=_finite(_get(gate_cfg, "delta", _get(last_gate, "delta"))))
+        gate_epsilon=_finite(gate_cfg.epsilon if gate_cfg else last_gate.get("epsilon")) or 0.0,
+        gate_delta=_finite(gate_cfg.delta if gate_cfg else last_gate.get("delta")))
 
 
 def _clip01(v: float | None) -> float | None:

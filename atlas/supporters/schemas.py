@@ -25,8 +25,6 @@ FallbackCause = Literal["unreachable", "timeout", "http_error", "malformed", "ou
 FALLBACK_CAUSES: tuple[str, ...] = ("unreachable", "timeout", "http_error", "malformed",
                                     "out_of_range", "prose")
 
-#: island sampling temperature the exploration supporter may suggest
-TEMPERATURE_BOUNDS: tuple[float, float] = (0.3, 1.5)
 RAW_CHARS = 2000  # raw answer text kept in a response record
 
 
@@ -87,17 +85,19 @@ class ExplorationRequest(_Model):
     task_hints: tuple[str, ...] = ()  # Task.supporter_hints: switch on task-specific rules
     programs: list[ProgramView] = Field(default_factory=list)
     temperature: float = Field(gt=0.0, description="the island's current sampling temperature")
+    temperature_bounds: tuple[float, float] = Field(
+        description="explore.temperature_bounds: the range a suggested temperature must keep")
 
     @classmethod
     def build(cls, task_name: str, spec: PromptSpec, island: int, programs: list[Program],
-              temperature: float, round: int = 0,
+              temperature: float, temperature_bounds: tuple[float, float], round: int = 0,
               task_hints: tuple[str, ...] = ()) -> ExplorationRequest:
         """A request from what the loop holds: the task's PromptSpec and stored Programs."""
         return cls(task_name=task_name, island=island, round=round, system=spec.system,
                    problem=spec.problem, signature=spec.signature,
                    entry_point=spec.entry_point, hints=tuple(spec.hints),
                    programs=[ProgramView.of(p) for p in programs], temperature=temperature,
-                   task_hints=tuple(sorted(task_hints)))
+                   temperature_bounds=temperature_bounds, task_hints=tuple(sorted(task_hints)))
 
 
 class ExplorationAdvice(_Response):
@@ -106,8 +106,8 @@ class ExplorationAdvice(_Response):
     critique: str = ""
     patches: list[str] = Field(default_factory=list, description="full program sources")
     temperature: float | None = Field(
-        None, ge=TEMPERATURE_BOUNDS[0], le=TEMPERATURE_BOUNDS[1],
-        description="suggested island temperature; None = keep the current one")
+        None, gt=0.0, description="suggested island temperature, inside the request's "
+        "temperature_bounds; None = keep the current one")
     patches_dropped: int = Field(0, ge=0, description="LLM patches that did not parse")
 
 

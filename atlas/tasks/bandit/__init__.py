@@ -59,13 +59,9 @@ class BanditTask(Task):
         check_known_fields(DEFAULTS, config, "task", label="bandit task",
                            hint=" (see conf/task/bandit.yaml)")
         merged = {**copy.deepcopy(DEFAULTS), **{k: _plain(v) for k, v in config.items()}}
-        timeout = merged["timeout_s"]
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"task.timeout_s={timeout!r} is invalid: use seconds > 0, e.g. 30")
         self.env_config = BanditConfig(**{f.name: merged[f.name] for f in fields(BanditConfig)})
         check_env_seeds(merged["env_seeds"])
-        super().__init__(**merged)
-        self.timeout_s = float(timeout)
+        super().__init__(**merged)  # checks and sets timeout_s, as for every task
 
     def prompt_spec(self) -> PromptSpec:
         k, d, horizon = self.env_config.K, self.env_config.d, self.env_config.T

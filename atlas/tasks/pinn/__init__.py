@@ -72,8 +72,7 @@ class PinnTask(Task):
 
     def __init__(self, **config: Any) -> None:
         self.settings = PinnConfig.from_dict(config)  # validates every field by name
-        super().__init__(**self.settings.to_dict())
-        self.timeout_s = float(self.settings.timeout_s)
+        super().__init__(**self.settings.to_dict())  # sets timeout_s, as for every task
         self.score_label = {"composite": "-validation loss", "rel_l2": "-relative L2",
                             "paper": "-own validation loss"}.get(self.settings.score,
                                                                  "score")
