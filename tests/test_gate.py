@@ -290,7 +290,7 @@ def test_eq4_normalised_selection_and_eq5_tests_the_lower_bound():
                lowers=[-0.1, 0.1, 0.03], ses=[0.02, 0.03, 0.015])
     # gains -0.05, 0.15, 0.05; G = 0.15, K = 0.2: objectives -1/3 - 0.05, 1 - 1, 1/3 - 0.1
     assert d.gain_scale == pytest.approx(0.15) and d.kl_scale == pytest.approx(0.2)
-    assert [c["objective"] for c in d.candidates] == pytest.approx([-1 / 3 - 0.05, 0.0, 1 / 3 - 0.1])
+    assert [c.objective for c in d.candidates] == pytest.approx([-1 / 3 - 0.05, 0.0, 1 / 3 - 0.1])
     assert (d.accepted, d.reason, d.chosen) == (True, "accepted", "final")
     assert d.gain == pytest.approx(0.05) and d.kl == pytest.approx(0.02)
     assert (d.lower_bound, d.se) == (0.03, 0.015)
@@ -308,13 +308,13 @@ def test_eq4_lambda_trades_gain_against_kl_on_equal_footing():
     scores, kls = [0.56, 0.6], [0.003, 0.01]
     d = decide(scores, kls, ["step_1", "final"], 0.5, GateConfig(epsilon=0.0, lam=1.0))
     assert d.chosen == "step_1"
-    assert [c["objective"] for c in d.candidates] == pytest.approx([0.6 - 0.3, 0.0])
+    assert [c.objective for c in d.candidates] == pytest.approx([0.6 - 0.3, 0.0])
     # lam 0.5: the final one wins (1 - 0.5 = 0.5 > 0.6 - 0.15 = 0.45)
     assert decide(scores, kls, ["step_1", "final"], 0.5, GateConfig(lam=0.5)).chosen == "final"
     # scaling all KLs (or all gains) changes nothing: neither term dominates by its units
     scaled = decide(scores, [k * 1e-3 for k in kls], ["step_1", "final"], 0.5, GateConfig(lam=1.0))
     assert scaled.chosen == "step_1"
-    assert [c["objective"] for c in scaled.candidates] == pytest.approx([0.3, 0.0])
+    assert [c.objective for c in scaled.candidates] == pytest.approx([0.3, 0.0])
 
 
 def test_eq5_rejects_kl_too_large():
@@ -395,9 +395,9 @@ def test_select_and_gate_on_model_matches_parts_and_restores_adapters():
     kls = [token_kl(model, tok, ITEMS, c.state, "ref") for c in cands]
     est = [inspector_score(model, tok, ITEMS, c.state, "ref", gate=gate) for c in cands]
     scores = [e.score for e in est]
-    assert [c["kl"] for c in d.candidates] == pytest.approx(kls, **KL_TOL)
-    assert [c["score"] for c in d.candidates] == pytest.approx(scores, **SCORE_TOL)
-    assert [c["lower"] for c in d.candidates] == pytest.approx([e.lower for e in est], abs=1e-6)
+    assert [c.kl for c in d.candidates] == pytest.approx(kls, **KL_TOL)
+    assert [c.score for c in d.candidates] == pytest.approx(scores, **SCORE_TOL)
+    assert [c.lower for c in d.candidates] == pytest.approx([e.lower for e in est], abs=1e-6)
     assert d.ref_score == pytest.approx(est[0].ref_score, **SCORE_TOL) and d.items == 2
     assert kls[0] > gate.delta > kls[1]  # the far candidate breaks the trust region
     expected = decide(scores, kls, ["step_1", "final"], d.ref_score, gate,

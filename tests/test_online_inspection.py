@@ -117,7 +117,7 @@ def test_online_gate_promotes_the_policy_that_writes_valid_programs(sandbox):
     assert rec["final"]["valid"] == 4 and rec["reference"]["valid"] == 0
     assert math.isfinite(rec["final"]["best"]) and rec["reference"]["best"] is None
     assert d.ref_score == pytest.approx(-2.0) and d.score > -2.0 + 0.5
-    assert d.candidates[0]["score"] == pytest.approx(rec["final"]["score"])
+    assert d.candidates[0].score == pytest.approx(rec["final"]["score"])
     assert d.accepted and d.chosen == "final" and d.gain > 0.5
     # the candidate sampled with its own state in the policy adapter, the reference with ref
     assert (POLICY, POLICY) in agent.seen_adapters and (REF, REF) in agent.seen_adapters

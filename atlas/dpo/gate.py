@@ -33,7 +33,7 @@ from typing import Any
 from atlas.agent.adapters import REF
 from atlas.dpo.config import GateConfig
 from atlas.dpo.scoring import GainEstimate, PolicySpec, gate_pass, importance_gain, mean_kl
-from atlas.types import GateDecision, GateItem, PolicyCandidate, ReferenceMode
+from atlas.types import GateCandidate, GateDecision, GateItem, PolicyCandidate, ReferenceMode
 
 ACCEPTED = "accepted"
 NO_GAIN = "rejected: no gain"
@@ -111,9 +111,9 @@ def decide(scores: Sequence[float], kls: Sequence[float], names: Sequence[str], 
     objectives = [g / g_scale - gate.lam * k / k_scale for g, k in zip(gains, kls)]
     finite = [i for i, o in enumerate(objectives) if not math.isnan(o)]
     best = max(finite, key=lambda i: (objectives[i], -i)) if finite else len(names) - 1
-    rows = [{"name": n, "step": None if steps is None else int(steps[i]), "score": scores[i],
-             "gain": gains[i], "lower": lowers[i], "se": ses[i], "kl": kls[i],
-             "objective": objectives[i]} for i, n in enumerate(names)]
+    rows = [GateCandidate(name=n, step=None if steps is None else int(steps[i]),
+                          score=scores[i], gain=gains[i], lower=lowers[i], se=ses[i],
+                          kl=kls[i], objective=objectives[i]) for i, n in enumerate(names)]
     pick = len(names) - 1 if not enabled else best
     gain, kl, lower = gains[pick], kls[pick], lowers[pick]
     if not enabled:
