@@ -137,10 +137,10 @@ def test_token_kl_equals_brute_force(reference):
     else:
         ref_arg = reference
         expected = brute_kl(model, tok, ITEMS, cand, REF if reference == "ref" else None)
-    got = token_kl(model, tok, ITEMS, cand, ref_arg, batch_size=2)
+    got = token_kl(model, tok, ITEMS, cand, ref_arg)
     assert expected > 1e-3  # the policies really differ
     assert got == pytest.approx(expected, **KL_TOL)
-    assert token_kl(model, tok, ITEMS, cand, cand, batch_size=3) == pytest.approx(0.0, abs=1e-6)
+    assert token_kl(model, tok, ITEMS, cand, cand) == pytest.approx(0.0, abs=1e-6)
     assert same(get_adapter_state(model, POLICY), policy_before)
     assert same(get_adapter_state(model, REF), ref_before)
 
@@ -390,7 +390,7 @@ def test_select_and_gate_on_model_matches_parts_and_restores_adapters():
     set_adapter_state(model, POLICY, final)
     cands = [PolicyCandidate("step_1", {k: v + 0.3 * torch.randn_like(v) for k, v in ref.items()}, 1),
              PolicyCandidate("final", final, 2)]
-    gate = GateConfig(epsilon=-10.0, delta=1e-2, lam=1.0, batch_size=2)
+    gate = GateConfig(epsilon=-10.0, delta=1e-2, lam=1.0)
     d = select_and_gate(model, tok, cands, ITEMS, gate)
     kls = [token_kl(model, tok, ITEMS, c.state, "ref") for c in cands]
     est = [inspector_score(model, tok, ITEMS, c.state, "ref", gate=gate) for c in cands]

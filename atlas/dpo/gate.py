@@ -43,7 +43,7 @@ NO_ITEMS = "rejected: no held-out gate item"
 
 
 def token_kl(model, tokenizer, items: list[GateItem], candidate_state: PolicySpec,
-             reference: PolicySpec, batch_size: int = 8, *, max_length: int = 768) -> float:
+             reference: PolicySpec, *, max_length: int = 768) -> float:
     """Eq. 3: mean over items of the token-average full-vocabulary KL(cand || ref) on the
     item's preferred completion, teacher-forced after its prompt (prompt tokens masked).
 
@@ -51,7 +51,7 @@ def token_kl(model, tokenizer, items: list[GateItem], candidate_state: PolicySpe
     adapter state dict. The ``ref`` adapter is never written; the policy adapter is restored.
     """
     res = gate_pass(model, tokenizer, items, [candidate_state], kl_reference=reference,
-                    need_scores=False, batch_size=batch_size, max_length=max_length)
+                    need_scores=False, max_length=max_length)
     return mean_kl(res.kl[0])
 
 
@@ -171,7 +171,7 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
         return d
     res = gate_pass(model, tokenizer, items, [c.state for c in candidates],
                     kl_reference=_spec(reference), need_scores=True,
-                    batch_size=gate.batch_size, max_length=gate.max_length)
+                    max_length=gate.max_length)
     if keep_pass is not None:
         keep_pass.append(res)
     kls = [mean_kl(k) for k in res.kl]

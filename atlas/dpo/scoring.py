@@ -107,14 +107,11 @@ def running_policy(model, spec: PolicySpec) -> Iterator[None]:
 
 @torch.no_grad()
 def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[PolicySpec], *,
-              kl_reference: PolicySpec | None, need_scores: bool = True, batch_size: int = 8,
+              kl_reference: PolicySpec | None, need_scores: bool = True,
               max_length: int = 768) -> GatePass:
     """Run every policy (and the KL reference) over the gate items, item by item: each item's
     prompt runs once per policy and its completions after it, one unpadded row each
-    (``atlas.dpo.prefix``); the reference's full-vocabulary log-probs live for one item only.
-    ``batch_size`` is checked and kept for the caller's API (rows are not padded together)."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    (``atlas.dpo.prefix``); the reference's full-vocabulary log-probs live for one item only."""
     check_items(items, need_scores)
     policies = [check_spec(s, f"policies[{i}]") for i, s in enumerate(policies)]
     if kl_reference is not None:
