@@ -30,9 +30,15 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from atlas.agent.adapters import REF
 from atlas.dpo.config import GateConfig
-from atlas.dpo.scoring import GainEstimate, PolicySpec, gate_pass, importance_gain, mean_kl
+from atlas.dpo.scoring import (
+    REFERENCE,
+    GainEstimate,
+    PolicySpec,
+    gate_pass,
+    importance_gain,
+    mean_kl,
+)
 from atlas.types import GateCandidate, GateDecision, GateItem, PolicyCandidate, ReferenceMode
 
 ACCEPTED = "accepted"
@@ -47,8 +53,8 @@ def token_kl(model, tokenizer, items: list[GateItem], candidate_state: PolicySpe
     """Eq. 3: mean over items of the token-average full-vocabulary KL(cand || ref) on the
     item's preferred completion, teacher-forced after its prompt (prompt tokens masked).
 
-    ``reference``: "fixed" (adapters disabled), "ref"/"adaptive" (the ``ref`` adapter) or an
-    adapter state dict. The ``ref`` adapter is never written; the policy adapter is restored.
+    ``reference``: any ``PolicySpec``. The ``ref`` adapter is never written; the policy
+    adapter is restored.
     """
     res = gate_pass(model, tokenizer, items, [candidate_state], kl_reference=reference,
                     need_scores=False, max_length=max_length)
@@ -56,7 +62,7 @@ def token_kl(model, tokenizer, items: list[GateItem], candidate_state: PolicySpe
 
 
 def inspector_score(model, tokenizer, items: list[GateItem], policy: PolicySpec,
-                    reference: PolicySpec = "ref", *, gate: GateConfig | None = None,
+                    reference: PolicySpec = REFERENCE, *, gate: GateConfig | None = None,
                     seed: int = 0) -> GainEstimate:
     """S(policy), S(reference), the gain and its paired lower bound on G_k (module docstring;
     ``gate`` supplies temperature, confidence, resamples and max_length)."""
@@ -169,8 +175,8 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
         if enabled:
             d.reason = NO_ITEMS
         return d
-    res = gate_pass(model, tokenizer, items, [c.state for c in candidates],
-                    kl_reference=_spec(reference), need_scores=True,
+    res = gate_pass(model, tokenizer, items, [PolicySpec.of(c.state) for c in candidates],
+                    kl_reference=PolicySpec.reference(reference), need_scores=True,
                     max_length=gate.max_length)
     if keep_pass is not None:
         keep_pass.append(res)
@@ -180,8 +186,8 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
     n_items = len(items)
     bound = "none (online)"
     if gate.score_mode == "online":
-        scores = [online_score(c.state, c.name) for c in candidates]
-        ref_score = online_score(_spec(reference), "reference")
+        scores = [online_score(PolicySpec.of(c.state), c.name) for c in candidates]
+        ref_score = online_score(PolicySpec.reference(reference), "reference")
     else:
         est = offline_estimates(res.sum_logps, res.ref_sum_logps, items, gate, seed)
         scores, lowers, ses = [e.score for e in est], [e.lower for e in est], [e.se for e in est]
@@ -193,11 +199,6 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
     decision.candidate_preferred = [_argmax(lp) for lp in res.mean_logps[chosen]]
     decision.reference_preferred = [_argmax(lp) for lp in res.ref_mean_logps]
     return decision
-
-
-def _spec(reference: ReferenceMode | str) -> PolicySpec:
-    """The policy spec of the reference (``atlas.dpo.scoring``): the ``ref`` adapter or none."""
-    return REF if reference == ReferenceMode.ADAPTIVE else ReferenceMode.FIXED.value
 
 
 def _argmax(values: Sequence[float]) -> int:
