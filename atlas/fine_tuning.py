@@ -13,7 +13,6 @@ import hashlib
 import logging
 import math
 import time
-from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
@@ -38,80 +37,15 @@ from atlas.schema import MethodConfig
 from atlas.supporters import Supporters
 from atlas.supporters import requests as supporter_requests
 from atlas.supporters.schemas import KNOB_FIELDS
-from atlas.types import Program, ReferenceMode
+from atlas.types import PhaseRecord, Program, ProgramSource, ReferenceMode
 
 log = logging.getLogger("atlas.fine_tuning")
 
 
-
-@dataclass
-class PhaseRecord:
-    """What one phase did: the ``phase`` event of ``events.jsonl`` (``to_event``) and the
-    compact entry the strategist reads in later phases (``history_entry``).
-
-    A phase ends at one of three points, and the event holds the fields filled up to there,
-    in this order: skipped for no improvement (App. B.4: the first five fields), skipped for
-    no pairs (the D_k fields too), or trained (DPO's numbers, then, with the adaptive
-    reference, the gate's and the promotion's).
-    """
-
-    phase: int
-    scores: dict[str, Any]
-    improved: bool
-    best_before: float | None
-    reference: str
-    # D_k (absent when the phase was skipped for no improvement)
-    built: bool = False
-    strategist: dict[str, Any] | None = None
-    pairs: int = 0
-    pair_prompts: int = 0
-    held_out_prompts: int = 0
-    dk_prompt_hashes: list[str] = dataclasses.field(default_factory=list)
-    pair_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
-    knobs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # why nothing was trained (None: trained)
-    skip_reason: str | None = None
-    # training
-    dpo: dict[str, float] | None = None
-    seconds_dpo: float = 0.0
-    # the gate and the promotion (adaptive reference only)
-    gate: dict[str, Any] | None = None
-    promoted: bool | None = None
-    vetoed: bool = False
-    inspector: dict[str, Any] | None = None
-    seconds_gate: float = 0.0
-    seconds: float = 0.0
-
-    def skip(self, reason: str) -> "PhaseRecord":
-        self.skip_reason = reason
-        return self
-
-    def to_event(self) -> dict[str, Any]:
-        """The ``phase`` event's fields (keys and their order are part of the file format)."""
-        out: dict[str, Any] = {"phase": self.phase, "scores": self.scores,
-                               "improved": self.improved, "best_before": self.best_before,
-                               "reference": self.reference}
-        if self.built:
-            out.update(strategist=self.strategist, pairs=self.pairs,
-                       pair_prompts=self.pair_prompts, held_out_prompts=self.held_out_prompts,
-                       dk_prompt_hashes=self.dk_prompt_hashes, pair_kinds=self.pair_kinds,
-                       knobs=self.knobs)
-        if self.skip_reason is not None:
-            out.update(skipped=True, reason=self.skip_reason)
-            return out
-        out.update(dpo=self.dpo, seconds_dpo=self.seconds_dpo)
-        if self.gate is not None:
-            out.update(gate=self.gate, promoted=self.promoted, vetoed=self.vetoed,
-                       inspector=self.inspector, seconds_gate=self.seconds_gate)
-        out["seconds"] = self.seconds
-        return out
-
-    def history_entry(self) -> dict[str, Any]:
-        """The strategist's view of this phase (kept in the checkpoint, so plain data)."""
-        if self.skip_reason is not None:
-            return {"phase": self.phase, "skipped": True, **({"pairs": 0} if self.built else {})}
-        return {"phase": self.phase, "skipped": False, "pairs": self.pairs, "dpo": self.dpo,
-                "gate": self.gate, "promoted": self.promoted}
+def phase_seed(seed: int, phase: int) -> int:
+    """The seed of phase ``phase``'s draws (D_k, G_k, held-out prompts, DPO, the gate): one
+    per phase, so G_k is not reused across phases (paper B.7), and the same on a resume."""
+    return seed * 1000 + phase
 
 
 def score_stats(programs: list[Program]) -> dict[str, float | None]:
@@ -146,7 +80,7 @@ class FineTuner:
         self.task_name = task_name
         self.seed = seed
         self.optimizer_state: dict | None = None
-        self.history: list[dict[str, Any]] = []  # compact per-phase records the strategist reads
+        self.history: list[PhaseRecord] = []  # the phases so far, which the strategist reads
         # an accepted promotion is queued here and applied by Lightning (DPOModule.swap_reference)
         # at the start of the next phase's training; flush_promotion() applies it at run end
         self.reference_swap = ReferenceSwapCallback()
@@ -154,12 +88,13 @@ class FineTuner:
     # -- persistence (crash-safe resume) -----------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"dpo_cfg": dataclasses.asdict(self.dpo_cfg), "optimizer_state": self.optimizer_state,
-                "history": self.history, "reference_swap": self.reference_swap.state_dict()}
+                "history": [r.to_state() for r in self.history],
+                "reference_swap": self.reference_swap.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.dpo_cfg = DPOConfig(**state["dpo_cfg"])
         self.optimizer_state = state["optimizer_state"]
-        self.history = list(state["history"])
+        self.history = [PhaseRecord.from_state(r) for r in state["history"]]
         self.reference_swap.load_state_dict(state["reference_swap"])
 
     def flush_promotion(self) -> None:
@@ -172,7 +107,7 @@ class FineTuner:
         """Run phase ``phase`` on this phase's programs; returns its record (the caller logs
         ``record.to_event()``)."""
         record = self._run_phase(phase, phase_programs, best_before, db, logger)
-        self.history.append(record.history_entry())
+        self.history.append(record)
         return record
 
     def _run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
@@ -180,7 +115,7 @@ class FineTuner:
         t0 = time.time()
         reference = ReferenceMode.parse(self.method.reference)
         adaptive = reference == ReferenceMode.ADAPTIVE
-        stats = score_stats([p for p in phase_programs if p.source != "seed"])
+        stats = score_stats([p for p in phase_programs if p.source != ProgramSource.SEED])
         best_now = max((p.score for p in phase_programs if p.passed), default=-math.inf)
         improved = best_now > best_before
         record = PhaseRecord(phase=phase, scores=stats, improved=improved,
@@ -194,11 +129,11 @@ class FineTuner:
         cfg = self.dpo_cfg
         # G_k's prompts are held out of D_k (the gate never scores a policy on what it was
         # trained on); only when the gate decides (EvoDPO's ungated numbers are record-only)
-        held = hold_out_prompts(phase_programs, self.gate_cfg, seed=self.seed * 1000 + phase) \
+        held = hold_out_prompts(phase_programs, self.gate_cfg, seed=phase_seed(self.seed, phase)) \
             if adaptive and self.method.gate else set()
         pairs = build_pairs(db, [p for p in phase_programs if p.prompt not in held],
                             top_k=cfg.top_k, max_pairs=cfg.max_pairs,
-                            score_threshold=cfg.score_threshold, seed=self.seed * 1000 + phase)
+                            score_threshold=cfg.score_threshold, seed=phase_seed(self.seed, phase))
         record.pairs = len(pairs)
         record.pair_prompts = len({p.prompt for p in pairs})
         record.held_out_prompts = len(held)
@@ -210,7 +145,7 @@ class FineTuner:
 
         t1 = time.time()
         result = train_phase(self.agent.model, self.agent.tokenizer, pairs, cfg, reference,
-                             seed=self.seed * 1000 + phase, logger=logger,
+                             seed=phase_seed(self.seed, phase), logger=logger,
                              optimizer_state=self.optimizer_state,
                              pending_reference=self.reference_swap if adaptive else None)
         self.optimizer_state = getattr(result, "optimizer_state", None)
@@ -222,19 +157,16 @@ class FineTuner:
             gated = bool(self.method.gate)
             items = sample_gate_subset(
                 [p for p in phase_programs if p.prompt in held] if gated else phase_programs,
-                self.gate_cfg.subset_size, seed=self.seed * 1000 + phase,
+                self.gate_cfg.subset_size, seed=phase_seed(self.seed, phase),
                 failure_score=failure_floor(phase_programs))
             online = self._online_inspector(phase, items, phase_programs)
             decision = select_and_gate(self.agent.model, self.agent.tokenizer, result.candidates,
                                        items, self.gate_cfg, enabled=gated,
                                        reference=reference, online_score=online,
-                                       seed=self.seed * 1000 + phase)
-            gate_record = decision.to_dict()
-            gate_record["held_out"] = gated  # G_k's prompts are not in D_k
-            gate_record["gate_prompts"] = len(items)
-            gate_record["gk_prompt_hashes"] = sorted({prompt_hash(it.prompt) for it in items})
-            if online is not None:
-                gate_record["online"] = online.records
+                                       seed=phase_seed(self.seed, phase))
+            record.gate, record.held_out, record.gate_prompts = decision, gated, len(items)
+            record.gk_prompt_hashes = sorted({prompt_hash(it.prompt) for it in items})
+            record.online = online.records if online is not None else None
             promoted, vetoed, verdict = decision.accepted, False, None
             if decision.accepted and gated and self.supporters is not None:
                 verdict = self.supporters.inspector.review(supporter_requests.inspector_request(
@@ -244,7 +176,7 @@ class FineTuner:
                 promoted = not vetoed
             if promoted:
                 self.reference_swap.queue_decision(decision, result.candidates)
-            record.gate, record.promoted, record.vetoed = gate_record, promoted, vetoed
+            record.promoted, record.vetoed = promoted, vetoed
             record.inspector = verdict.model_dump() if verdict is not None else None
             record.seconds_gate = time.time() - t2
         record.seconds = time.time() - t0
@@ -262,7 +194,7 @@ class FineTuner:
                                samples=self.gate_cfg.online_samples,
                                temperature=self.gate_cfg.online_temperature,
                                failure_score=failure_floor(programs),
-                               seed=self.seed * 1000 + phase)
+                               seed=phase_seed(self.seed, phase))
 
     def _consult_strategist(self, phase: int, programs: list[Program],
                             stats: dict[str, Any]) -> dict[str, Any] | None:

@@ -33,22 +33,19 @@ import torch
 from atlas import checkpoint
 from atlas.agent.adapters import set_adapter_state
 from atlas.agent.precision import run_precision
-from atlas.agent.research_agent import ResearchAgent
+from atlas.agent.research_agent import ResearchAgent, resolve_device
 from atlas.atomic import write_text_atomic
 from atlas.config import Settings
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.explorer import Explorer, regime_key, score_seed
-from atlas.evolution.extract import extract_program
-from atlas.evolution.prompts import prefill_of
 from atlas.fine_tuning import FineTuner, adapter_snapshot
 from atlas.results import summarise
 from atlas.sandbox import Sandbox
 from atlas.sandbox.secret import run_secret, sweep_secret_file
 from atlas.supporters import make_supporters
 from atlas.supporters import requests as supporter_requests
-from atlas.supporters.patching import as_completion
 from atlas.telemetry import Telemetry, dumps
-from atlas.types import Program
+from atlas.types import Program, ProgramSource
 
 log = logging.getLogger("atlas.loop")
 
@@ -149,17 +146,15 @@ class EvolutionLoop:
         self.temperatures: dict[int, float] = {}
         self.next_round = 0
         self.regime = regime_key(self.task.context(0))  # the equation scores are compared on
-        self.supporter_debt = 0  # supporter programs the next round's agent samples pay for
         self.started = time.time()
         self.wall_before = 0.0  # wall seconds spent before a resume
 
     # -- checkpointing --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"next_round": self.next_round, "db": self.db.state_dict(),
-                "explorer": getattr(self.explorer, "state_dict", dict)(),
                 "finetuner": self.finetuner.state_dict(), "adapters": adapter_snapshot(self.agent),
                 "critiques": self.critiques, "temperatures": self.temperatures,
-                "regime": self.regime, "supporter_debt": self.supporter_debt,
+                "regime": self.regime, "supporter_debt": self.explorer.supporter_debt,
                 "telemetry": self.telemetry.offsets(), "rng": checkpoint.rng_state(),
                 "wall_seconds": self.wall_before + time.time() - self.started,
                 "supporter_stats": self.supporters.stats() if self.supporters else None}
@@ -167,15 +162,13 @@ class EvolutionLoop:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.next_round = int(state["next_round"])
         self.db.load_state_dict(state["db"])
-        if hasattr(self.explorer, "load_state_dict"):
-            self.explorer.load_state_dict(state["explorer"])
         self.finetuner.load_state_dict(state["finetuner"])
         for name, tensors in state["adapters"].items():
             set_adapter_state(self.agent.model, name, tensors)
         self.critiques = {int(k): v for k, v in state["critiques"].items()}
         self.temperatures = {int(k): float(v) for k, v in state["temperatures"].items()}
         self.regime = str(state.get("regime", self.regime))
-        self.supporter_debt = int(state.get("supporter_debt", 0))
+        self.explorer.supporter_debt = int(state.get("supporter_debt", 0))
         self.telemetry.truncate_to(state["telemetry"])
         checkpoint.set_rng_state(state["rng"])
         self.wall_before = float(state["wall_seconds"])
@@ -228,64 +221,63 @@ class EvolutionLoop:
         return self.finish()
 
     def _round(self, r: int, every: int) -> None:
+        """Round ``r`` as the module docstring reads: re-score on a new equation, explore,
+        let the exploration supporter review the islands served (ATLAS), log, every F rounds
+        a fine-tuning phase."""
         t0 = time.time()
         phase = (r - 1) // every + 1
         self._enter_regime(r, phase)
         self.agent.check_device(f"round {r}")
-        budget = self.explorer.round_budget()
-        agent_samples, self.supporter_debt = budget - self.supporter_debt, 0
         with torch_threads(self.threads()):
             programs = self.explorer.run_round(r, phase, critiques=self.critiques or None,
                                                temperature_overrides=self.temperatures or None,
-                                               agent_samples=agent_samples)
+                                               agent_samples=self.explorer.agent_samples())
         t_explore = time.time() - t0
         served = sorted({p.island for p in programs})
         if self.supporters is not None:
             programs += self._explore_support(served, r, phase, programs,
                                               last=r == self.settings.explore.rounds)
         self.telemetry.programs(programs)
-        agent_programs = [p for p in programs if p.source == "agent"]
-        failures: dict[str, int] = {}
-        for p in agent_programs:
-            failures[p.evaluation.failure_kind] = failures.get(p.evaluation.failure_kind, 0) + 1
-        self.telemetry.event(
-            "round", round=r, phase=phase, islands_served=served,
-            candidates=len(agent_programs), budget=budget,
-            supporter_candidates=sum(1 for p in programs if p.source == "supporter"),
-            next_round_agent_samples=budget - self.supporter_debt,
-            valid_rate=(sum(p.passed for p in agent_programs) / len(agent_programs)) if agent_programs else None,
-            best=self._best_now(), round_best=max((p.score for p in programs if p.passed), default=None),
-            failures=failures, islands=island_summary(self.db, self.settings.explore.islands,
-                                                      self.settings.dpo.top_k),
-            seconds={"explore": t_explore, "total": time.time() - t0,
-                     "generate": self.explorer.last_stats.get("generation_s"),
-                     "evaluate_wait": self.explorer.last_stats.get("evaluate_wait_s")},
-            agent_threads=self.explorer.last_stats.get("agent_threads"),
-            device=self.explorer.last_stats.get("device"), attention=self.agent.attention,
-            batched_islands=self.explorer.last_stats.get("batched_islands"),
-            scored_while_generating=self.explorer.last_stats.get("scored_while_generating"))
+        self.telemetry.event("round", **self._round_event(r, phase, served, programs, t0,
+                                                          t_explore))
         if r % every == 0:
             self._phase(phase, r, every)
 
+    def _round_event(self, r: int, phase: int, served: list[int], programs: list[Program],
+                     t0: float, t_explore: float) -> dict[str, Any]:
+        """The ``round`` event's fields (keys and their order are part of the file format)."""
+        agent_programs = [p for p in programs if p.source == ProgramSource.AGENT]
+        failures: dict[str, int] = {}
+        for p in agent_programs:
+            failures[p.evaluation.failure_kind] = failures.get(p.evaluation.failure_kind, 0) + 1
+        stats = self.explorer.last_stats
+        assert stats is not None  # run_round just ran
+        return {
+            "round": r, "phase": phase, "islands_served": served,
+            "candidates": len(agent_programs), "budget": self.explorer.round_budget(),
+            "supporter_candidates": sum(1 for p in programs
+                                        if p.source == ProgramSource.SUPPORTER),
+            "next_round_agent_samples": self.explorer.next_agent_samples(),
+            "valid_rate": (sum(p.passed for p in agent_programs) / len(agent_programs))
+            if agent_programs else None,
+            "best": self._best_now(),
+            "round_best": max((p.score for p in programs if p.passed), default=None),
+            "failures": failures,
+            "islands": island_summary(self.db, self.settings.explore.islands,
+                                      self.settings.dpo.top_k),
+            "seconds": {"explore": t_explore, "total": time.time() - t0,
+                        "generate": stats.generation_s, "evaluate_wait": stats.evaluate_wait_s},
+            "agent_threads": stats.agent_threads, "device": stats.device,
+            "attention": self.agent.attention, "batched_islands": stats.batched_islands,
+            "scored_while_generating": stats.scored_while_generating}
+
     def _explore_support(self, islands: list[int], r: int, phase: int,
                          round_programs: list[Program], last: bool) -> list[Program]:
-        """ATLAS: critiques for the next prompt, patches evaluated as candidates, temperatures.
-
-        Budget: every patch evaluated is taken from the next round's agent samples
-        (``supporter_debt``), at most ``round_budget - islands_per_round`` of them so each
-        island served next round keeps one sample; the last round has no next round, so its
-        patches are dropped (counted). Supervision: a patch is written as a completion of the
-        prompt the island was served with this round (the prompt whose completions the
-        supporter reviewed) and, with ``supporters.exploration.as_preferences``, filed with
-        it so D_k takes it as chosen (``supporter_vs_agent``); the program scored is the one
-        that completion yields, with or without the switch, so the ablation scores the same
-        code.
-        """
-        added: list[Program] = []
+        """ATLAS: the exploration supporter reviews each island served: a critique for its
+        next prompt, a temperature, and patches the explorer files within the budget
+        (``Explorer.file_patches``) as completions of the prompt the island was served."""
         as_preferences = bool(getattr(self.supporters.exploration.cfg, "as_preferences", True))
-        room = 0 if last else max(0, self.explorer.round_budget()
-                                  - self.explorer.settings.islands_per_round - self.supporter_debt)
-        entry = self.task.prompt_spec().entry_point
+        added: list[Program] = []
         for island in islands:
             request = supporter_requests.exploration_request(
                 self.task, island, self.db.island(island),
@@ -296,65 +288,34 @@ class EvolutionLoop:
                 self.critiques[island] = advice.critique
             if advice.temperature is not None:
                 self.temperatures[island] = float(advice.temperature)
-            parents = [p.id for p in self.db.top_k(island, 1)]
             prompt = next((p.prompt for p in round_programs if p.island == island and p.prompt),
                           "")
-            mine: list[Program] = []
-            dropped = unwritable = 0
-            for code in advice.patches:
-                if room <= 0:
-                    dropped += 1
-                    continue
-                completion = as_completion(prefill_of(prompt), code, entry) if prompt else None
-                if completion is None:
-                    unwritable += 1
-                    prog = self.explorer.add_external(code, island, r, phase, "supporter", parents)
-                elif as_preferences:
-                    prog = self.explorer.add_external(code, island, r, phase, "supporter", parents,
-                                                      prompt=prompt, completion=completion)
-                else:  # the ablation scores the very program the completion would have
-                    written = extract_program(prefill_of(prompt), completion, entry) or code
-                    prog = self.explorer.add_external(written, island, r, phase, "supporter",
-                                                      parents)
-                mine.append(prog)
-                room -= 1
-                self.supporter_debt += 1
-            added += mine
+            filed = self.explorer.file_patches(advice.patches, island, r, phase, prompt,
+                                               as_preferences=as_preferences, last=last)
+            added += filed.programs
             self.telemetry.event("exploration", round=r, island=island, backend=advice.backend,
                                  fallback_cause=advice.fallback_cause, critique=advice.critique,
-                                 patches=len(mine), patches_dropped_for_budget=dropped,
-                                 as_preferences=sum(1 for p in mine if p.prompt),
-                                 not_writable_as_completion=unwritable,
+                                 patches=len(filed.programs),
+                                 patches_dropped_for_budget=filed.dropped_for_budget,
+                                 as_preferences=sum(1 for p in filed.programs if p.prompt),
+                                 not_writable_as_completion=filed.not_writable_as_completion,
                                  temperature=advice.temperature,
-                                 patch_scores=[p.score for p in mine])
+                                 patch_scores=[p.score for p in filed.programs])
         return added
 
     # -- like-for-like scores under a drifting equation -------------------------------------
-    def _origin(self, p: Program) -> Program:
-        """The program a re-score measured (a re-score's parent), else ``p`` itself."""
-        if p.source == "rescore" and p.parents:
-            return next((q for q in self.db.all_programs() if q.id == p.parents[0]), p)
-        return p
-
     def _best_now(self) -> float:
         """Best passed score on the equation in force (scores on others do not compare)."""
-        return max((p.score for p in self.db.all_programs()
-                    if p.passed and p.regime == self.regime), default=-math.inf)
+        return self.db.best_score(self.regime)
 
     def _enter_regime(self, r: int, phase: int) -> None:
-        """When round ``r`` scores on a new equation, re-score the incumbents on it: the seed,
-        the best program of any source and the best the agent wrote (on the old equation),
-        so initial, final, the skip test and Figure 2 compare programs on one equation."""
+        """When round ``r`` scores on a new equation, re-score the incumbents on it
+        (``ProgramDatabase.incumbents``), so initial, final, the skip test and Figure 2
+        compare programs on one equation."""
         new = regime_key(self.task.context(r))
         if new == self.regime:
             return
-        old = [p for p in self.db.all_programs() if p.passed and p.regime == self.regime]
-        picks: list[tuple[Program, float]] = []  # (the original program, its score on `old`)
-        for keep in (lambda q: q.source == "seed", lambda q: True, lambda q: q.source == "agent"):
-            best = max((p for p in old if keep(self._origin(p))), key=lambda p: (p.score, -p.id),
-                       default=None)
-            if best is not None and all(best.code != q.code for q, _ in picks):
-                picks.append((self._origin(best), best.score))
+        picks = self.db.incumbents(self.regime)  # (the original program, its score before)
         rescored = self.explorer.rescore([p for p, _ in picks], r, phase)
         self.telemetry.programs(rescored)
         self.telemetry.event("regime", round=r, phase=phase, previous=json.loads(self.regime),
@@ -369,9 +330,10 @@ class EvolutionLoop:
         """Fine-tune on this phase's candidates; the skip test (App. B.4) compares their best
         with the best before the phase *on the same equation* (incl. re-scored incumbents)."""
         everything = self.db.all_programs()
-        programs = [p for p in everything if (r - every) < p.round <= r and p.source != "rescore"]
+        programs = [p for p in everything
+                    if (r - every) < p.round <= r and p.source != ProgramSource.RESCORE]
         before = [p.score for p in everything if p.passed and p.regime == self.regime
-                  and (p.round <= r - every or p.source == "rescore")]
+                  and (p.round <= r - every or p.source == ProgramSource.RESCORE)]
         with torch_threads(self.threads()):  # DPO and the gate: every core workers leave free
             record = self.finetuner.run_phase(phase, programs, max(before, default=-math.inf),
                                               db=self.db, logger=self.logger)
@@ -403,10 +365,3 @@ def _progress(desc: str, total: int, done: int) -> Any:
 
     return tqdm(total=total, initial=done, desc=desc, unit="round")
 
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device=cuda but torch sees no GPU; use device=cpu or install CUDA torch")
-    return device

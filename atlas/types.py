@@ -13,7 +13,21 @@ from enum import Enum
 from typing import Any
 
 
-class ReferenceMode(str, Enum):
+class Label(str, Enum):
+    """A str-valued enum that prints, formats, hashes and serialises as its value, so JSON
+    output, dict keys and comparisons with the plain spelling are unchanged."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    def __hash__(self) -> int:
+        return str.__hash__(self)
+
+
+class ReferenceMode(Label):
     """``method.reference``: what DPO is anchored at and what the gate compares against.
 
     FIXED: the base model with adapters disabled (EvoTune), never promoted. ADAPTIVE: the
@@ -25,12 +39,6 @@ class ReferenceMode(str, Enum):
     FIXED = "fixed"
     ADAPTIVE = "adaptive"
 
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
     @classmethod
     def parse(cls, value: Any, field: str = "method.reference") -> "ReferenceMode":
         """The member for ``value``, or a ValueError naming ``field`` and the choices."""
@@ -41,7 +49,7 @@ class ReferenceMode(str, Enum):
                              f"override it, e.g. `{field}={cls.FIXED.value}`") from None
 
 
-class FailureKind(str, Enum):
+class FailureKind(Label):
     """Why a candidate program did not produce a usable score (``ok`` when it did)."""
 
     OK = "ok"
@@ -60,6 +68,23 @@ class FailureKind(str, Enum):
     TASK_ERROR = "task_error"
 
 
+class ProgramSource(Label):
+    """Who wrote a stored program."""
+
+    AGENT = "agent"
+    SEED = "seed"  # the task's seed program, one copy per island
+    SUPPORTER = "supporter"  # an exploration supporter's patch
+    RESCORE = "rescore"  # an incumbent re-scored on a new equation (parents=[original])
+
+
+class PairKind(Label):
+    """What a preference pair contrasts (D_k draws from each kind in turn)."""
+
+    PASSED_VS_PASSED = "passed_vs_passed"
+    PASSED_VS_FAILED = "passed_vs_failed"
+    SUPPORTER_VS_AGENT = "supporter_vs_agent"  # a supporter's patch chosen over the agent's
+
+
 @dataclass
 class Evaluation:
     """The outcome of running one candidate in the sandbox.
@@ -70,16 +95,19 @@ class Evaluation:
 
     score: float
     passed: bool
-    failure_kind: str = FailureKind.OK.value
+    failure_kind: FailureKind = FailureKind.OK
     message: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
 
+    def __post_init__(self) -> None:
+        self.failure_kind = FailureKind(self.failure_kind)
+
     @classmethod
     def failure(cls, kind: FailureKind | str, message: str = "", seconds: float = 0.0,
                 metrics: dict[str, float] | None = None) -> "Evaluation":
-        kind = kind.value if isinstance(kind, FailureKind) else str(kind)
-        return cls(score=-math.inf, passed=False, failure_kind=kind, message=message[:2000],
+        return cls(score=-math.inf, passed=False, failure_kind=FailureKind(kind),
+                   message=message[:2000],
                    metrics=dict(metrics or {}), seconds=seconds)
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,7 +119,7 @@ class Evaluation:
     def from_dict(cls, d: dict[str, Any]) -> "Evaluation":
         score = d.get("score")
         return cls(score=-math.inf if score is None else float(score), passed=bool(d["passed"]),
-                   failure_kind=d.get("failure_kind", FailureKind.OK.value),
+                   failure_kind=FailureKind(d.get("failure_kind", FailureKind.OK)),
                    message=d.get("message", ""), metrics=dict(d.get("metrics") or {}),
                    seconds=float(d.get("seconds", 0.0)))
 
@@ -113,11 +141,14 @@ class Program:
     completion: str = ""
     parents: list[int] = field(default_factory=list)
     cluster: str = ""
-    source: str = "agent"  # agent | seed | supporter | rescore (an incumbent re-scored, parents=[original])
+    source: ProgramSource = ProgramSource.AGENT
     phase: int = 0
     #: the equation it was scored on (the task context without the round, as JSON): scores
     #: compare only within one regime (the PINN viscosity drifts between phases)
     regime: str = ""
+
+    def __post_init__(self) -> None:
+        self.source = ProgramSource(self.source)
 
     @property
     def score(self) -> float:
@@ -149,9 +180,12 @@ class PreferencePair:
     chosen_score: float
     rejected_score: float
     island: int = 0
-    kind: str = "passed_vs_passed"  # passed_vs_passed | passed_vs_failed
+    kind: PairKind = PairKind.PASSED_VS_PASSED
     chosen_id: int = -1
     rejected_id: int = -1
+
+    def __post_init__(self) -> None:
+        self.kind = PairKind(self.kind)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -181,6 +215,31 @@ class PolicyCandidate:
 
 
 @dataclass
+class GateCandidate:
+    """One element of C_k as the gate measured it (a row of ``GateDecision.candidates``)."""
+
+    name: str
+    step: int | None  # the training step it was copied at (None: not given)
+    score: float  # S(c)
+    gain: float  # S(c) - S(ref)
+    lower: float  # paired lower confidence bound of the gain
+    se: float  # bootstrap standard deviation of the gain
+    kl: float  # KL(c || ref), nats per token
+    objective: float  # Eq. 4
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> "GateCandidate":
+        """Back from a ``GateDecision.to_dict`` row (None -> NaN)."""
+        def num(key: str) -> float:
+            v = record.get(key)
+            return math.nan if v is None else float(v)
+        step = record.get("step")
+        return cls(name=str(record["name"]), step=None if step is None else int(step),
+                   score=num("score"), gain=num("gain"), lower=num("lower"), se=num("se"),
+                   kl=num("kl"), objective=num("objective"))
+
+
+@dataclass
 class GateDecision:
     """The Policy Inspector's verdict for phase k, with every number that led to it.
 
@@ -194,7 +253,7 @@ class GateDecision:
     chosen: str = ""  # name of c* (the promoted candidate when accepted)
     gain: float = math.nan  # S(c*) - S(ref), normalised score units
     kl: float = math.nan  # KL(c* || ref), nats per token
-    candidates: list[dict] = field(default_factory=list)  # name, step, score, gain, lower, se, kl, objective
+    candidates: list[GateCandidate] = field(default_factory=list)  # C_k, in order
     ref_score: float = math.nan
     epsilon: float = 0.0
     delta: float = 0.0
@@ -250,6 +309,9 @@ class GateDecision:
                 continue
             if f.name in _FLOAT_FIELDS:
                 v = float(v) if math.isfinite(float(v)) else math.nan
+            if f.name == "candidates":
+                v = [c if isinstance(c, GateCandidate) else GateCandidate.from_record(c)
+                     for c in v]
             kw[f.name] = v
         kw["accepted"] = bool(get("accepted", False))
         kw["reason"] = str(kw.get("reason") or "")
@@ -258,3 +320,103 @@ class GateDecision:
 
 _FLOAT_FIELDS = frozenset({"gain", "kl", "ref_score", "epsilon", "delta", "lam", "score",
                            "lower_bound", "se", "confidence", "gain_scale", "kl_scale"})
+
+
+@dataclass
+class PhaseRecord:
+    """What one phase did: the ``phase`` event of ``events.jsonl`` (``to_event``) and what
+    the strategist reads of earlier phases (``FineTuner.history``).
+
+    A phase ends at one of three points, and the event holds the fields filled up to there,
+    in this order: skipped for no improvement (App. B.4: the first five fields), skipped for
+    no pairs (the D_k fields too), or trained (DPO's numbers, then, with the adaptive
+    reference, the gate's and the promotion's).
+    """
+
+    phase: int
+    scores: dict[str, Any]
+    improved: bool
+    best_before: float | None
+    reference: str
+    # D_k (absent when the phase was skipped for no improvement)
+    built: bool = False
+    strategist: dict[str, Any] | None = None
+    pairs: int = 0
+    pair_prompts: int = 0
+    held_out_prompts: int = 0
+    dk_prompt_hashes: list[str] = field(default_factory=list)
+    pair_kinds: dict[str, int] = field(default_factory=dict)
+    knobs: dict[str, Any] = field(default_factory=dict)
+    # why nothing was trained (None: trained)
+    skip_reason: str | None = None
+    # training
+    dpo: dict[str, float] | None = None
+    seconds_dpo: float = 0.0
+    # the gate and the promotion (adaptive reference only)
+    gate: GateDecision | None = None
+    held_out: bool = False  # G_k's prompts are not in D_k
+    gk_prompt_hashes: list[str] = field(default_factory=list)
+    gate_prompts: int = 0
+    online: list[dict[str, Any]] | None = None  # gate.score_mode=online: the measurements
+    promoted: bool | None = None
+    vetoed: bool = False
+    inspector: dict[str, Any] | None = None
+    seconds_gate: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def trained(self) -> bool:
+        return self.skip_reason is None
+
+    def skip(self, reason: str) -> "PhaseRecord":
+        self.skip_reason = reason
+        return self
+
+    def gate_event(self) -> dict[str, Any] | None:
+        """The event's ``gate``: the decision's record and how G_k was drawn."""
+        if self.gate is None:
+            return None
+        out = self.gate.to_dict()
+        out.update(held_out=self.held_out, gate_prompts=self.gate_prompts,
+                   gk_prompt_hashes=self.gk_prompt_hashes)
+        if self.online is not None:
+            out["online"] = self.online
+        return out
+
+    def to_event(self) -> dict[str, Any]:
+        """The ``phase`` event's fields (keys and their order are part of the file format)."""
+        out: dict[str, Any] = {"phase": self.phase, "scores": self.scores,
+                               "improved": self.improved, "best_before": self.best_before,
+                               "reference": self.reference}
+        if self.built:
+            out.update(strategist=self.strategist, pairs=self.pairs,
+                       pair_prompts=self.pair_prompts, held_out_prompts=self.held_out_prompts,
+                       dk_prompt_hashes=self.dk_prompt_hashes, pair_kinds=self.pair_kinds,
+                       knobs=self.knobs)
+        if self.skip_reason is not None:
+            out.update(skipped=True, reason=self.skip_reason)
+            return out
+        out.update(dpo=self.dpo, seconds_dpo=self.seconds_dpo)
+        if self.gate is not None:
+            out.update(gate=self.gate_event(), promoted=self.promoted, vetoed=self.vetoed,
+                       inspector=self.inspector, seconds_gate=self.seconds_gate)
+        out["seconds"] = self.seconds
+        return out
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain data for the checkpoint (``from_state`` reads it back)."""
+        state = asdict(self)
+        state["gate"] = self.gate.to_dict() if self.gate is not None else None
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "PhaseRecord":
+        state = dict(state)
+        if "skipped" in state:  # the compact form (phase, skipped, pairs, dpo, gate, promoted)
+            skipped = state.pop("skipped")
+            state = {**state, "scores": {}, "improved": True, "best_before": None,
+                     "reference": "", "built": "pairs" in state,
+                     "skip_reason": "skipped" if skipped else None}
+        if state.get("gate") is not None:
+            state["gate"] = GateDecision.from_record(state["gate"])
+        return cls(**state)

@@ -339,3 +339,30 @@ def test_database_rejects_bad_settings_by_field_name():
                                           topk_pool_factor=1.0, cluster_similarity=0.9))
     assert (db.num_islands, db.buffer_size, db.max_clusters, db.pool_factor) == (3, 5, 2, 1.0)
     assert db.cluster_similarity == 0.9
+
+
+def test_regime_queries_pick_the_incumbents_once_and_trace_rescores_to_their_origin():
+    """best_score compares within one equation; incumbents are the seed, the best of any
+    source and the agent's best on it, each once, named by the program a re-score measured."""
+    db = ProgramDatabase(explore_settings(islands=1, buffer_size=8, clusters=4))
+    old, new = '{"nu": 1}', '{"nu": 2}'
+
+    def add(pid, code, score, source, regime=old, parents=()):
+        p = prog(pid, code, score)
+        p.source, p.regime, p.parents = source, regime, list(parents)
+        db.add(p, buffer=source != "rescore")
+        return p
+
+    seed = add(0, RANDOM, -3.0, "seed")
+    agent = add(1, GREEDY.format(w=5), -2.0, "agent")
+    patch = add(2, LINUCB.format(lam=1.0), -1.0, "supporter")
+    add(3, GREEDY.format(w=9), None, "agent")  # failed: never an incumbent
+    add(4, RANDOM, -0.5, "agent", regime=new)  # scored on another equation
+    assert db.best_score(old) == -1.0 and db.best_score(new) == -0.5
+    assert db.best_score('{"nu": 3}') == -math.inf
+    assert [(p.id, s) for p, s in db.incumbents(old)] == [(0, -3.0), (2, -1.0), (1, -2.0)]
+    # on the new equation: a re-score of the seed beats the agent's program there, and is
+    # reported as the seed (its origin); a re-score of the same code is not picked twice
+    again = add(5, RANDOM, -0.1, "rescore", regime=new, parents=[seed.id])
+    assert db.origin(again) is seed and db.origin(agent) is agent and db.origin(patch) is patch
+    assert [(p.id, s) for p, s in db.incumbents(new)] == [(0, -0.1)]

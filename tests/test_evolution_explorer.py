@@ -140,7 +140,7 @@ def test_round_bookkeeping_ids_parents_islands_failure_kinds():
     assert len(db.all_programs()) == 13 and db.best().score == 0.0
     assert [p.id for p in db.all_programs()] == list(range(13))  # filed in id order
     stats = ex.last_stats
-    assert stats["islands"][0]["valid"] == 2 and stats["islands"][0]["failure_kinds"]["no_code"] == 1
+    assert stats.islands[0].valid == 2 and stats.islands[0].failure_kinds["no_code"] == 1
     # next round: islands 2 and 0; island 0's prompt now shows its new best program last
     ex.run_round(round_index=1, phase=0)
     assert ex.islands_for_round(1) == [2, 0]
@@ -306,8 +306,8 @@ def test_batched_islands_file_what_island_by_island_rounds_file():
         ex.seed_islands()
         new = ex.run_round(round_index=0, phase=0, temperature_overrides={1: 1.9},
                            agent_samples=7)
-        assert ex.last_stats["batched_islands"] is batched
-        assert ex.last_stats["device"] == "cpu"
+        assert ex.last_stats.batched_islands is batched
+        assert ex.last_stats.device == "cpu"
         rounds.append([(p.id, p.island, p.prompt, p.completion, p.code) for p in new])
     assert rounds[0] == rounds[1]
     assert [r[1] for r in rounds[1]] == [0, 0, 0, 0, 1, 1, 1]  # 7 samples: 4 + 3

@@ -21,7 +21,14 @@ from atlas.dpo import (
     token_kl,
 )
 from atlas.dpo.gate import NO_ITEMS, hold_out_prompts
-from atlas.dpo.scoring import importance_gain, lower_bound, normalised_scores
+from atlas.dpo.scoring import (
+    BASE,
+    REFERENCE,
+    PolicySpec,
+    importance_gain,
+    lower_bound,
+    normalised_scores,
+)
 from atlas.types import Evaluation, GateItem, Program
 
 ITEMS = [
@@ -125,7 +132,7 @@ def brute_score(model, tok, items, adapter_name: str | None) -> tuple[float, flo
     return sum(s_pol) / len(s_pol), sum(s_ref) / len(s_ref)
 
 
-@pytest.mark.parametrize("reference", ["ref", "fixed", "state"])
+@pytest.mark.parametrize("reference", ["ref", "base", "state"])
 def test_token_kl_equals_brute_force(reference):
     model, tok = tiny_peft()
     set_adapter_state(model, REF, random_state(model, 1, 0.3))
@@ -133,14 +140,16 @@ def test_token_kl_equals_brute_force(reference):
     cand = random_state(model, 2, 0.3)
     policy_before, ref_before = get_adapter_state(model, POLICY), get_adapter_state(model, REF)
     if reference == "state":  # a reference given as tensors, loaded for the pass only
-        ref_arg, expected = get_adapter_state(model, REF), brute_kl(model, tok, ITEMS, cand, REF)
+        ref_arg = PolicySpec.of(get_adapter_state(model, REF))
+        expected = brute_kl(model, tok, ITEMS, cand, REF)
     else:
-        ref_arg = reference
+        ref_arg = REFERENCE if reference == "ref" else BASE
         expected = brute_kl(model, tok, ITEMS, cand, REF if reference == "ref" else None)
-    got = token_kl(model, tok, ITEMS, cand, ref_arg, batch_size=2)
+    got = token_kl(model, tok, ITEMS, PolicySpec.of(cand), ref_arg)
     assert expected > 1e-3  # the policies really differ
     assert got == pytest.approx(expected, **KL_TOL)
-    assert token_kl(model, tok, ITEMS, cand, cand, batch_size=3) == pytest.approx(0.0, abs=1e-6)
+    assert token_kl(model, tok, ITEMS, PolicySpec.of(cand), PolicySpec.of(cand)) == \
+        pytest.approx(0.0, abs=1e-6)
     assert same(get_adapter_state(model, POLICY), policy_before)
     assert same(get_adapter_state(model, REF), ref_before)
 
@@ -246,12 +255,13 @@ def test_inspector_score_equals_brute_force():
     cand = random_state(model, 5, 0.3)
     set_adapter_state(model, POLICY, cand)
     exp_pol, exp_ref = brute_score(model, tok, ITEMS, POLICY)
-    got = inspector_score(model, tok, ITEMS, cand, "ref")
+    got = inspector_score(model, tok, ITEMS, PolicySpec.of(cand), REFERENCE)
     assert got.items == 2  # ITEMS[2] has one completion
     assert got.score == pytest.approx(exp_pol, **SCORE_TOL)
     assert got.ref_score == pytest.approx(exp_ref, **SCORE_TOL)
     assert abs(got.gain) > 1e-3  # the policies really differ
-    assert inspector_score(model, tok, ITEMS, "ref", "ref").gain == pytest.approx(0.0, abs=1e-9)
+    assert inspector_score(model, tok, ITEMS, REFERENCE, REFERENCE).gain == \
+        pytest.approx(0.0, abs=1e-9)
 
 
 def test_policy_with_more_mass_on_the_better_completion_scores_higher():
@@ -273,7 +283,7 @@ def test_policy_with_more_mass_on_the_better_completion_scores_higher():
         opt.step()
     good, bad = sequence_logps(model, batch, "sum").tolist()
     trained = get_adapter_state(model, POLICY)
-    after = inspector_score(model, tok, [item], trained, "ref")
+    after = inspector_score(model, tok, [item], PolicySpec.of(trained), REFERENCE)
     # S = sigmoid(log-ratio of good - log-ratio of bad) for normalised scores (1, 0)
     margin = (good - ref_good) - (bad - ref_bad)
     assert after.score == pytest.approx(1 / (1 + math.exp(-margin)), rel=1e-5)
@@ -290,7 +300,7 @@ def test_eq4_normalised_selection_and_eq5_tests_the_lower_bound():
                lowers=[-0.1, 0.1, 0.03], ses=[0.02, 0.03, 0.015])
     # gains -0.05, 0.15, 0.05; G = 0.15, K = 0.2: objectives -1/3 - 0.05, 1 - 1, 1/3 - 0.1
     assert d.gain_scale == pytest.approx(0.15) and d.kl_scale == pytest.approx(0.2)
-    assert [c["objective"] for c in d.candidates] == pytest.approx([-1 / 3 - 0.05, 0.0, 1 / 3 - 0.1])
+    assert [c.objective for c in d.candidates] == pytest.approx([-1 / 3 - 0.05, 0.0, 1 / 3 - 0.1])
     assert (d.accepted, d.reason, d.chosen) == (True, "accepted", "final")
     assert d.gain == pytest.approx(0.05) and d.kl == pytest.approx(0.02)
     assert (d.lower_bound, d.se) == (0.03, 0.015)
@@ -308,13 +318,13 @@ def test_eq4_lambda_trades_gain_against_kl_on_equal_footing():
     scores, kls = [0.56, 0.6], [0.003, 0.01]
     d = decide(scores, kls, ["step_1", "final"], 0.5, GateConfig(epsilon=0.0, lam=1.0))
     assert d.chosen == "step_1"
-    assert [c["objective"] for c in d.candidates] == pytest.approx([0.6 - 0.3, 0.0])
+    assert [c.objective for c in d.candidates] == pytest.approx([0.6 - 0.3, 0.0])
     # lam 0.5: the final one wins (1 - 0.5 = 0.5 > 0.6 - 0.15 = 0.45)
     assert decide(scores, kls, ["step_1", "final"], 0.5, GateConfig(lam=0.5)).chosen == "final"
     # scaling all KLs (or all gains) changes nothing: neither term dominates by its units
     scaled = decide(scores, [k * 1e-3 for k in kls], ["step_1", "final"], 0.5, GateConfig(lam=1.0))
     assert scaled.chosen == "step_1"
-    assert [c["objective"] for c in scaled.candidates] == pytest.approx([0.3, 0.0])
+    assert [c.objective for c in scaled.candidates] == pytest.approx([0.3, 0.0])
 
 
 def test_eq5_rejects_kl_too_large():
@@ -390,14 +400,15 @@ def test_select_and_gate_on_model_matches_parts_and_restores_adapters():
     set_adapter_state(model, POLICY, final)
     cands = [PolicyCandidate("step_1", {k: v + 0.3 * torch.randn_like(v) for k, v in ref.items()}, 1),
              PolicyCandidate("final", final, 2)]
-    gate = GateConfig(epsilon=-10.0, delta=1e-2, lam=1.0, batch_size=2)
+    gate = GateConfig(epsilon=-10.0, delta=1e-2, lam=1.0)
     d = select_and_gate(model, tok, cands, ITEMS, gate)
-    kls = [token_kl(model, tok, ITEMS, c.state, "ref") for c in cands]
-    est = [inspector_score(model, tok, ITEMS, c.state, "ref", gate=gate) for c in cands]
+    kls = [token_kl(model, tok, ITEMS, PolicySpec.of(c.state), REFERENCE) for c in cands]
+    est = [inspector_score(model, tok, ITEMS, PolicySpec.of(c.state), REFERENCE, gate=gate)
+           for c in cands]
     scores = [e.score for e in est]
-    assert [c["kl"] for c in d.candidates] == pytest.approx(kls, **KL_TOL)
-    assert [c["score"] for c in d.candidates] == pytest.approx(scores, **SCORE_TOL)
-    assert [c["lower"] for c in d.candidates] == pytest.approx([e.lower for e in est], abs=1e-6)
+    assert [c.kl for c in d.candidates] == pytest.approx(kls, **KL_TOL)
+    assert [c.score for c in d.candidates] == pytest.approx(scores, **SCORE_TOL)
+    assert [c.lower for c in d.candidates] == pytest.approx([e.lower for e in est], abs=1e-6)
     assert d.ref_score == pytest.approx(est[0].ref_score, **SCORE_TOL) and d.items == 2
     assert kls[0] > gate.delta > kls[1]  # the far candidate breaks the trust region
     expected = decide(scores, kls, ["step_1", "final"], d.ref_score, gate,
@@ -435,9 +446,9 @@ def test_gate_rejects_bad_input_with_field_names():
     model, tok = tiny_peft()
     final = [PolicyCandidate("final", get_adapter_state(model, POLICY), 1)]
     with pytest.raises(ValueError, match=r"items\[0\]: 2 completions but 1 scores"):
-        inspector_score(model, tok, [GateItem("p", ["a", "b"], [1.0], "a")], "ref")
+        inspector_score(model, tok, [GateItem("p", ["a", "b"], [1.0], "a")], REFERENCE)
     with pytest.raises(ValueError, match=r"items\[0\]\.scores holds -inf"):
-        inspector_score(model, tok, [GateItem("p", ["a"], [-math.inf], "a")], "ref")
+        inspector_score(model, tok, [GateItem("p", ["a"], [-math.inf], "a")], REFERENCE)
     nothing = select_and_gate(model, tok, final, [], GateConfig())  # no held-out prompt
     assert (nothing.accepted, nothing.reason) == (False, NO_ITEMS)
     assert select_and_gate(model, tok, final, [], GateConfig(), enabled=False).accepted
@@ -445,7 +456,9 @@ def test_gate_rejects_bad_input_with_field_names():
         select_and_gate(model, tok, [], ITEMS, GateConfig())
     with pytest.raises(ValueError, match="gate.score_mode=online needs online_score"):
         select_and_gate(model, tok, final, ITEMS, GateConfig(score_mode="online"))
-    with pytest.raises(ValueError, match="reference must be one of"):
-        token_kl(model, tok, ITEMS, final[0].state, "base")
+    with pytest.raises(TypeError, match="reference must be a PolicySpec"):
+        token_kl(model, tok, ITEMS, PolicySpec.of(final[0].state), "ref")
+    with pytest.raises(TypeError, match="an adapter state must map names to tensors"):
+        PolicySpec.of({})
     with pytest.raises(TypeError, match="promote needs"):
         promote(model, {})

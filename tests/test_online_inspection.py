@@ -11,10 +11,10 @@ import torch
 from atlas.agent.adapters import POLICY, REF, get_adapter_state, set_adapter_state
 from atlas.agent.research_agent import ResearchAgent
 from atlas.dpo import GateConfig, PolicyCandidate, select_and_gate
-from atlas.dpo.scoring import running_policy
+from atlas.dpo.scoring import REFERENCE, PolicySpec, running_policy
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.explorer import Explorer
-from atlas.evolution.online_inspection import OnlineInspector, adapter_for
+from atlas.evolution.online_inspection import OnlineInspector
 from atlas.evolution.prompts import build_prompt, prefill_of
 from atlas.fine_tuning import FineTuner
 from atlas.sandbox import Sandbox
@@ -73,11 +73,12 @@ def test_real_agent_same_seeds_for_every_policy_and_adapters_restored(sandbox):
     set_adapter_state(agent.model, POLICY, policy)
     prompts = prompts_for(agent)
     # common random numbers: a candidate equal to the reference writes the reference's text
-    with running_policy(agent.model, ref):
+    with running_policy(agent.model, PolicySpec.of(ref)):
         as_candidate = agent.generate(prompts, 2, temperature=0.9, top_p=1.0,
-                                      max_new_tokens=16, adapter=adapter_for(ref), seed=11)
+                                      max_new_tokens=16, adapter=PolicySpec.of(ref).adapter,
+                                      seed=11)
     as_reference = agent.generate(prompts, 2, temperature=0.9, top_p=1.0, max_new_tokens=16,
-                                  adapter=adapter_for("ref"), seed=11)
+                                  adapter=REFERENCE.adapter, seed=11)
     assert as_candidate == as_reference
     other = agent.generate(prompts, 2, temperature=0.9, top_p=1.0, max_new_tokens=16,
                            adapter=POLICY, seed=11)
@@ -87,7 +88,7 @@ def test_real_agent_same_seeds_for_every_policy_and_adapters_restored(sandbox):
                         EXPLORE, seed=0)
     inspect = OnlineInspector(explorer, prompts, {"round": 0}, samples=3, temperature=0.9,
                               failure_score=-2.0, seed=5)
-    s_ref, s_cand = inspect("ref", "reference"), inspect(ref, "same_as_ref")
+    s_ref, s_cand = inspect(REFERENCE, "reference"), inspect(PolicySpec.of(ref), "same_as_ref")
     assert s_ref == s_cand  # same weights, same seeds, same programs, same score
     # the random tiny model writes no valid program: every sample sits at the failure floor
     assert s_ref == pytest.approx(-2.0)
@@ -117,7 +118,7 @@ def test_online_gate_promotes_the_policy_that_writes_valid_programs(sandbox):
     assert rec["final"]["valid"] == 4 and rec["reference"]["valid"] == 0
     assert math.isfinite(rec["final"]["best"]) and rec["reference"]["best"] is None
     assert d.ref_score == pytest.approx(-2.0) and d.score > -2.0 + 0.5
-    assert d.candidates[0]["score"] == pytest.approx(rec["final"]["score"])
+    assert d.candidates[0].score == pytest.approx(rec["final"]["score"])
     assert d.accepted and d.chosen == "final" and d.gain > 0.5
     # the candidate sampled with its own state in the policy adapter, the reference with ref
     assert (POLICY, POLICY) in agent.seen_adapters and (REF, REF) in agent.seen_adapters

@@ -36,7 +36,7 @@ from atlas.supporters.openai_backend import SupporterError, forget_negotiated, n
 from atlas.supporters.patching import HELPER, add_robust_loss, find_numeric_sites
 from atlas.supporters.schemas import ANSWER_SCHEMAS, FALLBACK_CAUSES, ExplorationAdvice
 from atlas.tasks.base import PromptSpec
-from atlas.types import Evaluation, GateItem, Program
+from atlas.types import Evaluation, GateItem, PhaseRecord, Program
 
 BANDIT = '''import numpy as np
 
@@ -73,6 +73,14 @@ def _strat_req(**kw) -> StrategistRequest:
                 gate_delta=0.05)
     base.update(kw)
     return StrategistRequest(**base)
+
+
+def phase_record(phase, pairs=None, dpo=None, gate=None, skip=None) -> PhaseRecord:
+    """A phase as FineTuner.history holds it: trained unless ``skip``; ``pairs`` None: no D_k."""
+    rec = PhaseRecord(phase=phase, scores={}, improved=True, best_before=None,
+                      reference="adaptive", built=pairs is not None, pairs=pairs or 0, dpo=dpo,
+                      gate=gate)
+    return rec.skip(skip) if skip else rec
 
 
 def _gate(accepted=True) -> GateNumbers:
@@ -427,9 +435,9 @@ def test_request_builders_read_loop_objects():
         beta, lr, epochs, score_threshold = 0.1, 5e-5, 1, None
         bounds = {"beta": (0.05, 5.0), "lr": (1e-6, 1e-3), "epochs": (1, 3)}
 
-    history = [{"phase": 1, "pairs": 6, "dpo": {"loss": 0.5, "accuracy": 0.9},
-                "gate": {"accepted": False, "gain": 0.1, "kl": 0.2, "reason": "kl"}},
-               {"phase": 2, "skipped": True}]
+    history = [phase_record(1, pairs=6, dpo={"loss": 0.5, "accuracy": 0.9},
+                            gate=GateDecision(accepted=False, gain=0.1, kl=0.2, reason="kl")),
+               phase_record(2, skip="no score improvement")]
     sr = sreq.strategist_request(3, Dpo(), progs, {"best": -0.4, "median": -0.5, "min": -0.6,
                                                    "valid_rate": 0.75, "n": 4}, history,
                                  gate_cfg=GateConfig(epsilon=0.0, delta=0.05))
@@ -437,8 +445,8 @@ def test_request_builders_read_loop_objects():
     assert sr.pairs_built == 6 and sr.dpo.accuracy == 0.9 and sr.gate_decisions[0].kl == 0.2
     assert sr.scores.n_passed == 3
     assert sreq.strategist_request(1, Dpo(), progs, {}, []).pairs_built is None  # no D_k yet
-    assert sreq.strategist_request(3, Dpo(), progs, {}, [{"phase": 2, "skipped": True,
-                                                          "pairs": 0}]).pairs_built == 0
+    assert sreq.strategist_request(3, Dpo(), progs, {}, [phase_record(
+        2, pairs=0, skip="no preference pairs")]).pairs_built == 0
     adv = build_supporters(None, task_name="bandit", seed=0).strategist.advise(sr)
     assert adv.lr == pytest.approx(2.5e-5)  # last gate rejected for KL 0.2 > 0.05
 
@@ -695,8 +703,8 @@ def test_strategist_acts_on_cpu_run_telemetry():
     # phase's DPO accuracy 0.92 (first step at chance) is not saturation, 24 pairs are plenty
     p2 = ([prog(i, -0.375, seed if i % 3 else seed + f"# v{i % 2}\n") for i in range(23)]
           + [prog(100 + i, None, f"def policy(): return {i % 9}") for i in range(9)])
-    hist = [{"phase": 1, "skipped": False, "pairs": 24, "dpo": {"accuracy": 0.917},
-             "gate": {"accepted": True, "gain": 1e-4, "kl": 8e-4}}]
+    hist = [phase_record(1, pairs=24, dpo={"accuracy": 0.917},
+                         gate=GateDecision(accepted=True, gain=1e-4, kl=8e-4))]
     Dpo.score_threshold = -0.375
     req2 = sreq.strategist_request(2, Dpo(), p2, {"best": -0.375, "median": -0.375,
                                                   "min": -0.375, "valid_rate": 0.72, "n": 32},
@@ -735,7 +743,7 @@ def test_strategist_on_the_recorded_cpu_run():
         beta, lr, epochs, score_threshold, bounds = 0.1, 5e-5, 1, None, {}
 
     strat = build_supporters(None, task_name="bandit", seed=0).strategist
-    history: list[dict] = []
+    history: list[PhaseRecord] = []
     changed = []
     for phase, (a, b) in enumerate([(1, 4), (5, 8)], 1):
         pp = [p for p in progs if a <= p.round <= b]
@@ -745,8 +753,8 @@ def test_strategist_on_the_recorded_cpu_run():
         adv = strat.advise(req)
         changed.append((round(req.diversity, 3), adv.changed))
         # what that run recorded after each phase: D_k size and mean DPO accuracy
-        history.append({"phase": phase, "skipped": False, "pairs": (24, 17)[phase - 1],
-                        "dpo": {"accuracy": (0.917, 0.889)[phase - 1]}})
+        history.append(phase_record(phase, pairs=(24, 17)[phase - 1],
+                                    dpo={"accuracy": (0.917, 0.889)[phase - 1]}))
     assert changed == [(0.781, []), (0.375, ["beta"])]
     assert "diversity 0.38" in adv.reasons["beta"] and adv.beta == pytest.approx(0.2)
 

@@ -34,13 +34,17 @@ ADAPTER_META = "adapters.json"
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` picks CUDA when present; anything else must be a torch device string."""
+    """``auto`` picks CUDA when present; anything else must be a torch device string, and a
+    CUDA one needs a GPU torch can see."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        torch.device(device)
+        kind = torch.device(device).type
     except RuntimeError as err:
         raise ValueError(f"device={device!r} is not a torch device; use auto, cpu or cuda") from err
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device} but torch sees no GPU; use device=cpu or install "
+                         "CUDA torch")
     return device
 
 

@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                    "pairs": len(arm_pairs), "kinds": sorted({p.kind for p in arm_pairs}),
                    "gate_items": len(items), "gate_completions": sum(len(i.completions)
                                                                     for i in items),
-                   "candidates": d.candidates, "dpo_s": t1 - t0,
+                   "candidates": d.to_dict()["candidates"], "dpo_s": t1 - t0,
                    "gate_s": time.perf_counter() - t1,
                    # the raw numbers behind S and KL, so another statistic can be recomputed
                    "raw": raw_pass(passes[0], res.candidates, items) if passes else None}

@@ -166,8 +166,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             tokens = sum(len(agent.tokenizer(p.completion, add_special_tokens=False)["input_ids"])
                          for p in out)
             st = explorer.last_stats
-            row = {"round": r, "wall_s": wall, "generation_s": st.get("generation_s", wall),
-                   "evaluate_wait_s": st.get("evaluate_wait_s", 0.0), "samples": len(out),
+            row = {"round": r, "wall_s": wall, "generation_s": st.generation_s,
+                   "evaluate_wait_s": st.evaluate_wait_s, "samples": len(out),
                    "tokens": tokens, "tokens_per_s": tokens / max(wall, 1e-9)}
             results["rounds"].append(row)
             programs += out

@@ -169,8 +169,5 @@ class GateConfig:
     temperature: Num = Field(1.0, gt=0.0)
     """Divides the sequence log-likelihood ratio log pi(y) - log ref(y) in the inspector
     score's importance weights (1: the exact ratio)."""
-    batch_size: Int = Field(8, ge=1)
-    """Validated but not read: the gate's passes run each item's prompt once and each
-    completion after it as its own unpadded row (``atlas.dpo.prefix``)."""
     max_length: Int = Field(768, ge=2)
     """Prompt+completion tokens kept per gate sequence (prompt truncated from the left)."""

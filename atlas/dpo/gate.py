@@ -30,10 +30,16 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from atlas.agent.adapters import REF
 from atlas.dpo.config import GateConfig
-from atlas.dpo.scoring import GainEstimate, PolicySpec, gate_pass, importance_gain, mean_kl
-from atlas.types import GateDecision, GateItem, PolicyCandidate, ReferenceMode
+from atlas.dpo.scoring import (
+    REFERENCE,
+    GainEstimate,
+    PolicySpec,
+    gate_pass,
+    importance_gain,
+    mean_kl,
+)
+from atlas.types import GateCandidate, GateDecision, GateItem, PolicyCandidate, ReferenceMode
 
 ACCEPTED = "accepted"
 NO_GAIN = "rejected: no gain"
@@ -43,20 +49,20 @@ NO_ITEMS = "rejected: no held-out gate item"
 
 
 def token_kl(model, tokenizer, items: list[GateItem], candidate_state: PolicySpec,
-             reference: PolicySpec, batch_size: int = 8, *, max_length: int = 768) -> float:
+             reference: PolicySpec, *, max_length: int = 768) -> float:
     """Eq. 3: mean over items of the token-average full-vocabulary KL(cand || ref) on the
     item's preferred completion, teacher-forced after its prompt (prompt tokens masked).
 
-    ``reference``: "fixed" (adapters disabled), "ref"/"adaptive" (the ``ref`` adapter) or an
-    adapter state dict. The ``ref`` adapter is never written; the policy adapter is restored.
+    ``reference``: any ``PolicySpec``. The ``ref`` adapter is never written; the policy
+    adapter is restored.
     """
     res = gate_pass(model, tokenizer, items, [candidate_state], kl_reference=reference,
-                    need_scores=False, batch_size=batch_size, max_length=max_length)
+                    need_scores=False, max_length=max_length)
     return mean_kl(res.kl[0])
 
 
 def inspector_score(model, tokenizer, items: list[GateItem], policy: PolicySpec,
-                    reference: PolicySpec = "ref", *, gate: GateConfig | None = None,
+                    reference: PolicySpec = REFERENCE, *, gate: GateConfig | None = None,
                     seed: int = 0) -> GainEstimate:
     """S(policy), S(reference), the gain and its paired lower bound on G_k (module docstring;
     ``gate`` supplies temperature, confidence, resamples and max_length)."""
@@ -111,9 +117,9 @@ def decide(scores: Sequence[float], kls: Sequence[float], names: Sequence[str], 
     objectives = [g / g_scale - gate.lam * k / k_scale for g, k in zip(gains, kls)]
     finite = [i for i, o in enumerate(objectives) if not math.isnan(o)]
     best = max(finite, key=lambda i: (objectives[i], -i)) if finite else len(names) - 1
-    rows = [{"name": n, "step": None if steps is None else int(steps[i]), "score": scores[i],
-             "gain": gains[i], "lower": lowers[i], "se": ses[i], "kl": kls[i],
-             "objective": objectives[i]} for i, n in enumerate(names)]
+    rows = [GateCandidate(name=n, step=None if steps is None else int(steps[i]),
+                          score=scores[i], gain=gains[i], lower=lowers[i], se=ses[i],
+                          kl=kls[i], objective=objectives[i]) for i, n in enumerate(names)]
     pick = len(names) - 1 if not enabled else best
     gain, kl, lower = gains[pick], kls[pick], lowers[pick]
     if not enabled:
@@ -169,9 +175,9 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
         if enabled:
             d.reason = NO_ITEMS
         return d
-    res = gate_pass(model, tokenizer, items, [c.state for c in candidates],
-                    kl_reference=_spec(reference), need_scores=True,
-                    batch_size=gate.batch_size, max_length=gate.max_length)
+    res = gate_pass(model, tokenizer, items, [PolicySpec.of(c.state) for c in candidates],
+                    kl_reference=PolicySpec.reference(reference), need_scores=True,
+                    max_length=gate.max_length)
     if keep_pass is not None:
         keep_pass.append(res)
     kls = [mean_kl(k) for k in res.kl]
@@ -180,8 +186,8 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
     n_items = len(items)
     bound = "none (online)"
     if gate.score_mode == "online":
-        scores = [online_score(c.state, c.name) for c in candidates]
-        ref_score = online_score(_spec(reference), "reference")
+        scores = [online_score(PolicySpec.of(c.state), c.name) for c in candidates]
+        ref_score = online_score(PolicySpec.reference(reference), "reference")
     else:
         est = offline_estimates(res.sum_logps, res.ref_sum_logps, items, gate, seed)
         scores, lowers, ses = [e.score for e in est], [e.lower for e in est], [e.se for e in est]
@@ -193,11 +199,6 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
     decision.candidate_preferred = [_argmax(lp) for lp in res.mean_logps[chosen]]
     decision.reference_preferred = [_argmax(lp) for lp in res.ref_mean_logps]
     return decision
-
-
-def _spec(reference: ReferenceMode | str) -> PolicySpec:
-    """The policy spec of the reference (``atlas.dpo.scoring``): the ``ref`` adapter or none."""
-    return REF if reference == ReferenceMode.ADAPTIVE else ReferenceMode.FIXED.value
 
 
 def _argmax(values: Sequence[float]) -> int:

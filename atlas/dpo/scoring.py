@@ -7,10 +7,8 @@ runs once, and each run computes the prompt once for all the item's completions
 reference's full-vocabulary log-probs never outlive their item. A prompt and its
 completions share one cut to ``max_length`` (the prompt loses tokens from the left).
 
-A *policy spec* names the policy a forward uses: ``"fixed"`` (adapters disabled, the base
-model), ``"ref"``/``"adaptive"`` (the ``ref`` adapter), ``"policy"`` (the policy adapter as
-it was on entry) or a state dict (loaded into the *policy* adapter for the pass). The
-``ref`` adapter is only ever read; the policy adapter is restored bit for bit on exit.
+A *policy spec* (``PolicySpec``) names the weights a forward uses. The ``ref`` adapter is
+only ever read; the policy adapter is restored bit for bit on exit.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ import contextlib
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -26,21 +25,44 @@ from atlas.agent.adapters import POLICY, REF, adapter, get_adapter_state, set_ad
 from atlas.dpo.prefix import PromptGroup, completion_logits, encode_group
 from atlas.types import GateItem, ReferenceMode
 
-PolicySpec = str | dict  # "fixed" | "ref" | "adaptive" | "policy" | adapter state dict
-#: specs that run the ``ref`` adapter: its name, or the reference mode that uses it
-REF_SPECS = (REF, ReferenceMode.ADAPTIVE.value)
-_NAMED = (ReferenceMode.FIXED.value, *REF_SPECS, POLICY)
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """The weights a forward pass runs, one tag each: ``BASE`` (adapters disabled: the fixed
+    reference), ``REFERENCE`` (the ``ref`` adapter: the adaptive reference), ``POLICY_NOW``
+    (the policy adapter as it was on entry) or ``PolicySpec.of(state)`` (an adapter state,
+    e.g. a candidate of C_k, loaded into the policy adapter for the pass)."""
+
+    kind: Literal["base", "ref", "policy", "state"]
+    state: dict[str, torch.Tensor] | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, state: dict[str, torch.Tensor]) -> "PolicySpec":
+        if not isinstance(state, dict) or not state \
+                or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise TypeError("an adapter state must map names to tensors (use "
+                            "get_adapter_state or PolicyCandidate.state)")
+        return cls("state", state)
+
+    @classmethod
+    def reference(cls, mode: ReferenceMode | str) -> "PolicySpec":
+        """The reference of ``method.reference``: the ``ref`` adapter or the base model."""
+        return REFERENCE if ReferenceMode.parse(mode) == ReferenceMode.ADAPTIVE else BASE
+
+    @property
+    def adapter(self) -> str | None:
+        """The adapter that runs while this spec is in force (None: adapters disabled)."""
+        return {"base": None, "ref": REF}.get(self.kind, POLICY)
+
+
+BASE, REFERENCE, POLICY_NOW = PolicySpec("base"), PolicySpec("ref"), PolicySpec("policy")
 
 
 def check_spec(spec: PolicySpec, what: str) -> PolicySpec:
     """Fail early, naming the argument, on a policy spec we cannot run."""
-    if isinstance(spec, dict):
-        if not spec or not all(isinstance(v, torch.Tensor) for v in spec.values()):
-            raise TypeError(f"{what}: an adapter state must map names to tensors "
-                            "(use get_adapter_state or PolicyCandidate.state)")
-        return spec
-    if spec not in _NAMED:
-        raise ValueError(f"{what} must be one of {_NAMED} or an adapter state dict, got {spec!r}")
+    if not isinstance(spec, PolicySpec):
+        raise TypeError(f"{what} must be a PolicySpec (BASE, REFERENCE, POLICY_NOW or "
+                        f"PolicySpec.of(state)), got {type(spec).__name__}")
     return spec
 
 
@@ -80,16 +102,10 @@ class GatePass:
 
 @contextlib.contextmanager
 def _running(model, spec: PolicySpec, original: dict) -> Iterator[None]:
-    if isinstance(spec, dict) or spec == "policy":
-        set_adapter_state(model, POLICY, original if spec == "policy" else spec)
-        with adapter(model, POLICY):
-            yield
-    elif spec in REF_SPECS:
-        with adapter(model, REF):
-            yield
-    else:
-        with adapter(model, None):
-            yield
+    if spec.adapter == POLICY:
+        set_adapter_state(model, POLICY, spec.state if spec.kind == "state" else original)
+    with adapter(model, spec.adapter):
+        yield
 
 
 @contextlib.contextmanager
@@ -107,14 +123,11 @@ def running_policy(model, spec: PolicySpec) -> Iterator[None]:
 
 @torch.no_grad()
 def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[PolicySpec], *,
-              kl_reference: PolicySpec | None, need_scores: bool = True, batch_size: int = 8,
+              kl_reference: PolicySpec | None, need_scores: bool = True,
               max_length: int = 768) -> GatePass:
     """Run every policy (and the KL reference) over the gate items, item by item: each item's
     prompt runs once per policy and its completions after it, one unpadded row each
-    (``atlas.dpo.prefix``); the reference's full-vocabulary log-probs live for one item only.
-    ``batch_size`` is checked and kept for the caller's API (rows are not padded together)."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    (``atlas.dpo.prefix``); the reference's full-vocabulary log-probs live for one item only."""
     check_items(items, need_scores)
     policies = [check_spec(s, f"policies[{i}]") for i, s in enumerate(policies)]
     if kl_reference is not None:

@@ -30,7 +30,7 @@ from typing import Any
 
 from atlas.evolution.clustering import FAILED, IslandClusters
 from atlas.schema import ExploreConfig
-from atlas.types import Program
+from atlas.types import Program, ProgramSource
 
 STATE_VERSION = 1
 
@@ -158,6 +158,32 @@ class ProgramDatabase:
     def all_programs(self) -> list[Program]:
         """Every program ever added (passed and failed), in insertion order."""
         return list(self._archive)
+
+    # ---- regimes: scores compare only on one equation ---------------------------------------
+    def origin(self, program: Program) -> Program:
+        """The program a re-score measured (a re-score's parent), else ``program`` itself."""
+        if program.source == ProgramSource.RESCORE and program.parents:
+            return next((q for q in self._archive if q.id == program.parents[0]), program)
+        return program
+
+    def best_score(self, regime: str) -> float:
+        """Best passed score on the equation ``regime`` (``-inf`` when none passed)."""
+        return max((p.score for p in self._archive if p.passed and p.regime == regime),
+                   default=-math.inf)
+
+    def incumbents(self, regime: str) -> list[tuple[Program, float]]:
+        """The programs to re-score when the equation leaves ``regime``: the seed, the best
+        program of any source and the best the agent wrote, each as (the original program,
+        its best score on ``regime``), without repeating a program's code."""
+        scored = [p for p in self._archive if p.passed and p.regime == regime]
+        picks: list[tuple[Program, float]] = []
+        for keep in (lambda q: q.source == ProgramSource.SEED, lambda q: True,
+                     lambda q: q.source == ProgramSource.AGENT):
+            best = max((p for p in scored if keep(self.origin(p))),
+                       key=lambda p: (p.score, -p.id), default=None)
+            if best is not None and all(best.code != q.code for q, _ in picks):
+                picks.append((self.origin(best), best.score))
+        return picks
 
     def __len__(self) -> int:
         return len(self._archive)

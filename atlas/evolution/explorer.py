@@ -27,7 +27,7 @@ from atlas.evolution.extract import extract_program
 from atlas.evolution.prompts import build_prompt, prefill_of
 from atlas.schema import ExploreConfig
 from atlas.tasks.base import Task
-from atlas.types import Evaluation, FailureKind, Program
+from atlas.types import Evaluation, FailureKind, Program, ProgramSource
 
 #: generation stops at a closing fence on its own line (the prefill opened the fence)
 STOP = ["\n```"]
@@ -96,6 +96,42 @@ class Sandbox(Protocol):
 
 
 @dataclasses.dataclass
+class IslandStats:
+    """What one island of a round sampled and how its candidates fared."""
+
+    temperature: float
+    samples: int
+    critique: bool
+    valid: int = 0
+    failure_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class RoundStats:
+    """What one exploration round measured: the ``round`` event's timing and device fields."""
+
+    round: int
+    phase: int
+    islands: dict[int, IslandStats] = dataclasses.field(default_factory=dict)
+    generation_s: float = 0.0
+    scored_while_generating: int = 0
+    evaluate_wait_s: float = 0.0  # sandbox time not hidden behind generation
+    agent_threads: int | None = None
+    device: str | None = None
+    batched_islands: bool = False
+    wall_s: float = 0.0
+
+
+@dataclasses.dataclass
+class PatchFiling:
+    """One island's supporter patches after the budget: filed, dropped, not writable."""
+
+    programs: list[Program]
+    dropped_for_budget: int = 0
+    not_writable_as_completion: int = 0
+
+
+@dataclasses.dataclass
 class IslandPlan:
     """What a round samples for one island: its prompt, parents, temperature and seed."""
 
@@ -119,7 +155,8 @@ class Explorer:
                              f"{self.settings.islands}; build it with the same explore config")
         self.task, self.agent, self.sandbox, self.db, self.seed = task, agent, sandbox, db, seed
         self.spec = task.prompt_spec()
-        self.last_stats: dict[str, Any] = {}  # telemetry of the latest round
+        self.last_stats: RoundStats | None = None  # the latest round's
+        self.supporter_debt = 0  # supporter programs the next round's agent samples pay for
 
     # ---- scheduling -----------------------------------------------------------------------
     def islands_for_round(self, round_index: int) -> list[int]:
@@ -187,7 +224,7 @@ class Explorer:
         for island in range(self.settings.islands):
             prog = Program(id=self.db.next_id(), island=island, round=round_index, code=code,
                            evaluation=dataclasses.replace(ev, metrics=dict(ev.metrics)),
-                           source="seed", phase=0, regime=regime_key(context))
+                           source=ProgramSource.SEED, phase=0, regime=regime_key(context))
             self.db.add(prog)
             out.append(prog)
         return out
@@ -204,6 +241,17 @@ class Explorer:
         """Evaluated candidates one round may spend: ``islands_per_round * samples_per_prompt``
         (supporter programs are paid out of it, so every method evaluates as many)."""
         return self.settings.islands_per_round * self.settings.samples_per_prompt
+
+    def agent_samples(self) -> int:
+        """This round's agent completions: the round budget less the supporter programs filed
+        since the last round (each patch is paid out of the next round's samples, so every
+        method evaluates as many candidates); settles that debt."""
+        samples, self.supporter_debt = self.round_budget() - self.supporter_debt, 0
+        return samples
+
+    def next_agent_samples(self) -> int:
+        """The agent completions the next round keeps after the patches filed so far."""
+        return self.round_budget() - self.supporter_debt
 
     def run_round(self, round_index: int, phase: int, critiques: dict[int, str] | None = None,
                   temperature_overrides: dict[int, float] | None = None,
@@ -225,8 +273,7 @@ class Explorer:
         counts = dict(zip(served, split_samples(total, len(served))))
         pending: list[tuple[Program, Future]] = []
         out: list[Program] = []
-        stats: dict[str, Any] = {"round": round_index, "phase": phase, "islands": {},
-                                 "generation_s": 0.0, "scored_while_generating": 0}
+        stats = RoundStats(round=round_index, phase=phase)
         t_round = time.perf_counter()
         batched = s.batch_islands and len(served) > 1 and hasattr(self.agent, "generate_batch")
         # batched: every island's prompt first, one decode for all; else one island at a time
@@ -236,9 +283,9 @@ class Explorer:
                                 round_index) for island in group]
             t0 = time.perf_counter()
             finished = self._generate(plans, context)
-            stats["generation_s"] += time.perf_counter() - t0
+            stats.generation_s += time.perf_counter() - t0
             for plan, (completions, early) in zip(plans, finished):
-                stats["scored_while_generating"] += len(early)
+                stats.scored_while_generating += len(early)
                 for row, completion in enumerate(completions):
                     if row in early and early[row][0] == completion:
                         _, code, fut = early[row]
@@ -249,25 +296,25 @@ class Explorer:
                                    code=code or "",
                                    evaluation=Evaluation.failure(FailureKind.KILLED, "pending"),
                                    prompt=plan.text, completion=completion,
-                                   parents=[p.id for p in plan.parents], source="agent",
-                                   phase=phase, regime=regime)
+                                   parents=[p.id for p in plan.parents],
+                                   source=ProgramSource.AGENT, phase=phase, regime=regime)
                     pending.append((prog, fut))
-                stats["islands"][plan.island] = {"temperature": plan.temperature,
-                                                 "samples": len(completions),
-                                                 "critique": bool(critiques.get(plan.island))}
+                stats.islands[plan.island] = IslandStats(
+                    temperature=plan.temperature, samples=len(completions),
+                    critique=bool(critiques.get(plan.island)))
             self._file(pending, out, block=False)  # file what finished while we generated
         t_wait = time.perf_counter()
         self._file(pending, out, block=True)
-        stats["evaluate_wait_s"] = time.perf_counter() - t_wait  # sandbox time not hidden
+        stats.evaluate_wait_s = time.perf_counter() - t_wait
         last = getattr(self.agent, "last_stats", None)
-        stats["agent_threads"] = getattr(last, "threads", None)
-        stats["device"] = getattr(last, "device", None) or None
-        stats["batched_islands"] = batched
-        for island, row in stats["islands"].items():
+        stats.agent_threads = getattr(last, "threads", None)
+        stats.device = getattr(last, "device", None) or None
+        stats.batched_islands = batched
+        for island, row in stats.islands.items():
             mine = [p for p in out if p.island == island]
-            row["valid"] = sum(p.passed for p in mine)
-            row["failure_kinds"] = dict(Counter(p.evaluation.failure_kind for p in mine))
-        stats["wall_s"] = time.perf_counter() - t_round
+            row.valid = sum(p.passed for p in mine)
+            row.failure_kinds = dict(Counter(p.evaluation.failure_kind for p in mine))
+        stats.wall_s = time.perf_counter() - t_round
         self.last_stats = stats
         return out
 
@@ -327,7 +374,8 @@ class Explorer:
                    for prompt, comps in zip(prompts, completions)]
         return [[self._outcome(f) for f in row] for row in futures]
 
-    def add_external(self, code: str, island: int, round_index: int, phase: int, source: str,
+    def add_external(self, code: str, island: int, round_index: int, phase: int,
+                     source: ProgramSource,
                      parents: list[int], *, prompt: str = "", completion: str = "") -> Program:
         """Evaluate and file a program from outside the agent (e.g. a supporter's patch).
 
@@ -354,6 +402,46 @@ class Explorer:
         self.db.add(prog)
         return prog
 
+    def file_patches(self, patches: Sequence[str], island: int, round_index: int, phase: int,
+                     prompt: str, *, as_preferences: bool, last: bool) -> PatchFiling:
+        """Score and file an exploration supporter's patches for ``island`` as ``supporter``
+        programs, within the budget.
+
+        Budget: each patch filed is taken from the next round's agent samples
+        (``supporter_debt``), at most ``round_budget - islands_per_round`` of them so each
+        island served next round keeps one sample; the last round has no next round, so its
+        patches are dropped (counted). Supervision: a patch is written as a completion of
+        ``prompt``, the prompt the island was served with this round (whose completions the
+        supporter reviewed), and with ``as_preferences`` filed with it so D_k takes it as
+        chosen (``supporter_vs_agent``); the program scored is the one that completion
+        yields, with or without the switch, so the ablation scores the same code.
+        """
+        from atlas.supporters.patching import as_completion  # deferred: the supporters' package
+
+        cap = self.round_budget() - self.settings.islands_per_round
+        supporter = ProgramSource.SUPPORTER
+        entry = self.spec.entry_point
+        parents = [p.id for p in self.db.top_k(island, 1)]
+        out = PatchFiling(programs=[])
+        for code in patches:
+            if last or self.supporter_debt >= cap:
+                out.dropped_for_budget += 1
+                continue
+            completion = as_completion(prefill_of(prompt), code, entry) if prompt else None
+            if completion is None:
+                out.not_writable_as_completion += 1
+                prog = self.add_external(code, island, round_index, phase, supporter, parents)
+            elif as_preferences:
+                prog = self.add_external(code, island, round_index, phase, supporter, parents,
+                                         prompt=prompt, completion=completion)
+            else:  # the ablation scores the very program the completion would have
+                written = extract_program(prefill_of(prompt), completion, entry) or code
+                prog = self.add_external(written, island, round_index, phase, supporter,
+                                         parents)
+            out.programs.append(prog)
+            self.supporter_debt += 1
+        return out
+
     def rescore(self, programs: Sequence[Program], round_index: int, phase: int
                 ) -> list[Program]:
         """Score already-filed programs again under round ``round_index``'s context and
@@ -365,8 +453,9 @@ class Explorer:
         out = []
         for p, fut in futures:
             prog = Program(id=self.db.next_id(), island=p.island, round=round_index, code=p.code,
-                           evaluation=self._outcome(fut), parents=[p.id], source="rescore",
-                           phase=phase, regime=regime_key(context))
+                           evaluation=self._outcome(fut), parents=[p.id],
+                           source=ProgramSource.RESCORE, phase=phase,
+                           regime=regime_key(context))
             self.db.add(prog, buffer=False)
             out.append(prog)
         return out

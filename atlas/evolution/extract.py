@@ -92,18 +92,28 @@ def _clean(code: str, entry_point: str) -> str | None:
         parsed = _parse_prefix(cand)
         if parsed is not None:
             kept = _keep(*parsed, entry_point)
-            if kept is not None and _defines(kept, entry_point):
+            if kept is not None and defines_entry_point(kept, entry_point):
                 return kept
     return None
 
 
-def _defines(code: str, entry_point: str) -> bool:
+def entry_point_def(tree: ast.Module, entry_point: str
+                    ) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The top-level ``def`` of ``entry_point`` in ``tree`` (the one rule for "defines the
+    entry point": what the sandbox's loader then looks up by name)."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry_point:
+            return node
+    return None
+
+
+def defines_entry_point(code: str, entry_point: str) -> bool:
+    """True iff ``code`` parses and defines a top-level function ``entry_point``."""
     try:
         tree = ast.parse(code)
-    except SyntaxError:
+    except (SyntaxError, ValueError):
         return False
-    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == entry_point
-               for n in tree.body)
+    return entry_point_def(tree, entry_point) is not None
 
 
 def _indent_body(code: str, header_line: int) -> str:
@@ -175,9 +185,9 @@ def split_program(code: str, entry_point: str) -> tuple[str, str] | None:
         tree = ast.parse(code)
     except (SyntaxError, ValueError):
         return None
+    node = entry_point_def(tree, entry_point)
+    if node is None:
+        return None
     lines = code.splitlines()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry_point:
-            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            return "\n".join(lines[:start - 1]).strip(), "\n".join(lines[start - 1:])
-    return None
+    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    return "\n".join(lines[:start - 1]).strip(), "\n".join(lines[start - 1:])

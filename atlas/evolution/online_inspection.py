@@ -16,16 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from atlas.agent.adapters import POLICY, REF
-from atlas.dpo.scoring import REF_SPECS, PolicySpec, check_spec, running_policy
+from atlas.dpo.scoring import PolicySpec, check_spec, running_policy
 from atlas.types import Evaluation
-
-
-def adapter_for(spec: PolicySpec) -> str | None:
-    """The adapter ``ResearchAgent.generate`` samples from while ``spec`` is running."""
-    if isinstance(spec, dict) or spec == "policy":
-        return POLICY
-    return REF if spec in REF_SPECS else None
 
 
 @dataclass
@@ -53,11 +45,11 @@ class OnlineInspector:
         with running_policy(self.explorer.agent.model, spec):
             rows = self.explorer.sample_and_score(
                 self.prompts, samples=self.samples, temperature=self.temperature,
-                seed=self.seed, context=self.context, adapter=adapter_for(spec))
+                seed=self.seed, context=self.context, adapter=spec.adapter)
         score = self.score_of(rows)
         flat = [ev for row in rows for ev in row]
         self.records.append({
-            "policy": name or (spec if isinstance(spec, str) else "state"), "score": score,
+            "policy": name or spec.kind, "score": score,
             "samples": len(flat), "valid": sum(ev.passed for ev in flat),
             "best": max((ev.score for ev in flat if ev.passed), default=None)})
         return score

@@ -33,12 +33,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from atlas.evolution.database import ProgramDatabase
-from atlas.types import GateItem, PreferencePair, Program
+from atlas.types import GateItem, PairKind, PreferencePair, Program, ProgramSource
 
-PASSED_VS_PASSED = "passed_vs_passed"
-PASSED_VS_FAILED = "passed_vs_failed"
-SUPPORTER_VS_AGENT = "supporter_vs_agent"
-PAIR_KINDS = (PASSED_VS_PASSED, PASSED_VS_FAILED, SUPPORTER_VS_AGENT)
+PASSED_VS_PASSED = PairKind.PASSED_VS_PASSED
+PASSED_VS_FAILED = PairKind.PASSED_VS_FAILED
+SUPPORTER_VS_AGENT = PairKind.SUPPORTER_VS_AGENT
+PAIR_KINDS = tuple(PairKind)
 
 
 def failure_floor(programs: Sequence[Program]) -> float:
@@ -72,7 +72,7 @@ def build_pairs(db: ProgramDatabase, programs: list[Program], *, top_k: int, max
     by_island: dict[int, list[Program]] = defaultdict(list)
     supporter: list[Program] = []
     for p in programs:
-        if _pairable(p) and p.source == "supporter":
+        if _pairable(p) and p.source == ProgramSource.SUPPORTER:
             if _usable(p):
                 supporter.append(p)
         elif _pairable(p):
@@ -98,7 +98,7 @@ def build_pairs(db: ProgramDatabase, programs: list[Program], *, top_k: int, max
                 kind, rej_score = PASSED_VS_PASSED, other.score
             else:
                 kind, rej_score = PASSED_VS_FAILED, floor
-            if chosen.source == "supporter":
+            if chosen.source == ProgramSource.SUPPORTER:
                 kind = SUPPORTER_VS_AGENT
             pair = PreferencePair(
                 prompt=chosen.prompt, chosen=chosen.completion, rejected=other.completion,
@@ -128,7 +128,7 @@ def sample_gate_subset(programs: list[Program], size: int, seed: int,
     softmax needs alternatives, the KL estimator a preferred completion worth teacher
     forcing); others fill in only when there are too few. Failed completions score
     ``failure_score`` (default ``failure_floor(programs)``). Pass a different ``seed`` each
-    phase (e.g. ``seed * 1000 + phase``) so G_k is not reused across phases (paper B.7).
+    phase (``atlas.fine_tuning.phase_seed``) so G_k is not reused across phases (paper B.7).
     """
     if size < 0:
         raise ValueError(f"gate subset size must be >= 0, got {size} (config field gate.subset_size)")

@@ -14,9 +14,9 @@ import math
 import re
 from typing import Any
 
+from atlas.evolution.extract import defines_entry_point
 from atlas.supporters.config import ExplorationConfig, RoleConfig
 from atlas.supporters.openai_backend import SupporterError
-from atlas.supporters.patching import defines_entry_point
 from atlas.supporters.schemas import (
     KNOB_FIELDS,
     RAW_CHARS,

@@ -11,6 +11,8 @@ import ast
 import re
 from dataclasses import dataclass
 
+from atlas.evolution.extract import entry_point_def, extract_program, split_program
+
 #: names that mark a numeric constant as a loop bound/index rather than a hyper-parameter
 _NON_HYPER = {"range", "len", "zeros", "ones", "empty", "eye", "reshape", "shape", "argmax",
               "argmin", "round", "int", "print"}
@@ -138,13 +140,6 @@ def perturb(code: str, site: NumericSite, factor: float) -> tuple[str, str]:
     return _replace(code, site.start, site.end, text), text
 
 
-def _entry(tree: ast.Module, entry_point: str) -> ast.FunctionDef | None:
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == entry_point:
-            return node
-    return None
-
-
 def add_robust_loss(code: str, entry_point: str) -> str | None:
     """Replace squared terms (``x ** 2``, ``square(x)``) inside the entry point with a smooth
     Huber, unless the program already clips/robustifies. None if nothing applies."""
@@ -154,7 +149,7 @@ def add_robust_loss(code: str, entry_point: str) -> str | None:
         tree = ast.parse(code)
     except (SyntaxError, ValueError):
         return None
-    fn = _entry(tree, entry_point)
+    fn = entry_point_def(tree, entry_point)
     if fn is None:
         return None
     edits: list[tuple[tuple[int, int], tuple[int, int], str]] = []
@@ -190,15 +185,6 @@ def add_robust_loss(code: str, entry_point: str) -> str | None:
     return patched
 
 
-def defines_entry_point(code: str, entry_point: str) -> bool:
-    """True iff ``code`` parses and defines a top-level function ``entry_point``."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return False
-    return _entry(tree, entry_point) is not None
-
-
 def normalise(code: str) -> str:
     """Code with comments/whitespace/docstrings removed, to tell programs apart."""
     try:
@@ -229,7 +215,6 @@ def as_completion(prefill: str, code: str, entry_point: str) -> str | None:
     constants cannot be written after the prefill: None. The result is checked: extracting
     ``prefill + completion`` gives ``code``'s statements (plus any the prefill already had).
     """
-    from atlas.evolution.extract import extract_program, split_program  # no import cycle
 
     fence = "```python\n"
     if not prefill.startswith(fence):

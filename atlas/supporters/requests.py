@@ -1,8 +1,9 @@
 """Build the roles' requests from what the loop holds (tasks, Programs, configs, history).
 
 Kept apart from the schemas so the contracts stay free of loop details: these builders
-read loop objects by attribute/key (``dpo_cfg.beta``, ``history[i]["gate"]["kl"]``), so a
-field the loop does not have yet degrades to "unknown" instead of failing the run.
+read configs by attribute or key (``dpo_cfg.beta``, ``gate_cfg["epsilon"]``), so a field a
+caller does not have degrades to "unknown" instead of failing the run; the phase history is
+typed (``PhaseRecord``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from atlas.supporters.schemas import (
     HARD_BOUNDS,
     DpoMetrics,
     ExplorationRequest,
-    GateDecision,
     GateNumbers,
     InspectorRequest,
     KnobBounds,
@@ -27,7 +27,7 @@ from atlas.supporters.schemas import (
     ScoreStats,
     StrategistRequest,
 )
-from atlas.types import GateItem, Program
+from atlas.types import GateItem, PhaseRecord, Program, ProgramSource
 
 if TYPE_CHECKING:
     from atlas.dpo.config import DPOConfig, GateConfig
@@ -81,30 +81,30 @@ def _bounds(dpo_cfg: DPOConfig) -> KnobBounds:
 
 
 def strategist_request(phase: int, dpo_cfg: DPOConfig, programs: Sequence[Program],
-                       stats: Mapping[str, Any], history: Sequence[Mapping[str, Any]],
+                       stats: Mapping[str, Any], history: Sequence[PhaseRecord],
                        gate_cfg: GateConfig | None = None) -> StrategistRequest:
     """Phase telemetry: knobs and bounds from ``dpo_cfg``, score stats of this phase, and the
     last trained phase's pairs / DPO metrics / gate decision from ``history`` (oldest first)."""
     th = dpo_cfg.score_threshold
     knobs = Knobs(beta=float(dpo_cfg.beta), lr=float(dpo_cfg.lr), epochs=int(dpo_cfg.epochs),
                   score_threshold=None if th is None else float(th))
-    trained = [h for h in history if not h.get("skipped")]
-    built = [h for h in history if "pairs" in h]  # phases that built D_k (0 pairs included)
-    last = trained[-1] if trained else {}
-    dpo = last.get("dpo") or {}
-    gates = [h["gate"] for h in reversed(history) if h.get("gate")][:5]
+    trained = [h for h in history if h.trained]
+    built = [h for h in history if h.built]  # phases that built D_k (0 pairs included)
+    dpo = (trained[-1].dpo if trained else None) or {}
+    gates = [h.gate for h in reversed(history) if h.gate is not None][:5]
     scores = ScoreStats(best=_finite(stats.get("best")), median=_finite(stats.get("median")),
                         min=_finite(stats.get("min")),
                         valid_rate=_finite(stats.get("valid_rate")) or 0.0,
                         n=int(stats.get("n") or 0),
-                        n_passed=sum(1 for p in programs if p.passed and p.source != "seed"
+                        n_passed=sum(1 for p in programs
+                                     if p.passed and p.source != ProgramSource.SEED
                                      and math.isfinite(p.score)) if programs else None)
-    last_gate = gates[0] if gates else {}
+    last_gate = gates[0] if gates else None
     return StrategistRequest(
         phase=phase, knobs=knobs, bounds=_bounds(dpo_cfg),
-        pairs_built=int(built[-1]["pairs"] or 0) if built else None,
+        pairs_built=built[-1].pairs if built else None,
         scores=scores, diversity=code_diversity(programs),
-        gate_decisions=[GateDecision.from_record(g) for g in gates],
+        gate_decisions=gates,
         dpo=DpoMetrics(loss=_finite(dpo.get("loss")),
                        accuracy=_clip01(_finite(dpo.get("accuracy", dpo.get("reward_accuracy")))),
                        margin=_finite(dpo.get("margin", dpo.get("reward_margin")))),
