@@ -108,8 +108,9 @@ def strategist_request(phase: int, dpo_cfg: DPOConfig, programs: Sequence[Progra
         dpo=DpoMetrics(loss=_finite(dpo.get("loss")),
                        accuracy=_clip01(_finite(dpo.get("accuracy", dpo.get("reward_accuracy")))),
                        margin=_finite(dpo.get("margin", dpo.get("reward_margin")))),
-        gate_epsilon=_finite(gate_cfg.epsilon if gate_cfg else last_gate.get("epsilon")) or 0.0,
-        gate_delta=_finite(gate_cfg.delta if gate_cfg else last_gate.get("delta")))
+        gate_epsilon=_finite(gate_cfg.epsilon if gate_cfg is not None
+                             else _get(last_gate, "epsilon")) or 0.0,
+        gate_delta=_finite(gate_cfg.delta if gate_cfg is not None else _get(last_gate, "delta")))
 
 
 def _clip01(v: float | None) -> float | None:
