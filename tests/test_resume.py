@@ -469,13 +469,17 @@ def _install_test_hooks() -> None:
     from atlas.dpo.module import DPOModule
     from atlas.fine_tuning import FineTuner
 
-    sample = ResearchAgent.generate
+    sample, sample_batch = ResearchAgent.generate, ResearchAgent.generate_batch
 
     def generate(self: ResearchAgent, prompts: list[str], num_samples: int,
                  **kw: Any) -> list[list[str]]:
         return [[decode_completion(t) for t in row] for row in sample(self, prompts, num_samples, **kw)]
 
+    def generate_batch(self: ResearchAgent, requests: list[Any], **kw: Any) -> list[list[str]]:
+        return [[decode_completion(t) for t in row] for row in sample_batch(self, requests, **kw)]
+
     ResearchAgent.generate = generate  # type: ignore[method-assign]
+    ResearchAgent.generate_batch = generate_batch  # type: ignore[method-assign]
     marker = os.environ.get(MARKER_ENV)
     if not marker:
         return
