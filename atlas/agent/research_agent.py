@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -120,18 +121,11 @@ class ResearchAgent:
         """
         if isinstance(prompts, str):
             raise TypeError("prompts must be a list of strings, not one string")
-        if adapter not in (None, POLICY, REF):
-            raise ValueError(f"adapter={adapter!r} is unknown; use {POLICY!r}, {REF!r} or None")
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with _adapter_ctx(self.model, adapter):
-                texts, self.last_stats = sample(
-                    self.model, self.tokenizer, prompts, num_samples, temperature=temperature,
-                    top_p=top_p, max_new_tokens=max_new_tokens, stop=stop, seed=seed,
-                    threads=self.thread_budget, on_done=on_done)
-        finally:
-            self.model.train(was_training)
+        with self._sampling(adapter):
+            texts, self.last_stats = sample(
+                self.model, self.tokenizer, prompts, num_samples, temperature=temperature,
+                top_p=top_p, max_new_tokens=max_new_tokens, stop=stop, seed=seed,
+                threads=self.thread_budget, on_done=on_done)
         return texts
 
     def generate_batch(self, requests: list[Request], *, top_p: float, max_new_tokens: int,
@@ -139,19 +133,25 @@ class ResearchAgent:
                        on_done: Callable[[int, str], None] | None = None) -> list[list[str]]:
         """Completions for several requests (e.g. a round's islands) decoded as one batch,
         each with its own temperature and seed (``atlas.agent.sampling.sample_requests``)."""
+        with self._sampling(adapter):
+            texts, self.last_stats = sample_requests(
+                self.model, self.tokenizer, requests, top_p=top_p,
+                max_new_tokens=max_new_tokens, stop=stop, threads=self.thread_budget,
+                on_done=on_done)
+        return texts
+
+    @contextmanager
+    def _sampling(self, adapter: str | None) -> Iterator[None]:
+        """Eval mode under ``adapter`` (None: adapters off) for one sampling call."""
         if adapter not in (None, POLICY, REF):
             raise ValueError(f"adapter={adapter!r} is unknown; use {POLICY!r}, {REF!r} or None")
         was_training = self.model.training
         self.model.eval()
         try:
             with _adapter_ctx(self.model, adapter):
-                texts, self.last_stats = sample_requests(
-                    self.model, self.tokenizer, requests, top_p=top_p,
-                    max_new_tokens=max_new_tokens, stop=stop, threads=self.thread_budget,
-                    on_done=on_done)
+                yield
         finally:
             self.model.train(was_training)
-        return texts
 
     # ------------------------------------------------------------------ device
     def model_device(self) -> torch.device:
