@@ -206,7 +206,7 @@ def test_logger_metrics_turn_strategist_changes_into_per_knob_series() -> None:
 def test_program_rows_keep_the_best_when_over_the_wandb_limit() -> None:
     def prog(i: int, score: float | None, passed: bool) -> dict[str, Any]:
         return {"id": i, "island": 0, "round": 1, "code": f"c{i}",
-                "evaluation": {"score": score, "passed": passed, "failure_kind": "ok" if passed else "syntax"}}
+                "evaluation": {"score": score, "passed": passed, "failure_kind": "ok" if passed else "syntax_error"}}
 
     programs = [prog(0, None, False), prog(1, -0.5, True), prog(2, -0.2, True), prog(3, -0.9, True)]
     assert [r[0] for r in program_rows(programs, limit=10)] == [0, 1, 2, 3]
@@ -214,7 +214,7 @@ def test_program_rows_keep_the_best_when_over_the_wandb_limit() -> None:
     row = program_rows(programs, limit=10)[0]
     assert dict(zip(PROGRAM_COLUMNS, row)) == {"id": 0, "island": 0, "round": 1, "phase": 0,
                                                "source": "agent", "score": None, "passed": False,
-                                               "failure_kind": "syntax", "code": "c0"}
+                                               "failure_kind": "syntax_error", "code": "c0"}
 
 
 # -- Telemetry -> real offline WandbLogger -> read back --------------------------------------
@@ -235,11 +235,11 @@ def test_telemetry_sends_gate_interventions_and_tables_to_wandb(tmp_path: Path,
     logger = WandbLogger(project="atlas-test", name="unit", group="unit-group", save_dir=str(tmp_path),
                          offline=True, job_type="atlas")
     tel = Telemetry(tmp_path, logger)
-    tel.programs([_program(0, -0.6, True), _program(1, -math.inf, False, "syntax"),
+    tel.programs([_program(0, -0.6, True), _program(1, -math.inf, False, "syntax_error"),
                   _program(2, -0.4, True)])
     for r, rate in ((1, 0.5), (2, 0.75)):
         tel.event("round", round=r, phase=1, valid_rate=rate, best=-0.4 - 0.1 * (2 - r),
-                  failures={"syntax": 1}, islands={"0": {"best": -0.6, "median": -0.6},
+                  failures={"syntax_error": 1}, islands={"0": {"best": -0.6, "median": -0.6},
                                                    "1": {"best": -0.4 - r, "median": None}})
     tel.event("phase", round=2, phase=1, pairs=3, promoted=True, vetoed=False,
               dpo={"loss": 0.65, "accuracy": 0.5},
@@ -256,7 +256,7 @@ def test_telemetry_sends_gate_interventions_and_tables_to_wandb(tmp_path: Path,
     assert (run["name"], run["group"], run["job_type"], run["exit_code"]) == ("unit", "unit-group", "atlas", 0)
     assert series(run, "round/valid_rate") == [0.5, 0.75]
     assert series(run, "round/islands/1/best") == [-1.4, -2.4]
-    assert series(run, "round/failures/syntax") == [1, 1]
+    assert series(run, "round/failures/syntax_error") == [1, 1]
     assert series(run, "phase/phase") == [1, 2]
     assert series(run, "phase/gate/kl") == [0.03] and series(run, "phase/gate/gain") == [0.25]
     assert series(run, "phase/promoted") == [1] and series(run, "phase/skipped") == [0, 1]
@@ -268,7 +268,7 @@ def test_telemetry_sends_gate_interventions_and_tables_to_wandb(tmp_path: Path,
     programs = read_table(run, "programs")
     assert programs["columns"] == list(PROGRAM_COLUMNS)
     assert [(r[0], r[5], r[6], r[7]) for r in programs["data"]] == \
-        [(0, -0.6, True, "ok"), (1, None, False, "syntax"), (2, -0.4, True, "ok")]
+        [(0, -0.6, True, "ok"), (1, None, False, "syntax_error"), (2, -0.4, True, "ok")]
     phases = read_table(run, "phases")
     assert phases["columns"] == list(PHASE_COLUMNS)
     first, second = (dict(zip(PHASE_COLUMNS, row)) for row in phases["data"])
