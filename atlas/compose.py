@@ -44,7 +44,9 @@ def compose(overrides: list[str]) -> Any:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    problem = searchpath_problem(overrides)
+    from atlas.config import override_problem
+
+    problem = searchpath_problem(overrides) or override_problem(overrides)
     if problem:
         raise ValueError(problem)
     try:

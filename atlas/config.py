@@ -121,6 +121,35 @@ def check_known_keys(cfg: DictConfig) -> None:
     _unknown(node, schema(), "")
 
 
+def override_problem(overrides: Sequence[str]) -> str | None:
+    """One line naming a ``group.field=value`` override whose field no option of ``conf/``
+    defines, with the closest known field; None when every one is known.
+
+    Why before Hydra: Hydra rejects such a key in four lines that suggest ``+field=``, which
+    would add a key nothing reads. Keys added with ``+``/``++``, removed with ``~``, Hydra's own
+    and, when ``hydra.searchpath`` brings other config folders, the task's, are left to the
+    later checks.
+    """
+    external = any(o.split("=", 1)[0].lstrip("+~") == "hydra.searchpath"
+                   or o.startswith(("--config-dir", "-cd")) for o in overrides)
+    for item in overrides:
+        key, eq, _ = item.partition("=")
+        if not eq or key[:1] in "+~" or "." not in key or key.startswith("hydra."):
+            continue
+        if external and key.startswith("task."):
+            continue
+        node: dict[str, Any] = {}
+        leaf = node
+        for part in key.split(".")[:-1]:
+            leaf = leaf.setdefault(part, {})
+        leaf[key.split(".")[-1]] = None
+        try:
+            _unknown(node, schema(), "")
+        except ConfigError as exc:
+            return str(exc)
+    return None
+
+
 # -- fields the chosen options ignore ------------------------------------------------------------
 def check_ignored(cfg: DictConfig) -> None:
     """Settings nothing reads under the chosen options: an error where a value was clearly

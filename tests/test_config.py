@@ -302,3 +302,27 @@ def test_a_missing_secret_file_is_created_only_when_asked(tmp_path) -> None:
     assert shared.read_text().strip() == value and len(value) == 64
     validate(compose_cfg(["experiment=test", f"sandbox.secret_file={shared}"]))  # exists now
     assert run_secret(tmp_path / "run2", str(shared)) == value
+
+
+@pytest.mark.parametrize("override,fix", [("dpo.betta=0.1", "did you mean dpo.beta?"),
+                                          ("explore.roundz=3", "did you mean explore.rounds?")])
+def test_cli_mistyped_field_is_one_line_with_the_closest_field(tmp_path, override, fix) -> None:
+    """Hydra alone rejects a field no YAML defines in four lines that suggest ``+field=``, which
+    adds a key nothing reads; the command line names the field and the closest known one."""
+    out = _cli("experiment=test", override, f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"unknown {override.split('.')[0]} field(s)")
+    assert fix in lines[0] and "Could not override" not in out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_override_check_leaves_added_open_and_foreign_keys_to_later_checks() -> None:
+    from atlas.config import override_problem
+
+    assert override_problem(["gate.epsilon=0.1", "dpo.bounds.beta=[0.1,1]", "+dpo.extra=1",
+                             "supporters.exploration.max_tokens=5", "experiment=paper",
+                             "hydra.run.dir=/tmp/x"]) is None
+    assert "task.arms is not a known field" in override_problem(["task.arms=3"])
+    assert override_problem(["hydra.searchpath=[pkg://mytasks.conf]", "task=mine",
+                             "task.arms=3"]) is None
