@@ -338,6 +338,12 @@ def test_bad_configuration_is_named():
         toy({}, isolation="docker")
     with pytest.raises(ValueError, match="timeout_s"):
         toy({}, timeout_s=0)
+    # every task is split: a scorer alone is refused before any worker starts
+    with pytest.raises(ValueError, match=r"runner_factory is missing: every task needs a runner"
+                                         r".*see docs/tasks\.md"):
+        Sandbox(TOY_SCORER, {}, runner_factory=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"runner_factory='nomodule' is invalid"):
+        Sandbox(TOY_SCORER, {}, runner_factory="nomodule")
     with Sandbox("atlas.sandbox.testing:no_such_factory", {}, workers=1,
                  runner_factory=TOY_RUNNER) as sb:
         with pytest.raises(SandboxError, match="no_such_factory"):
