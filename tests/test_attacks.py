@@ -195,16 +195,20 @@ def test_secret_is_stable_per_run_folder_and_hidden_environments_differ(tmp_path
                    for a, b in zip(public, hidden))
 
 
-def test_legacy_task_score_out_of_range_is_tampered():
-    toy = "atlas.sandbox.testing:make_toy_evaluator"
-    code = (ATTACKS / "legacy_patch_score.py").read_text()
-    with Sandbox(toy, {"steps": 10}, workers=1, score_range=(-math.inf, 0.0),
-                 isolation="rlimits") as sb:
-        ev = sb.evaluate(code, {})
-        assert ev.failure_kind == FailureKind.TAMPERED.value and not ev.passed, ev
-        good = "def policy(contexts, history, t, state):\n    return 0\n"
-        ok = sb.evaluate(good, {})
-        assert ok.passed and ok.score <= 0
+def test_a_program_that_patches_numpy_scores_what_it_honestly_plays():
+    """The scorer averages regrets in its own process: a program that patches ``np.mean``
+    where it runs bends nothing, and the pool's range check lets the honest score through."""
+    from atlas.sandbox.testing import TOY_RUNNER, TOY_SCORER, toy_in_process
+
+    code = (ATTACKS / "patch_numpy_mean.py").read_text()
+    honest = toy_in_process({"steps": 10}, {}, ARM0).score
+    with Sandbox(TOY_SCORER, {"steps": 10}, runner_factory=TOY_RUNNER, workers=1,
+                 score_range=(-math.inf, 0.0), isolation="rlimits") as sb:
+        for _ in range(2):
+            ev = sb.evaluate(code, {})
+            assert ev.passed and ev.score == honest and honest < 0, ev
+        ok = sb.evaluate(ARM0, {})
+        assert ok.passed and ok.score == honest
 
 
 PINN_ATTACKS = sorted((ATTACKS / "pinn").glob("*.py"))

@@ -233,7 +233,8 @@ def test_sandbox_errors_become_killed_failures():
 class ToyBanditTask(ToyTask):
     """The sandbox's toy bandit: ``policy(contexts, history, t, state) -> int``."""
 
-    evaluator_factory = "atlas.sandbox.testing:make_toy_evaluator"
+    evaluator_factory = "atlas.sandbox.testing:make_toy_scorer"
+    runner_factory = "atlas.sandbox.testing:make_toy_runner"
 
     def prompt_spec(self) -> PromptSpec:
         return PromptSpec(system="You write Python.", problem="Pick an arm in [0, 5).",
@@ -254,7 +255,8 @@ def test_round_through_the_real_sandbox():
         "\n    return 17\n```",
     ]
     cfg = {**CFG, "islands": 2, "islands_per_round": 1, "samples_per_prompt": 4}
-    with Sandbox(ToyBanditTask.evaluator_factory, {"steps": 20}, workers=2, timeout_s=2.0) as sb:
+    with Sandbox(ToyBanditTask.evaluator_factory, {"steps": 20}, workers=2, timeout_s=2.0,
+                 runner_factory=ToyBanditTask.runner_factory) as sb:
         settings = explore_settings(**cfg)
         ex = Explorer(ToyBanditTask(), ScriptedAgent(completions), sb,
                       ProgramDatabase(settings), settings, seed=0)

@@ -53,7 +53,7 @@ def prompts_for(agent: ResearchAgent, n: int = 2) -> list[str]:
 @pytest.fixture(scope="module")
 def sandbox():
     with Sandbox(ToyBanditTask.evaluator_factory, {"steps": 20}, workers=2,
-                 timeout_s=5.0) as sb:
+                 runner_factory=ToyBanditTask.runner_factory, timeout_s=5.0) as sb:
         yield sb
 
 

@@ -22,10 +22,9 @@ import pytest
 from atlas.sandbox import Sandbox, SandboxError, isolation
 from atlas.sandbox.protocol import ProtocolError, decode_frames, encode, validate_evaluation
 from atlas.sandbox.seccomp import build_filter
-from atlas.sandbox.testing import make_toy_evaluator
+from atlas.sandbox.testing import TOY_RUNNER, TOY_SCORER, toy_in_process
 from atlas.types import Evaluation
 
-TOY = "atlas.sandbox.testing:make_toy_evaluator"
 REPO = pathlib.Path(__file__).resolve().parents[1]
 HOSTILE = sorted([*(REPO / "tests" / "hostile").glob("*.py"),
                   REPO / "tests" / "hostile" / "syntax_error.txt"])  # .txt: keeps ruff clean
@@ -55,7 +54,12 @@ def _escapes() -> set[str]:
 
 
 def _direct_score(config: dict) -> float:
-    return make_toy_evaluator(config)(GOOD, {}).score
+    return toy_in_process(config, {}, GOOD).score
+
+
+def toy(config: dict, **kwargs) -> Sandbox:
+    """A sandbox of the toy task (atlas/sandbox/testing.py)."""
+    return Sandbox(TOY_SCORER, config, runner_factory=TOY_RUNNER, **kwargs)
 
 
 @pytest.fixture(scope="module", params=["bwrap-fork", "bwrap-inline", "fallback-fork"])
@@ -63,7 +67,7 @@ def sandbox(request):
     name = request.param
     if name.startswith("bwrap") and not BWRAP_OK:
         pytest.skip("bubblewrap does not work here")
-    sb = Sandbox(TOY, {"steps": 20}, workers=2, timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB,
+    sb = toy({"steps": 20}, workers=2, timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB,
                  isolation="bwrap" if name.startswith("bwrap") else "rlimits",
                  fork_safe=not name.endswith("inline"))
     sb.label = name
@@ -107,12 +111,12 @@ def test_messages_are_clear(sandbox):
 
 
 def test_scorer_worker_stays_warm_and_candidates_are_isolated():
-    with Sandbox(TOY, {"steps": 20}, workers=1, timeout_s=TIMEOUT_S,
+    with toy({"steps": 20}, workers=1, timeout_s=TIMEOUT_S,
                  memory_mb=MEMORY_MB) as sb:
         assert sb.evaluate(GOOD, {}).passed
         slot = sb._all[0]
         pid = slot.proc.pid
-        tamper = _source(REPO / "tests" / "hostile" / "tamper_evaluator.py")
+        tamper = _source(REPO / "tests" / "hostile" / "tamper_scorer.py")
         for code in (tamper, _source(REPO / "tests" / "hostile" / "infinite_loop.py"), GOOD):
             sb.evaluate(code, {})
         assert slot.proc.pid == pid, "a timeout or a bad candidate restarted the warm worker"
@@ -140,7 +144,7 @@ def test_every_candidate_gets_a_fresh_runner_process():
     code = ("import os\n\ndef policy(contexts, history, t, state):\n"
             "    return 0 if t else os.getpid() % 5\n")
     pids = "import os\n\ndef policy(contexts, history, t, state):\n    raise ValueError(os.getpid())\n"
-    with Sandbox(TOY, {}, workers=1, timeout_s=TIMEOUT_S, isolation="rlimits") as sb:
+    with toy({}, workers=1, timeout_s=TIMEOUT_S, isolation="rlimits") as sb:
         assert sb.evaluate(code, {}).passed
         seen = {sb.evaluate(pids, {}).message for _ in range(3)}
     assert len(seen) == 3, seen
@@ -150,7 +154,7 @@ def test_workdir_is_cwd_and_home_and_is_removed():
     code = ("import os\n\ndef policy(contexts, history, t, state):\n"
             "    assert os.getcwd() == os.environ['HOME'] == os.environ['TMPDIR']\n"
             "    open('left_behind.txt', 'w').write('x')\n    return 0\n")
-    with Sandbox(TOY, {}, workers=1, timeout_s=TIMEOUT_S, isolation="rlimits") as sb:
+    with toy({}, workers=1, timeout_s=TIMEOUT_S, isolation="rlimits") as sb:
         assert sb.evaluate(code, {}).passed
         root = sb._all[0].tmp_root
         left = [p for p in pathlib.Path(root).iterdir()]
@@ -193,7 +197,7 @@ def test_each_candidate_gets_its_own_fresh_tmpfs(mode):
             "        open('left_by_the_last', 'w').write('x')\n"
             "        raise RuntimeError(repr((left, [m[-3] for m in mine])))\n"
             "    return 0\n")
-    with Sandbox(TOY, {}, workers=1, timeout_s=TIMEOUT_S, isolation=mode) as sb:
+    with toy({}, workers=1, timeout_s=TIMEOUT_S, isolation=mode) as sb:
         seen = [eval(sb.evaluate(code, {}).message.split(": ", 1)[1]) for _ in range(2)]
     assert seen == [([], ["tmpfs"]), ([], ["tmpfs"])], seen
 
@@ -201,7 +205,7 @@ def test_each_candidate_gets_its_own_fresh_tmpfs(mode):
 def test_parallel_across_workers():
     code = ("import time\n\ndef policy(contexts, history, t, state):\n"
             "    if t == 0:\n        time.sleep(0.6)\n    return 0\n")
-    with Sandbox(TOY, {}, workers=2, timeout_s=TIMEOUT_S) as sb:
+    with toy({}, workers=2, timeout_s=TIMEOUT_S) as sb:
         sb.evaluate_many([GOOD, GOOD], {})  # start both workers
         start = time.monotonic()
         results = sb.evaluate_many([code] * 4, {})
@@ -214,7 +218,7 @@ def test_jax_works_in_a_runner_under_the_memory_limit():
     pytest.importorskip("jax")
     code = ("import jax.numpy as jnp\n\ndef policy(contexts, history, t, state):\n"
             "    return int(jnp.ones(3).sum()) - 3\n")
-    with Sandbox(TOY, {"jax": True, "steps": 3}, workers=1, fork_safe=False,
+    with toy({"jax": True, "steps": 3}, workers=1, fork_safe=False,
                  timeout_s=60, memory_mb=2048) as sb:
         ev = sb.evaluate(code, {})
     assert ev.passed, ev
@@ -225,9 +229,9 @@ def test_isolation_choices(monkeypatch, caplog):
     isolation.probe_bwrap.cache_clear()
     try:
         with pytest.raises(RuntimeError, match="bubblewrap is not installed"):
-            Sandbox(TOY, {}, isolation="bwrap")
+            toy({}, isolation="bwrap")
         with caplog.at_level(logging.WARNING, logger="atlas.sandbox"):
-            sb = Sandbox(TOY, {}, isolation="auto", workers=1, timeout_s=TIMEOUT_S)
+            sb = toy({}, isolation="auto", workers=1, timeout_s=TIMEOUT_S)
         assert sb.isolation == "rlimits+guard"
         assert "bubblewrap is not installed" in sb.isolation_reason
         assert "bubblewrap unusable" in caplog.text
@@ -237,8 +241,8 @@ def test_isolation_choices(monkeypatch, caplog):
         monkeypatch.undo()
         isolation.probe_bwrap.cache_clear()
     if BWRAP_OK:
-        assert Sandbox(TOY, {}, isolation="auto").isolation == "bwrap"
-    assert Sandbox(TOY, {}, isolation="rlimits").isolation == "rlimits+guard"
+        assert toy({}, isolation="auto").isolation == "bwrap"
+    assert toy({}, isolation="rlimits").isolation == "rlimits+guard"
 
 
 @pytest.mark.skipif(not BWRAP_OK, reason="bubblewrap does not work here")
@@ -249,7 +253,7 @@ def test_bwrap_probe_works_from_any_directory_with_a_relative_pythonpath(tmp_pat
     try:
         assert isolation.probe_bwrap() == (True, "")
         monkeypatch.chdir(tmp_path)
-        with Sandbox(TOY, {}, workers=1, timeout_s=TIMEOUT_S, isolation="bwrap") as sb:
+        with toy({}, workers=1, timeout_s=TIMEOUT_S, isolation="bwrap") as sb:
             assert sb.evaluate(GOOD, {}).passed
     finally:
         isolation.probe_bwrap.cache_clear()
@@ -327,14 +331,21 @@ def test_seccomp_denies_metadata_changes_and_page_cache_probes(tmp_path):
 
 def test_bad_configuration_is_named():
     with pytest.raises(ValueError, match="evaluator_factory"):
-        Sandbox("atlas.sandbox.testing.make_toy_evaluator", {})
+        Sandbox("atlas.sandbox.testing.make_toy_scorer", {}, runner_factory=TOY_RUNNER)
     with pytest.raises(ValueError, match="workers"):
-        Sandbox(TOY, {}, workers=0)
+        toy({}, workers=0)
     with pytest.raises(ValueError, match="isolation"):
-        Sandbox(TOY, {}, isolation="docker")
+        toy({}, isolation="docker")
     with pytest.raises(ValueError, match="timeout_s"):
-        Sandbox(TOY, {}, timeout_s=0)
-    with Sandbox("atlas.sandbox.testing:no_such_factory", {}, workers=1) as sb:
+        toy({}, timeout_s=0)
+    # every task is split: a scorer alone is refused before any worker starts
+    with pytest.raises(ValueError, match=r"runner_factory is missing: every task needs a runner"
+                                         r".*see docs/tasks\.md"):
+        Sandbox(TOY_SCORER, {}, runner_factory=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"runner_factory='nomodule' is invalid"):
+        Sandbox(TOY_SCORER, {}, runner_factory="nomodule")
+    with Sandbox("atlas.sandbox.testing:no_such_factory", {}, workers=1,
+                 runner_factory=TOY_RUNNER) as sb:
         with pytest.raises(SandboxError, match="no_such_factory"):
             sb.evaluate(GOOD, {})
 
@@ -383,7 +394,7 @@ def test_busy_workers_counts_candidates_being_scored():
 
     code = ("import time\n\ndef policy(contexts, history, t, state):\n"
             "    if t == 0:\n        time.sleep(1.0)\n    return 0\n")
-    with Sandbox(TOY, {}, workers=2, timeout_s=TIMEOUT_S) as sb:
+    with toy({}, workers=2, timeout_s=TIMEOUT_S) as sb:
         budget = agent_thread_budget(None, sb)
         sb.evaluate_many([GOOD, GOOD], {})  # start both workers
         assert sb.busy_workers == 0 and budget() == usable_cores()

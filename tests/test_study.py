@@ -87,7 +87,7 @@ def test_sandbox_masks_a_relative_secret_path_by_its_absolute_name(tmp_path: Pat
     secret.parent.mkdir(parents=True)
     secret.write_text("5eed" * 16)
     sb = Sandbox("atlas.tasks.bandit.evaluator:make_scorer", {}, workers=1,
-                 hide=["multirun/study/.task_secret_s0"])
+                 runner_factory="atlas.tasks.bandit.evaluator:make_runner", hide=["multirun/study/.task_secret_s0"])
     try:  # masked by its absolute name, with the whole output tree it lies in
         real = os.path.realpath(secret)
         assert sb.hide and all(os.path.isabs(h) for h in sb.hide)

@@ -113,7 +113,8 @@ class _NoTimeoutTask(Task):
     """A task that never touches ``timeout_s``: the base class must still read it."""
 
     name = "no_timeout"
-    evaluator_factory = "atlas.tasks.bandit.evaluator:make_evaluator"
+    evaluator_factory = "atlas.tasks.bandit.evaluator:make_scorer"
+    runner_factory = "atlas.tasks.bandit.evaluator:make_runner"
 
     def prompt_spec(self):  # pragma: no cover - not called
         raise NotImplementedError

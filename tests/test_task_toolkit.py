@@ -180,6 +180,7 @@ def test_a_small_hidden_set_fails_the_spread_check(tmp_path: Path,
 
 class _Nameless(Task):
     evaluator_factory = "atlas.tasks.bandit.evaluator:make_scorer"
+    runner_factory = "atlas.tasks.bandit.evaluator:make_runner"
 
     def prompt_spec(self) -> PromptSpec:  # pragma: no cover - never built
         raise NotImplementedError
@@ -203,6 +204,11 @@ class _NoModule(_Nameless):
     runner_factory = "atlas.tasks.bandit.evaluatr:make_runner"
 
 
+class _NoRunner(_Nameless):
+    name = "no_runner"
+    runner_factory = None  # type: ignore[assignment]
+
+
 class _FlatRange(_Typo):
     evaluator_factory = "atlas.tasks.bandit.evaluator:make_scorer"
     score_range = (0.0, 0.0)
@@ -213,6 +219,7 @@ class _FlatRange(_Typo):
     (_NoFactory, r"has no `evaluator_factory`"),
     (_Typo, r"defines no 'make_scorr' \(did you mean 'make_scorer'\?\)"),
     (_NoModule, r"runner_factory='atlas.tasks.bandit.evaluatr:make_runner': no module"),
+    (_NoRunner, r"_NoRunner has no `runner_factory`: add a runner, .*see docs/tasks\.md"),
     (_FlatRange, r"score_range=\(0.0, 0.0\) is invalid"),
 ])
 def test_the_class_is_checked_when_the_task_is_built(cls: type, match: str) -> None:
@@ -257,6 +264,31 @@ def test_train_names_an_unimportable_search_path(tmp_path: Path) -> None:
                          text=True, timeout=300)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "pkg://linefit.conf cannot be imported" in out.stderr and "PYTHONPATH" in out.stderr
+
+
+def test_a_task_without_a_runner_stops_train_with_one_line(tmp_path: Path) -> None:
+    """Every task is a scorer plus a runner: one without ``runner_factory`` fails at
+    validation, before torch is imported, with one line that names the field and the fix."""
+    scaffold("norunner", tmp_path)
+    init = tmp_path / "norunner" / "__init__.py"
+    text = init.read_text()
+    line = next(x for x in text.splitlines() if x.strip().startswith("runner_factory ="))
+    init.write_text(text.replace(line + "\n", ""))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    out = subprocess.run([sys.executable, "-m", "atlas.train", "task=norunner",
+                          "hydra.searchpath=[pkg://norunner.conf]", f"hydra.run.dir={tmp_path / 'r'}"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    named = [x for x in out.stderr.splitlines() if "runner_factory" in x]
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    assert len(named) == 1 and "norunner.NorunnerTask has no `runner_factory`" in named[0]
+    assert "see docs/tasks.md" in named[0], out.stderr
+    probe = ("import sys\nfrom atlas.compose import compose\nfrom atlas.config import ConfigError, "
+             "validate\ntry:\n    validate(compose(['task=norunner', "
+             "'hydra.searchpath=[pkg://norunner.conf]']), [])\nexcept ConfigError as exc:\n"
+             "    print('runner_factory' in str(exc), 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr
 
 
 def test_cause_keeps_the_end_of_a_traceback() -> None:

@@ -108,7 +108,7 @@ class _Slot:
         cmd = [sys.executable, "-m", _WORKER_MODULE, "--req-fd", str(req_r),
                "--resp-fd", str(resp_w)]
         if sb.fork_safe:  # the zygote imports the runner's module once, before any fork
-            cmd += ["--preload", (sb.runner_factory or sb.evaluator_factory).split(":")[0]]
+            cmd += ["--preload", sb.runner_factory.split(":")[0]]
         env = python_env(dict(os.environ, PYTHONDONTWRITEBYTECODE="1",
                               **thread_limits(sb.threads_per_worker)))
         if sb.isolation == BWRAP:
@@ -305,20 +305,19 @@ class Sandbox:
     """Runs untrusted candidate programs in isolated single-use processes, in parallel.
 
     ``evaluator_factory`` ("module:function") is imported and called once per trusted worker
-    with ``evaluator_config`` (and ``secret=`` if it takes one). With ``runner_factory`` it
-    returns a scorer (``score(code, context, link)``, ``public_config()``) and candidates run
-    in the task's runner; without, it is a legacy ``(code, context) -> Evaluation`` callable
-    built and run whole in the candidate's runner. Every candidate gets ``timeout_s`` of wall
-    time and ``memory_mb`` of resident memory; a passed score outside ``score_range`` is a
-    ``tampered`` failure, and one without a metric named in ``quality_metrics`` a
-    ``task_error``. ``secret`` (the run's, 64 hex characters, see ``secret.py``) defaults to a
-    fresh one.
+    with ``evaluator_config`` (and ``secret=`` if it takes one) and returns the task's scorer
+    (``score(code, context, link)``, ``public_config()``); ``runner_factory`` builds, in each
+    candidate's single-use process, the runner that calls the program. Every candidate gets
+    ``timeout_s`` of wall time and ``memory_mb`` of resident memory; a passed score outside
+    ``score_range`` is a ``tampered`` failure, and one without a metric named in
+    ``quality_metrics`` a ``task_error``. ``secret`` (the run's, 64 hex characters, see
+    ``secret.py``) defaults to a fresh one.
     """
 
     def __init__(self, evaluator_factory: str, evaluator_config: dict, *, workers: int = 2,
                  timeout_s: float = 30.0, memory_mb: int = 2048, isolation: str = "auto",
                  max_output_bytes: int = 65536, recycle_every: int = 500,
-                 threads_per_worker: int = 1, runner_factory: str | None = None,
+                 threads_per_worker: int = 1, runner_factory: str,
                  secret: str | None = None,
                  score_range: tuple[float, float] = (-math.inf, math.inf),
                  fork_safe: bool = True, hide: list[str] | None = None,
@@ -347,8 +346,12 @@ class Sandbox:
         self.workers, self.timeout_s, self.memory_mb = workers, float(timeout_s), memory_mb
         self.max_output_bytes, self.recycle_every = max_output_bytes, recycle_every
         self.threads_per_worker = threads_per_worker
-        if runner_factory is not None and (not isinstance(runner_factory, str)
-                                           or runner_factory.count(":") != 1):
+        if runner_factory is None:
+            raise ValueError("runner_factory is missing: every task needs a runner, the "
+                             "untrusted half that calls the program (Task.runner_factory, e.g. "
+                             "'mypkg.scoring:make_runner'); see docs/tasks.md")
+        if not isinstance(runner_factory, str) or runner_factory.count(":") != 1 \
+                or not all(runner_factory.split(":")):
             raise ValueError(f"runner_factory={runner_factory!r} is invalid: use an import "
                              f"path 'package.module:function'")
         lo, hi = (float(v) for v in score_range)

@@ -18,7 +18,6 @@ candidate.
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import signal
@@ -39,7 +38,7 @@ from atlas.sandbox.isolation import (
 from atlas.sandbox.landlock import restrict_writes
 from atlas.sandbox.link import Link
 from atlas.sandbox.seccomp import install_seccomp
-from atlas.types import Evaluation, FailureKind
+from atlas.types import FailureKind
 
 _os_exit = os._exit
 NOBODY = 65534
@@ -128,16 +127,7 @@ def _run_one(spec: dict[str, Any], link: Link) -> None:
     reply: dict[str, Any] | None = None
     try:
         guard.install()
-        if spec.get("legacy"):  # the whole evaluator runs here; the pool range-checks it
-            ev = task_runner(code, context)
-            if not isinstance(ev, Evaluation):
-                raise CandidateError(FailureKind.EXCEPTION, f"the evaluator returned "
-                                     f"{type(ev).__name__}, not an Evaluation (a task bug)")
-            if ev.passed and not math.isfinite(ev.score):
-                raise CandidateError(FailureKind.NON_FINITE, f"score is {ev.score}")
-            reply = {"evaluation": ev.to_dict(), "nonce": req.get("nonce")}
-        else:
-            task_runner(code, context, link)
+        task_runner(code, context, link)
     except BaseException as exc:  # noqa: BLE001 - everything a candidate raises is classified
         kind, message = classify(exc)
         reply = {"error": kind, "message": message}

@@ -9,9 +9,8 @@ over a ``Link`` that only this side interprets, kills it after the one candidate
 every file it could have left. One runner is always kept ready (spare), so a task's warm-up
 (JAX compilation) overlaps the previous candidate and the agent's generation.
 
-Tasks come in two shapes: *split* (``runner_factory`` given: ``scorer.score(code, context,
-link)`` here, the task's runner there) and *legacy* (a single ``(code, context) ->
-Evaluation`` callable, run whole in the runner; the pool range-checks what it reports).
+Every task is split: ``scorer.score(code, context, link)`` runs here, the task's runner
+(``runner_factory``) there.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import inspect
 import json
 import math
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -202,21 +200,12 @@ class Worker:
         os.environ["TMPDIR"] = self.base
         factory = load_factory(init["factory"])
         config = dict(init["config"])
-        runner_factory = init.get("runner_factory")
-        if runner_factory:
-            params = inspect.signature(factory).parameters
-            self.scorer = (factory(config, secret=init["secret"]) if "secret" in params
-                           else factory(config))
-            public = getattr(self.scorer, "public_config", None)
-            self.spec = {"factory": runner_factory,
-                         "config": public() if callable(public) else {}}
-        else:
-            if "secret" in inspect.signature(factory).parameters:
-                raise ValueError(f"evaluator_factory={init['factory']!r} is a scorer (it takes "
-                                 f"a secret) but no runner_factory was given: build the "
-                                 f"sandbox with Sandbox.for_task(task)")
-            self.scorer = None
-            self.spec = {"factory": init["factory"], "config": config, "legacy": True}
+        params = inspect.signature(factory).parameters
+        self.scorer = (factory(config, secret=init["secret"]) if "secret" in params
+                       else factory(config))
+        public = getattr(self.scorer, "public_config", None)
+        self.spec = {"factory": init["runner_factory"],
+                     "config": public() if callable(public) else {}}
         self.spec.update(memory_mb=self.memory_mb, timeout_s=self.timeout_s,
                          hide=list(init.get("hide") or []), readable=init.get("readable"))
         shared = getattr(self.scorer, "shared_dirs", None)
@@ -245,13 +234,10 @@ class Worker:
         return Runner(pid, Link(from_r, to_w, trusted=True), out_r,
                       OutputSink(out_r, self.max_output), workdir)
 
-    def _start(self, runner: Runner, code: str, context: dict[str, Any]) -> str:
-        """Wait for ``runner`` to be ready and hand it the program; the request's nonce."""
-        workdir = runner.workdir
+    def _start(self, runner: Runner, code: str, context: dict[str, Any]) -> None:
+        """Wait for ``runner`` to be ready and hand it the program."""
         runner.link.recv()  # "ready": the task's runner has warmed up
-        nonce = secrets.token_hex(16)
-        runner.link.send({"code": code, "context": context, "workdir": workdir, "nonce": nonce})
-        return nonce
+        runner.link.send({"code": code, "context": context, "workdir": runner.workdir})
 
     def _end(self, runner: Runner, ours: set[str]) -> str:
         """Kill ``runner`` and wipe everything it could have left; its output."""
@@ -285,28 +271,22 @@ class Worker:
             return runner.link
 
         try:
-            nonce = self._start(runner, code, context)
-            if self.scorer is None:  # legacy: blind writes cannot pass without the nonce
-                reply = runner.link.recv()
-                if reply.get("nonce") != nonce:
-                    raise protocol.ProtocolError("a legacy result without the request's nonce")
-                ev = protocol.validate_evaluation(reply.get("evaluation"))
+            self._start(runner, code, context)
+            if "fresh" in inspect.signature(self.scorer.score).parameters:
+                ev = self.scorer.score(code, context, runner.link, fresh=fresh)
             else:
-                if "fresh" in inspect.signature(self.scorer.score).parameters:
-                    ev = self.scorer.score(code, context, runner.link, fresh=fresh)
-                else:
-                    ev = self.scorer.score(code, context, runner.link)
-                if not isinstance(ev, Evaluation):
-                    raise TypeError(f"the scorer returned {type(ev).__name__}, not an "
-                                    f"Evaluation (a task bug)")
-                if ev.passed and not (isinstance(ev.score, (int, float))
-                                      and math.isfinite(ev.score)):
-                    raise CandidateError(FailureKind.NON_FINITE, f"the score is {ev.score!r}")
-                try:  # what the parent will accept, checked here where the task is blamed
-                    protocol.validate_evaluation(json.loads(protocol.encode(ev.to_dict())[protocol.HEADER.size:]))
-                except (TypeError, protocol.ProtocolError) as exc:
-                    raise TypeError(f"the scorer returned an invalid Evaluation ({exc}); "
-                                    f"metrics must map str to Python floats") from None
+                ev = self.scorer.score(code, context, runner.link)
+            if not isinstance(ev, Evaluation):
+                raise TypeError(f"the scorer returned {type(ev).__name__}, not an "
+                                f"Evaluation (a task bug)")
+            if ev.passed and not (isinstance(ev.score, (int, float))
+                                  and math.isfinite(ev.score)):
+                raise CandidateError(FailureKind.NON_FINITE, f"the score is {ev.score!r}")
+            try:  # what the parent will accept, checked here where the task is blamed
+                protocol.validate_evaluation(json.loads(protocol.encode(ev.to_dict())[protocol.HEADER.size:]))
+            except (TypeError, protocol.ProtocolError) as exc:
+                raise TypeError(f"the scorer returned an invalid Evaluation ({exc}); "
+                                f"metrics must map str to Python floats") from None
         except RunnerFailed as exc:
             ev = Evaluation.failure(exc.kind, exc.message)
         except CandidateError as exc:

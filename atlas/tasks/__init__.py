@@ -78,8 +78,11 @@ def check_task_class(cls: type[Task]) -> None:
                          f"its scorer's factory, e.g. \"mypkg.scoring:make_scorer\"")
     check_factory(f"{where}.evaluator_factory", factory)
     runner = getattr(cls, "runner_factory", None)
-    if runner is not None:
-        check_factory(f"{where}.runner_factory", runner)
+    if runner is None:
+        raise ValueError(f"{where} has no `runner_factory`: add a runner, the untrusted half "
+                         f"that calls the program, e.g. runner_factory = "
+                         f"\"mypkg.scoring:make_runner\" (see docs/tasks.md)")
+    check_factory(f"{where}.runner_factory", runner)
     metrics = getattr(cls, "quality_metrics", ())
     if not isinstance(metrics, tuple) or not all(isinstance(m, QualityMetric) for m in metrics):
         raise ValueError(f"{where}.quality_metrics={metrics!r} is invalid: use a tuple of "

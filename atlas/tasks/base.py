@@ -14,23 +14,15 @@ A task has three halves that live in different processes:
   warm-up happens in the factory (before any candidate code); the callable it returns,
   ``run(code, context, link)``, loads the candidate and answers the scorer's messages.
 
-A task without ``runner_factory`` is *legacy*: ``evaluator_factory(config)`` returns a
-``(code, context) -> Evaluation`` callable that runs whole in the candidate's process; it
-gets a fresh process and the ``score_range`` check, but its score is only as honest as a
-process running candidate code can be. Use the split for anything a run optimises.
+Both factories are required: whatever computes a score must never run candidate code.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
-
-from atlas.types import Evaluation
-
-Evaluator = Callable[[str, dict[str, Any]], Evaluation]
 
 
 @dataclass(frozen=True)
@@ -91,13 +83,13 @@ class Task(ABC):
     name: str
     #: import path "module:function" of the scorer's factory, ``factory(config, secret=...)``
     #: returning an object with ``score(code, context, link) -> Evaluation`` and
-    #: ``public_config()`` (with ``runner_factory``; legacy: ``factory(config)`` returning an
-    #: ``Evaluator``); each sandbox worker calls it once, so expensive set-up (JAX
+    #: ``public_config()``; each sandbox worker calls it once, so expensive set-up (JAX
     #: compilation) is paid once per worker, not per candidate. ``make_task`` checks that the
     #: module exists and defines the function.
     evaluator_factory: str
-    #: import path of the untrusted runner's factory (None: a legacy single-callable task)
-    runner_factory: str | None = None
+    #: import path of the untrusted runner's factory, ``factory(public_config)`` returning
+    #: ``run(code, context, link)``; checked like ``evaluator_factory``
+    runner_factory: str
     #: seconds one candidate may run before it is killed
     timeout_s: float = 30.0
     #: the quality metrics the Policy Inspector compares, with their directions

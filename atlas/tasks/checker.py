@@ -128,9 +128,8 @@ def check_task(task: Task, *, secrets: int = SECRETS, max_spread: float = MAX_SP
         report.add("class attributes and factories", False, str(exc))
         return report
     report.add("class attributes and factories", True,
-               f"evaluator_factory={task.evaluator_factory}"
-               + (f", runner_factory={task.runner_factory}" if task.runner_factory
-                  else " (legacy: no runner_factory, the scorer runs beside the program)"))
+               f"evaluator_factory={task.evaluator_factory}, "
+               f"runner_factory={task.runner_factory}")
     names = [m.name for m in task.quality_metrics]
     report.add("quality metrics declared", (len(names) == len(set(names))) if names else None,
                f"{names}" if names else "none: the Policy Inspector compares no metric; "
