@@ -13,7 +13,6 @@ from atlas.dpo import (
     GateConfig,
     GateDecision,
     PolicyCandidate,
-    ReferenceSwapCallback,
     decide,
     inspector_score,
     promote,
@@ -422,18 +421,17 @@ def test_select_and_gate_on_model_matches_parts_and_restores_adapters():
     assert off.kl == pytest.approx(kls[1], **KL_TOL)
 
 
-def test_promote_copies_and_decision_feeds_the_swap_callback():
+def test_promote_copies_the_decision_s_chosen_candidate():
     model, _ = tiny_peft()
     state = random_state(model, 6, 0.1)
     cands = [PolicyCandidate("step_1", random_state(model, 7, 0.1), 1),
              PolicyCandidate("final", state, 2)]
     accepted = decide([0.2, 0.3], [0.0, 0.0], ["step_1", "final"], 0.1, GateConfig())
-    assert accepted.promoted_state(cands) is state
-    cb = ReferenceSwapCallback()
-    assert cb.queue_decision(accepted, cands) and cb.pending_name == "final"
-    assert same(cb.pending, state)
+    assert accepted.chosen == "final" and accepted.promoted_state(cands) is state
     rejected = GateDecision(False, "rejected: no gain", "final", -1.0, 0.0)
-    assert not ReferenceSwapCallback().queue_decision(rejected, cands)
+    assert rejected.promoted_state(cands) is None
+    with pytest.raises(KeyError, match="chosen candidate 'final'"):
+        accepted.promoted_state(cands[:1])
 
     promote(model, state)
     kept = {k: v.clone() for k, v in state.items()}

@@ -19,9 +19,8 @@ where G = max_c |gain(c)| and K = max_c KL(c) over C_k (each term spans at most 
 dominates by construction; lam = 1 trades the largest gain against the largest KL).
 
 With the gate disabled (EvoDPO, paper B.1) the phase-final policy is promoted every phase and
-the numbers are still computed and recorded. The decision reaches the reference only through
-its owner, ``ReferenceSwapCallback.queue_decision(decision, C_k)``: the next
-``train_phase(..., pending_reference=callback)`` applies it, or ``flush`` at run end.
+the numbers are still computed and recorded. The caller promotes an accepted decision with
+``promote(model, decision.promoted_state(C_k))``.
 """
 
 from __future__ import annotations
