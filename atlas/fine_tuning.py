@@ -20,7 +20,6 @@ from atlas.agent.adapters import get_adapter_state, promote
 from atlas.dpo import (
     DPOConfig,
     GateConfig,
-    hold_out_prompts,
     select_and_gate,
     train_phase,
 )
@@ -29,7 +28,9 @@ from atlas.evolution.preferences import (
     PAIR_KINDS,
     build_pairs,
     failure_floor,
-    sample_gate_subset,
+    gate_items,
+    gate_prompts,
+    hold_out_prompts,
 )
 from atlas.knobs import KNOBS
 from atlas.schema import MethodConfig
@@ -129,7 +130,7 @@ class FineTuner:
         # G_k's prompts are held out of D_k (the gate never scores a policy on what it was
         # trained on); only when the gate decides (EvoDPO's ungated numbers are record-only)
         held = hold_out_prompts(phase_programs, self.gate_cfg, seed=phase_seed(self.seed, phase)) \
-            if adaptive and self.method.gate else set()
+            if adaptive and self.method.gate else []
         pairs = build_pairs(db, [p for p in phase_programs if p.prompt not in held],
                             top_k=cfg.top_k, max_pairs=cfg.max_pairs,
                             score_threshold=cfg.score_threshold, seed=phase_seed(self.seed, phase))
@@ -153,10 +154,11 @@ class FineTuner:
         if adaptive:
             t2 = time.time()
             gated = bool(self.method.gate)
-            items = sample_gate_subset(
-                [p for p in phase_programs if p.prompt in held] if gated else phase_programs,
-                self.gate_cfg.subset_size, seed=phase_seed(self.seed, phase),
-                failure_score=failure_floor(phase_programs))
+            # gated: G_k is the held-out prompts; ungated (record-only): the same rule over
+            # all of the phase's prompts
+            prompts = held if gated else gate_prompts(phase_programs, phase_seed(self.seed, phase),
+                                                      self.gate_cfg.subset_size)
+            items = gate_items(phase_programs, prompts, failure_score=failure_floor(phase_programs))
             online = self._online_inspector(phase, items, phase_programs)
             decision = select_and_gate(self.agent.model, self.agent.tokenizer, result.candidates,
                                        items, self.gate_cfg, enabled=gated,

@@ -19,7 +19,7 @@ from atlas.dpo import (
     select_and_gate,
     token_kl,
 )
-from atlas.dpo.gate import NO_ITEMS, hold_out_prompts
+from atlas.dpo.gate import NO_ITEMS
 from atlas.dpo.scoring import (
     BASE,
     REFERENCE,
@@ -28,6 +28,7 @@ from atlas.dpo.scoring import (
     lower_bound,
     normalised_scores,
 )
+from atlas.evolution.preferences import hold_out_prompts
 from atlas.types import Evaluation, GateItem, Program
 
 ITEMS = [
@@ -380,13 +381,13 @@ def test_hold_out_prompts_leaves_dk_prompts_and_prefers_informative_ones():
             progs.append(_prog(i, f"p{k}", ok))
             i += 1
     held = hold_out_prompts(progs, gate, seed=1)
-    assert len(held) == 2 and held <= {f"p{k}" for k in range(6)}
+    assert len(held) == 2 and set(held) <= {f"p{k}" for k in range(6)}
     assert hold_out_prompts(progs, gate, seed=1) == held  # deterministic (resume-exact)
     assert len({frozenset(hold_out_prompts(progs, gate, seed=s)) for s in range(10)}) > 1
     assert len(hold_out_prompts(progs, GateConfig(holdout=0.25, subset_size=1), 1)) == 1
     # two prompts: one held out, one left for D_k; one prompt: nothing can be held out
     assert len(hold_out_prompts(progs[:4], gate, seed=0)) == 1
-    assert hold_out_prompts(progs[:2], gate, seed=0) == set()
+    assert hold_out_prompts(progs[:2], gate, seed=0) == []
     assert len(hold_out_prompts(progs, GateConfig(holdout=0.99), 0)) == 7  # D_k keeps one
 
 

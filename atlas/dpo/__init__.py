@@ -20,7 +20,7 @@ _WHERE = {
     "promote": "atlas.agent.adapters",
     "PolicySnapshotCallback": "atlas.dpo.callbacks",
     "DPOConfig": "atlas.dpo.config", "GateConfig": "atlas.dpo.config",
-    "decide": "atlas.dpo.gate", "hold_out_prompts": "atlas.dpo.gate",
+    "decide": "atlas.dpo.gate",
     "inspector_score": "atlas.dpo.gate", "select_and_gate": "atlas.dpo.gate",
     "token_kl": "atlas.dpo.gate",
     "dpo_loss": "atlas.dpo.loss", "evaluate_pairs": "atlas.dpo.loss",
