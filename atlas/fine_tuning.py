@@ -16,12 +16,10 @@ import time
 from statistics import median
 from typing import Any
 
-from atlas.agent.adapters import get_adapter_state
+from atlas.agent.adapters import get_adapter_state, promote
 from atlas.dpo import (
     DPOConfig,
     GateConfig,
-    ReferenceSwapCallback,
-    hold_out_prompts,
     select_and_gate,
     train_phase,
 )
@@ -30,7 +28,9 @@ from atlas.evolution.preferences import (
     PAIR_KINDS,
     build_pairs,
     failure_floor,
-    sample_gate_subset,
+    gate_items,
+    gate_prompts,
+    hold_out_prompts,
 )
 from atlas.knobs import KNOBS
 from atlas.schema import MethodConfig
@@ -81,25 +81,25 @@ class FineTuner:
         self.seed = seed
         self.optimizer_state: dict | None = None
         self.history: list[PhaseRecord] = []  # the phases so far, which the strategist reads
-        # an accepted promotion is queued here and applied by Lightning (DPOModule.swap_reference)
-        # at the start of the next phase's training; flush_promotion() applies it at run end
-        self.reference_swap = ReferenceSwapCallback()
 
     # -- persistence (crash-safe resume) -----------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"dpo_cfg": dataclasses.asdict(self.dpo_cfg), "optimizer_state": self.optimizer_state,
-                "history": [r.to_state() for r in self.history],
-                "reference_swap": self.reference_swap.state_dict()}
+                "history": [r.to_state() for r in self.history]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the phase state; call it after the checkpoint's adapters are restored.
+
+        A checkpoint written when promotions were queued until the next phase may hold an
+        accepted one not yet applied (``reference_swap.pending``): it is promoted here, which
+        is where that queue would have put ``ref`` before anything read it.
+        """
         self.dpo_cfg = DPOConfig(**state["dpo_cfg"])
         self.optimizer_state = state["optimizer_state"]
         self.history = [PhaseRecord.from_state(r) for r in state["history"]]
-        self.reference_swap.load_state_dict(state["reference_swap"])
-
-    def flush_promotion(self) -> None:
-        """Apply a promotion still queued after the last phase (no next phase will)."""
-        self.reference_swap.flush(self.agent.model)
+        pending = (state.get("reference_swap") or {}).get("pending")
+        if pending is not None:
+            promote(self.agent.model, pending)
 
     # -- the phase ---------------------------------------------------------------------
     def run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
@@ -130,7 +130,7 @@ class FineTuner:
         # G_k's prompts are held out of D_k (the gate never scores a policy on what it was
         # trained on); only when the gate decides (EvoDPO's ungated numbers are record-only)
         held = hold_out_prompts(phase_programs, self.gate_cfg, seed=phase_seed(self.seed, phase)) \
-            if adaptive and self.method.gate else set()
+            if adaptive and self.method.gate else []
         pairs = build_pairs(db, [p for p in phase_programs if p.prompt not in held],
                             top_k=cfg.top_k, max_pairs=cfg.max_pairs,
                             score_threshold=cfg.score_threshold, seed=phase_seed(self.seed, phase))
@@ -146,8 +146,7 @@ class FineTuner:
         t1 = time.time()
         result = train_phase(self.agent.model, self.agent.tokenizer, pairs, cfg, reference,
                              seed=phase_seed(self.seed, phase), logger=logger,
-                             optimizer_state=self.optimizer_state,
-                             pending_reference=self.reference_swap if adaptive else None)
+                             optimizer_state=self.optimizer_state)
         self.optimizer_state = getattr(result, "optimizer_state", None)
         record.dpo = result.metrics
         record.seconds_dpo = time.time() - t1
@@ -155,10 +154,11 @@ class FineTuner:
         if adaptive:
             t2 = time.time()
             gated = bool(self.method.gate)
-            items = sample_gate_subset(
-                [p for p in phase_programs if p.prompt in held] if gated else phase_programs,
-                self.gate_cfg.subset_size, seed=phase_seed(self.seed, phase),
-                failure_score=failure_floor(phase_programs))
+            # gated: G_k is the held-out prompts; ungated (record-only): the same rule over
+            # all of the phase's prompts
+            prompts = held if gated else gate_prompts(phase_programs, phase_seed(self.seed, phase),
+                                                      self.gate_cfg.subset_size)
+            items = gate_items(phase_programs, prompts, failure_score=failure_floor(phase_programs))
             online = self._online_inspector(phase, items, phase_programs)
             decision = select_and_gate(self.agent.model, self.agent.tokenizer, result.candidates,
                                        items, self.gate_cfg, enabled=gated,
@@ -175,7 +175,9 @@ class FineTuner:
                 vetoed = bool(verdict.veto)
                 promoted = not vetoed
             if promoted:
-                self.reference_swap.queue_decision(decision, result.candidates)
+                # ref moves at decision time: nothing reads it before the next phase's DPO
+                # (rounds sample from the policy, a skipped phase runs no gate)
+                promote(self.agent.model, decision.promoted_state(result.candidates))
             record.promoted, record.vetoed = promoted, vetoed
             record.inspector = verdict.model_dump() if verdict is not None else None
             record.seconds_gate = time.time() - t2

@@ -162,9 +162,9 @@ class EvolutionLoop:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.next_round = int(state["next_round"])
         self.db.load_state_dict(state["db"])
-        self.finetuner.load_state_dict(state["finetuner"])
         for name, tensors in state["adapters"].items():
             set_adapter_state(self.agent.model, name, tensors)
+        self.finetuner.load_state_dict(state["finetuner"])  # after the adapters: it may promote
         self.critiques = {int(k): v for k, v in state["critiques"].items()}
         self.temperatures = {int(k): float(v) for k, v in state["temperatures"].items()}
         self.regime = str(state.get("regime", self.regime))
@@ -341,7 +341,6 @@ class EvolutionLoop:
         self.telemetry.event("phase", round=r, **record.to_event())
 
     def finish(self) -> dict[str, Any]:
-        self.finetuner.flush_promotion()
         wall = self.wall_before + time.time() - self.started
         meta = {"task": self.task.name, "method": self.settings.method.name,
                 "seed": self.settings.run.seed, "model": self.settings.model.source, "isolation": self.sandbox.isolation,

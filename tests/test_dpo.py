@@ -1,4 +1,4 @@
-"""DPO on LoRA: config, batching, the loss (against TRL), train_phase and the reference swap."""
+"""DPO on LoRA: config, batching, the loss (against TRL), train_phase and its checkpoints."""
 
 from __future__ import annotations
 
@@ -13,13 +13,19 @@ from lightning.pytorch.loggers import CSVLogger
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from atlas.agent.adapters import POLICY, REF, attach_adapters, get_adapter_state, set_adapter_state
+from atlas.agent.adapters import (
+    POLICY,
+    REF,
+    attach_adapters,
+    get_adapter_state,
+    promote,
+    set_adapter_state,
+)
 from atlas.agent.tiny import build_tiny_model
 from atlas.dpo import (
     DPOConfig,
     DPOModule,
     GateConfig,
-    ReferenceSwapCallback,
     dpo_loss,
     evaluate_pairs,
     train_phase,
@@ -356,29 +362,20 @@ def test_train_phase_rejects_bad_input():
         train_phase(model, tok, make_pairs(2), cfg, "adaptive", logger=42)
     with pytest.raises(TypeError, match="DPOConfig"):
         train_phase(model, tok, make_pairs(2), {"beta": 0.1}, "adaptive")
-    with pytest.raises(ValueError, match="pending_reference"):
-        train_phase(model, tok, make_pairs(2), cfg, "fixed",
-                    pending_reference=get_adapter_state(model, POLICY))
 
 
-# -- the reference swap through Lightning -----------------------------------------------------
-def test_reference_swap_callback_survives_save_and_load(tmp_path):
+# -- the reference in Lightning checkpoints ---------------------------------------------------
+def test_module_checkpoint_holds_adapters_and_restores_a_promoted_reference(tmp_path):
     model, tok = tiny_peft()
-    start = get_adapter_state(model, POLICY)
-    new_ref = randomise(model, POLICY, 5, scale=0.05)  # a "promoted" policy
-    set_adapter_state(model, POLICY, start)
+    new_ref = randomise(model, REF, 5, scale=0.05)  # a promoted reference
     cfg = DPOConfig(lr=1e-3, epochs=1, batch_size=2, max_length=64)
     loader = DataLoader(make_pairs(4), batch_size=2, collate_fn=PairCollator(tok, 64))
     module = DPOModule(model, cfg, "adaptive")
-    swap = ReferenceSwapCallback()
-    swap.queue(new_ref, name="step_3")
-    new_ref_copy = {k: v.clone() for k, v in new_ref.items()}
-    new_ref.clear()  # queue() copied the tensors
     trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=[swap])
+                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, loader)
-    assert same(get_adapter_state(model, REF), new_ref_copy)  # swapped, then frozen
-    assert module.reference_swaps == 1 and swap.applied == ["step_3"] and swap.pending is None
+    assert same(get_adapter_state(model, REF), new_ref)  # training never writes ref
+    assert not same(get_adapter_state(model, POLICY), new_ref)
     path = tmp_path / "phase.ckpt"
     trainer.save_checkpoint(path)
     ckpt = torch.load(path, weights_only=False)
@@ -389,35 +386,29 @@ def test_reference_swap_callback_survives_save_and_load(tmp_path):
     fresh = DPOModule(other, cfg, "adaptive")
     fresh.load_state_dict(ckpt["state_dict"])
     fresh.on_load_checkpoint(ckpt)
-    assert same(get_adapter_state(other, REF), new_ref_copy)
+    assert same(get_adapter_state(other, REF), new_ref)
     assert same(get_adapter_state(other, POLICY), get_adapter_state(model, POLICY))
-    assert fresh.reference_swaps == 1
 
-    # Lightning's own resume path restores the swapped reference before training continues
+    # Lightning's own resume path restores the reference before training continues
     third, _ = tiny_peft(seed=0)
     resumed = DPOModule(third, cfg, "adaptive")
     t2 = pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False,
                     enable_progress_bar=False, enable_model_summary=False)
     t2.fit(resumed, loader, ckpt_path=path)
-    assert same(get_adapter_state(third, REF), new_ref_copy) and resumed.reference_swaps == 1
-
-    # a queued, not yet applied swap is callback state and survives a checkpoint too
-    pending = ReferenceSwapCallback(new_ref_copy, name="final")
-    restored = ReferenceSwapCallback()
-    restored.load_state_dict(pending.state_dict())
-    assert restored.pending_name == "final" and same(restored.pending, new_ref_copy)
-    with pytest.raises(ValueError, match="fixed"):
-        DPOModule(model, cfg, "fixed").swap_reference(new_ref_copy)
+    assert same(get_adapter_state(third, REF), new_ref)
+    with pytest.raises(ValueError, match="reference='adaptive'"):
+        DPOModule(third, cfg, "fixed").on_load_checkpoint(ckpt)
 
 
-def test_train_phase_applies_pending_reference_first():
+def test_train_phase_trains_against_the_reference_as_it_stands():
     model, tok = tiny_peft()
     target = randomise(model, POLICY, 8, scale=0.05)
+    promote(model, target)  # what the gate does when it accepts
     res = train_phase(model, tok, make_pairs(4), DPOConfig(lr=1e-3, batch_size=4, max_length=64),
-                      "adaptive", pending_reference=target)
+                      "adaptive")
     assert same(get_adapter_state(model, REF), target)
-    assert res.metrics["reference_swapped"] == 1.0
-    # trained against the new reference: the first step's policy equals it, so loss is log 2
+    assert "reference_swapped" not in res.metrics
+    # the first step's policy equals the reference, so the loss is log 2
     assert res.history[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
 
 

@@ -16,7 +16,9 @@ from atlas.evolution.preferences import (
     PASSED_VS_PASSED,
     build_pairs,
     failure_floor,
-    sample_gate_subset,
+    gate_items,
+    gate_prompts,
+    hold_out_prompts,
 )
 from atlas.evolution.prompts import build_prompt
 from atlas.tasks.base import PromptSpec
@@ -304,25 +306,55 @@ def gate_programs() -> list[Program]:
             out.append(prog(pid, "x", score, prompt=f"prompt{k}", completion=f"p{k}c{j}"))
             pid += 1
     out.append(prog(pid, "x", -0.1, prompt="single", completion="only"))  # one completion only
+    # all completions score the same: no signal for the gate (every policy scores it -0.2)
+    out += [prog(pid + 1 + j, "x", -0.2, prompt="tied", completion=f"t{j}") for j in range(3)]
+    out += [prog(pid + 4 + j, "x", None, prompt="failed", completion=f"f{j}") for j in range(2)]
     return out
 
 
-def test_gate_subset_is_fresh_per_seed_and_complete():
+def test_gate_prompts_put_informative_prompts_first_fresh_per_seed():
     programs = gate_programs()
-    a = sample_gate_subset(programs, 4, seed=1)
-    b = sample_gate_subset(programs, 4, seed=2)
-    assert [g.prompt for g in a] == [g.prompt for g in sample_gate_subset(programs, 4, seed=1)]
-    assert {g.prompt for g in a} != {g.prompt for g in b}
+    a, b = gate_prompts(programs, seed=1, size=4), gate_prompts(programs, seed=2, size=4)
+    assert a == gate_prompts(programs, seed=1, size=4)  # deterministic (resume-exact)
+    assert len(a) == 4 and set(a) != set(b)
+    assert set(a) | set(b) <= {f"prompt{k}" for k in range(12)}
+    everything = gate_prompts(programs, seed=0, size=100)
+    assert len(everything) == 15 and set(everything[:12]) == {f"prompt{k}" for k in range(12)}
+    # a tie, a lone completion and an all-failed prompt only fill in, in seeded order
+    assert set(everything[12:]) == {"single", "tied", "failed"}
+    assert gate_prompts(programs, seed=0, size=0) == []
+    with pytest.raises(ValueError, match=r"must be >= 0.*gate.subset_size"):
+        gate_prompts(programs, seed=0, size=-1)
+
+
+def test_the_hold_out_is_the_head_of_the_gate_order():
+    from atlas.dpo.config import GateConfig
+
+    programs = gate_programs()
+    for seed in range(5):
+        held = hold_out_prompts(programs, GateConfig(holdout=0.25, subset_size=8), seed)
+        assert held == gate_prompts(programs, seed, 4)  # round(0.25 * 15) prompts
+    assert hold_out_prompts(programs, GateConfig(holdout=0.9, subset_size=3), 0) == \
+        gate_prompts(programs, 0, 3)
+
+
+def test_gate_items_hold_every_completion_of_their_prompts():
+    programs = gate_programs()
+    order = ["prompt3", "tied", "prompt0"]
+    items = gate_items(programs, order)
+    assert [g.prompt for g in items] == order
     floor = failure_floor(programs)
-    for g in a:
-        assert g.prompt != "single" and len(g.completions) == len(g.scores) == 3
-        assert all(math.isfinite(s) for s in g.scores) and g.scores[2] == floor
-        assert g.preferred == g.completions[0]  # the best-scored completion
-    custom = sample_gate_subset(programs, 2, seed=1, failure_score=-5.0)
-    assert all(g.scores[2] == -5.0 for g in custom)
-    # asking for more than there are returns every prompt, thin ones last
-    everything = sample_gate_subset(programs, 100, seed=0)
-    assert len(everything) == 13 and everything[-1].prompt == "single"
+    g = items[0]
+    assert g.completions == ["p3c0", "p3c1", "p3c2"] and g.scores[2] == floor
+    assert g.scores[:2] == [pytest.approx(-0.3), pytest.approx(-0.4)]
+    assert g.preferred == "p3c0"  # the best-scored completion
+    assert items[1].preferred == "t0"  # a tie goes to the first filed
+    custom = gate_items(programs, ["prompt1"], failure_score=-5.0)
+    assert custom[0].scores[2] == -5.0
+    with pytest.raises(ValueError, match="failure_score must be finite"):
+        gate_items(programs, ["prompt1"], failure_score=float("-inf"))
+    with pytest.raises(ValueError, match="no evaluated completion"):
+        gate_items(programs, ["never served"])
 
 
 def test_database_rejects_bad_settings_by_field_name():

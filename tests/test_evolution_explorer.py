@@ -10,7 +10,7 @@ import pytest
 
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.explorer import Explorer
-from atlas.evolution.preferences import build_pairs, sample_gate_subset
+from atlas.evolution.preferences import build_pairs, gate_items, gate_prompts
 from atlas.sandbox.candidate import CandidateError, load_candidate
 from atlas.tasks.base import PromptSpec, Task
 from atlas.tasks.checker import TaskError
@@ -156,7 +156,7 @@ def test_phase_programs_yield_pairs_and_gate_items_end_to_end():
     assert pairs and all(pr.chosen_score > pr.rejected_score for pr in pairs)
     kinds = {pr.kind for pr in pairs}
     assert kinds == {"passed_vs_passed", "passed_vs_failed"}
-    items = sample_gate_subset(programs, 2, seed=0)
+    items = gate_items(programs, gate_prompts(programs, seed=0, size=2))
     # islands 0, 1 (round 0) and 2 (round 1) saw the same seed-only prompt: one item of 15
     assert sorted(len(g.completions) for g in items) == [5, 15]
     assert all(math.isfinite(s) for g in items for s in g.scores)

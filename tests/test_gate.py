@@ -13,14 +13,13 @@ from atlas.dpo import (
     GateConfig,
     GateDecision,
     PolicyCandidate,
-    ReferenceSwapCallback,
     decide,
     inspector_score,
     promote,
     select_and_gate,
     token_kl,
 )
-from atlas.dpo.gate import NO_ITEMS, hold_out_prompts
+from atlas.dpo.gate import NO_ITEMS
 from atlas.dpo.scoring import (
     BASE,
     REFERENCE,
@@ -29,6 +28,7 @@ from atlas.dpo.scoring import (
     lower_bound,
     normalised_scores,
 )
+from atlas.evolution.preferences import hold_out_prompts
 from atlas.types import Evaluation, GateItem, Program
 
 ITEMS = [
@@ -381,13 +381,13 @@ def test_hold_out_prompts_leaves_dk_prompts_and_prefers_informative_ones():
             progs.append(_prog(i, f"p{k}", ok))
             i += 1
     held = hold_out_prompts(progs, gate, seed=1)
-    assert len(held) == 2 and held <= {f"p{k}" for k in range(6)}
+    assert len(held) == 2 and set(held) <= {f"p{k}" for k in range(6)}
     assert hold_out_prompts(progs, gate, seed=1) == held  # deterministic (resume-exact)
     assert len({frozenset(hold_out_prompts(progs, gate, seed=s)) for s in range(10)}) > 1
     assert len(hold_out_prompts(progs, GateConfig(holdout=0.25, subset_size=1), 1)) == 1
     # two prompts: one held out, one left for D_k; one prompt: nothing can be held out
     assert len(hold_out_prompts(progs[:4], gate, seed=0)) == 1
-    assert hold_out_prompts(progs[:2], gate, seed=0) == set()
+    assert hold_out_prompts(progs[:2], gate, seed=0) == []
     assert len(hold_out_prompts(progs, GateConfig(holdout=0.99), 0)) == 7  # D_k keeps one
 
 
@@ -422,18 +422,17 @@ def test_select_and_gate_on_model_matches_parts_and_restores_adapters():
     assert off.kl == pytest.approx(kls[1], **KL_TOL)
 
 
-def test_promote_copies_and_decision_feeds_the_swap_callback():
+def test_promote_copies_the_decision_s_chosen_candidate():
     model, _ = tiny_peft()
     state = random_state(model, 6, 0.1)
     cands = [PolicyCandidate("step_1", random_state(model, 7, 0.1), 1),
              PolicyCandidate("final", state, 2)]
     accepted = decide([0.2, 0.3], [0.0, 0.0], ["step_1", "final"], 0.1, GateConfig())
-    assert accepted.promoted_state(cands) is state
-    cb = ReferenceSwapCallback()
-    assert cb.queue_decision(accepted, cands) and cb.pending_name == "final"
-    assert same(cb.pending, state)
+    assert accepted.chosen == "final" and accepted.promoted_state(cands) is state
     rejected = GateDecision(False, "rejected: no gain", "final", -1.0, 0.0)
-    assert not ReferenceSwapCallback().queue_decision(rejected, cands)
+    assert rejected.promoted_state(cands) is None
+    with pytest.raises(KeyError, match="chosen candidate 'final'"):
+        accepted.promoted_state(cands[:1])
 
     promote(model, state)
     kept = {k: v.clone() for k, v in state.items()}

@@ -54,10 +54,10 @@ def set_adapter_state(model: PeftModel, name: str, state: dict[str, torch.Tensor
 def promote(model: PeftModel, state: dict[str, torch.Tensor]) -> None:
     """ref <- ``state`` (tensors copied; the policy adapter is not touched).
 
-    The one place a promotion writes the reference: the gate's accepted candidate reaches it
-    through ``atlas.dpo.ReferenceSwapCallback`` (queued, applied at the next phase start or
-    at run end), ``ResearchAgent.promote`` copies the current policy. Restoring a checkpoint
-    sets both adapters directly; that is not a promotion.
+    The one place a promotion writes the reference: ``FineTuner`` promotes the gate's
+    accepted candidate as soon as the gate and the inspector decide, ``ResearchAgent.promote``
+    copies the current policy. Restoring a checkpoint sets both adapters directly; that is
+    not a promotion.
     """
     if not isinstance(state, dict) or not state:
         raise TypeError("state: promote needs a non-empty adapter state dict "

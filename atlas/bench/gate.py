@@ -5,8 +5,8 @@ of docs/results.md (``docs/runs/cpu_bandit_s0``: EvoTune and ATLAS, seed 0, 16 p
 evaluated completions, shipped in ``atlas/bench/data``); ``--programs`` takes any runs'
 ``programs.jsonl``. Each trial (seed t):
 1. holds prompts out of D_k as a run does (``hold_out_prompts`` with the default gate
-   settings: half of the prompts, informative ones first; ``--holdout-share`` changes it)
-   and draws G_k from their completions (``sample_gate_subset``, at most ``subset_size``);
+   settings: half of the prompts, informative ones first, at most ``subset_size``;
+   ``--holdout-share`` changes it) and makes G_k of their completions (``gate_items``);
 2. builds D_k from the other prompts with the loop's builder (``build_pairs``), phase by phase
    of each run as the loop does, shuffled (seeded) and cut to ``--pairs`` (default 24 =
    ``dpo.max_pairs``, a full phase);
@@ -81,15 +81,22 @@ def trial_data(programs: list, db: Any, gate: Any, dpo: Any, seed: int, n_pairs:
                ) -> tuple[list, list, set[str]]:
     """(D_k, G_k, held-out prompts) of trial ``seed``: the held-out prompts' programs never
     reach D_k; D_k is built by the loop's builder from the rest, one (run, phase) at a time,
-    shuffled and cut to ``n_pairs``; G_k (``sample_gate_subset``) keeps a seeded random
-    ``gate_completions`` of each held-out prompt's completions (0: all). ``holdout``: "loop"
-    (``hold_out_prompts`` with the gate's settings, as a run does) or "richest"."""
-    from atlas.dpo.gate import hold_out_prompts
-    from atlas.evolution.preferences import build_pairs, failure_floor, sample_gate_subset
+    shuffled and cut to ``n_pairs``; G_k (``gate_items``, one item per held-out prompt) keeps
+    a seeded random ``gate_completions`` of each held-out prompt's completions (0: all).
+    ``holdout``: "loop" (``hold_out_prompts`` with the gate's settings, as a run does) or
+    "richest"."""
+    from atlas.evolution.preferences import (
+        build_pairs,
+        failure_floor,
+        gate_items,
+        hold_out_prompts,
+    )
 
     pairable = [p for p in programs if p.source in ("agent", "supporter")]
     agent = [p for p in pairable if p.source == "agent"]
-    held = held_out_richest(agent) if holdout == "richest" else hold_out_prompts(agent, gate, seed)
+    order = sorted(held_out_richest(agent)) if holdout == "richest" \
+        else hold_out_prompts(agent, gate, seed)
+    held = set(order)
     phases: dict[tuple[int, int], list] = defaultdict(list)
     for p in pairable:
         if p.prompt not in held:
@@ -108,8 +115,7 @@ def trial_data(programs: list, db: Any, gate: Any, dpo: Any, seed: int, n_pairs:
         gate_progs = [q for ps in by_prompt.values()
                       for q in (rng.sample(ps, gate_completions) if len(ps) > gate_completions
                                 else ps)]
-    items = sample_gate_subset(gate_progs, gate.subset_size, seed=seed,
-                               failure_score=failure_floor(agent))
+    items = gate_items(gate_progs, order, failure_score=failure_floor(agent))
     assert not {p.prompt for p in pairs} & {it.prompt for it in items}, "G_k leaked into D_k"
     return pairs, items, held
 

@@ -1,9 +1,7 @@
 """DPO on LoRA adapters (paper Eq. 1/2), the phase trainer and the EvoDPO gate (Eq. 3-5).
 
 The phase loop calls ``train_phase`` (C_k and metrics), then ``select_and_gate`` (Eq. 4/5),
-then queues the accepted candidate on a ``ReferenceSwapCallback`` (the owner of promotion),
-which the next ``train_phase`` applies through Lightning, or ``flush`` at run end; both write
-``ref`` with ``promote``.
+then writes an accepted candidate into ``ref`` with ``promote``.
 
 Dependencies run one way (no import circle): the shared records (``ReferenceMode``,
 ``PolicyCandidate``, ``GateDecision``) live in the leaf ``atlas.types``; ``promote`` in
@@ -20,9 +18,9 @@ from typing import Any
 
 _WHERE = {
     "promote": "atlas.agent.adapters",
-    "PolicySnapshotCallback": "atlas.dpo.callbacks", "ReferenceSwapCallback": "atlas.dpo.callbacks",
+    "PolicySnapshotCallback": "atlas.dpo.callbacks",
     "DPOConfig": "atlas.dpo.config", "GateConfig": "atlas.dpo.config",
-    "decide": "atlas.dpo.gate", "hold_out_prompts": "atlas.dpo.gate",
+    "decide": "atlas.dpo.gate",
     "inspector_score": "atlas.dpo.gate", "select_and_gate": "atlas.dpo.gate",
     "token_kl": "atlas.dpo.gate",
     "dpo_loss": "atlas.dpo.loss", "evaluate_pairs": "atlas.dpo.loss",

@@ -19,16 +19,14 @@ where G = max_c |gain(c)| and K = max_c KL(c) over C_k (each term spans at most 
 dominates by construction; lam = 1 trades the largest gain against the largest KL).
 
 With the gate disabled (EvoDPO, paper B.1) the phase-final policy is promoted every phase and
-the numbers are still computed and recorded. The decision reaches the reference only through
-its owner, ``ReferenceSwapCallback.queue_decision(decision, C_k)``: the next
-``train_phase(..., pending_reference=callback)`` applies it, or ``flush`` at run end.
+the numbers are still computed and recorded. The caller promotes an accepted decision with
+``promote(model, decision.promoted_state(C_k))``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from atlas.dpo.config import GateConfig
 from atlas.dpo.scoring import (
@@ -204,37 +202,3 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
 def _argmax(values: Sequence[float]) -> int:
     finite = [i for i, v in enumerate(values) if not math.isnan(v)]
     return max(finite, key=lambda i: values[i]) if finite else 0
-
-
-def hold_out_prompts(programs: Sequence[Any], gate: GateConfig, seed: int) -> set[str]:
-    """The prompts of this phase held out of D_k for G_k (paper 2.2: the gate must not score
-    a policy on what D_k trained it on).
-
-    ``round(holdout * n)`` of the phase's n pairable prompts, at least 1 when n >= 2, at most
-    ``subset_size`` and never all of them (D_k keeps at least one); none when n < 2. Prompts
-    that can inform the gate (two or more completions whose scores differ, failures counting
-    at the floor) are drawn first, at random with ``seed``.
-    """
-    import random
-    from collections import defaultdict
-
-    groups: dict[str, list[Any]] = defaultdict(list)
-    for p in sorted(programs, key=lambda q: q.id):
-        if p.prompt and p.completion:
-            groups[p.prompt].append(p)
-    prompts = list(groups)
-    n = len(prompts)
-    if n < 2:
-        return set()
-    k = min(max(1, round(gate.holdout * n)), gate.subset_size, n - 1)
-
-    def informative(ps: list[Any]) -> bool:
-        vals = {round(float(q.score), 12) if q.passed and math.isfinite(q.score) else None
-                for q in ps}
-        return len(ps) >= 2 and len(vals) >= 2
-
-    rng = random.Random(seed)
-    rng.shuffle(prompts)
-    ordered = [x for x in prompts if informative(groups[x])] + \
-        [x for x in prompts if not informative(groups[x])]
-    return set(ordered[:k])

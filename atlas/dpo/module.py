@@ -1,10 +1,10 @@
-"""DPO on the ``policy`` LoRA adapter as a LightningModule, with the reference swap on it.
+"""DPO on the ``policy`` LoRA adapter as a LightningModule.
 
 Only the ``policy`` adapter's tensors reach the optimiser. The reference is either the base
-model (adapters disabled, EvoTune) or the frozen ``ref`` adapter (EvoDPO/ATLAS); it is moved
-only through ``swap_reference``, which a ``ReferenceSwapCallback`` calls at a phase boundary.
+model (adapters disabled, EvoTune) or the frozen ``ref`` adapter (EvoDPO/ATLAS), which no
+phase moves: a promotion writes it between phases (``atlas.agent.adapters.promote``).
 The module's ``state_dict`` holds the adapter tensors (policy and ref) but not the frozen
-base weights, so a Lightning checkpoint is small and a load restores a swapped reference.
+base weights, so a Lightning checkpoint is small and a load restores a promoted reference.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from atlas.agent.adapters import POLICY, adapter, adapter_params, promote, set_adapter_state
+from atlas.agent.adapters import POLICY, adapter, adapter_params, set_adapter_state
 from atlas.dpo.config import DPOConfig
 from atlas.dpo.loss import check_reference, dpo_loss, dpo_terms, reference_forward
 from atlas.dpo.prefix import PromptGroup, grouped_logps, pair_logps_table
@@ -37,12 +37,11 @@ class DPOModule(pl.LightningModule):
         self.reference = check_reference(reference)
         self.optimizer_state = optimizer_state
         # shared-prompt path: the phase's pairs, cut once, and their reference log-probs,
-        # computed once at train start (after a queued promotion moved the reference)
+        # computed once at train start
         self.encoded = encoded
         self.recompute = recompute
         self.ref_table: torch.Tensor | None = None
         self.ref_seconds = 0.0
-        self.reference_swaps = 0
         self.history: list[dict[str, float]] = []
         self._last_grad_norm = float("nan")
         self._t0 = time.perf_counter()
@@ -65,7 +64,6 @@ class DPOModule(pl.LightningModule):
         return opt
 
     def on_train_start(self) -> None:
-        # callbacks' on_train_start (the reference swap) ran before this hook
         if self.encoded is not None:
             t0 = time.perf_counter()
             with reference_forward(self.model, self.reference):
@@ -108,16 +106,8 @@ class DPOModule(pl.LightningModule):
             rec["seconds"] = time.perf_counter() - self._t0
 
     # -- the reference ----------------------------------------------------------------------
-    def swap_reference(self, state: dict[str, torch.Tensor]) -> None:
-        """ref <- ``state`` (copied). Only meaningful for the adaptive reference."""
-        if self.reference != ReferenceMode.ADAPTIVE:
-            raise ValueError("swap_reference: this module's reference is 'fixed' (the base model); "
-                             "use method.reference=adaptive to move the reference")
-        promote(self.model, state)
-        self.reference_swaps += 1
-
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[_CKPT_KEY] = {"mode": self.reference.value, "swaps": self.reference_swaps}
+        checkpoint[_CKPT_KEY] = {"mode": self.reference.value}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         info = checkpoint.get(_CKPT_KEY)
@@ -126,7 +116,6 @@ class DPOModule(pl.LightningModule):
         if info["mode"] != self.reference:
             raise ValueError(f"checkpoint reference mode {info['mode']!r} != module's "
                              f"{self.reference!r}; build the module with reference={info['mode']!r}")
-        self.reference_swaps = int(info["swaps"])
 
     # -- adapter-only state -----------------------------------------------------------------
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:

@@ -1,9 +1,8 @@
 """One fine-tuning phase k: DPO on D_k through a Lightning Trainer, returning C_k.
 
-The lead's phase loop calls ``train_phase``; it trains only the ``policy`` adapter, keeps the
-reference untouched (unless a queued promotion is applied first through the
-``ReferenceSwapCallback``), snapshots the policy ``cfg.checkpoints`` times in memory, and
-returns those snapshots plus the phase-final policy as the candidate set C_k.
+The phase loop calls ``train_phase``; it trains only the ``policy`` adapter against the
+reference as it stands (never writing it), snapshots the policy ``cfg.checkpoints`` times in
+memory, and returns those snapshots plus the phase-final policy as the candidate set C_k.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from atlas.agent.adapters import POLICY, get_adapter_state
 from atlas.dpo.batching import IndexedPairCollator, SharedPromptCollator
-from atlas.dpo.callbacks import PolicySnapshotCallback, ReferenceSwapCallback, snapshot_steps
+from atlas.dpo.callbacks import PolicySnapshotCallback, snapshot_steps
 from atlas.dpo.config import DPOConfig
 from atlas.dpo.loss import check_reference
 from atlas.dpo.module import DPOModule
@@ -112,25 +111,19 @@ def _summary(history: list[dict], steps: int, seconds: float, n_pairs: int) -> d
 def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
                 reference: ReferenceMode | str, *,
                 seed: int = 0, logger: Any = None, optimizer_state: dict | None = None,
-                pending_reference: dict[str, torch.Tensor] | ReferenceSwapCallback | None = None,
                 ) -> PhaseResult:
     """Train the policy adapter on ``pairs`` for ``cfg.epochs`` epochs; return C_k and metrics.
 
     ``reference``: "fixed" (adapters off, EvoTune) or "adaptive" (the ``ref`` adapter).
     ``logger``: None, a Lightning logger (each step's record goes to ``log_metrics`` under
     ``dpo_step/``, after the fit), or a callable taking each per-step record (a dict). ``optimizer_state``: a previous ``PhaseResult.optimizer_state``
-    to resume AdamW moments (lr is reset to ``cfg.lr``). ``pending_reference``: a promotion
-    queued by the gate (a state dict or a ``ReferenceSwapCallback``), applied through
-    ``DPOModule.swap_reference`` at this phase's start. Global RNG state is left as it was.
+    to resume AdamW moments (lr is reset to ``cfg.lr``). Global RNG state is left as it was.
     """
     reference = check_reference(reference)
     if not isinstance(cfg, DPOConfig):
         raise TypeError(f"cfg must be a DPOConfig (DPOConfig.from_cfg(cfg.dpo)), got {type(cfg).__name__}")
     if not pairs:
         raise ValueError("pairs: train_phase needs at least one PreferencePair (skip the phase instead)")
-    if pending_reference is not None and reference != ReferenceMode.ADAPTIVE:
-        raise ValueError("pending_reference: a fixed reference cannot be promoted; "
-                         "use method.reference=adaptive or drop pending_reference")
     if logger is not None and not (isinstance(logger, pl.loggers.Logger) or callable(logger)):
         raise TypeError(f"logger must be None, a Lightning logger or a callable taking a dict, "
                         f"got {type(logger).__name__}")
@@ -162,11 +155,6 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
                        recompute=recompute and cfg.shared_prompt)
     snaps = PolicySnapshotCallback(snapshot_steps(total_steps, cfg.checkpoints))
     callbacks: list[pl.Callback] = [snaps]
-    swap = pending_reference
-    if isinstance(swap, dict):
-        swap = ReferenceSwapCallback(swap, name="pending")
-    if swap is not None:
-        callbacks.append(swap)
     was_training = model.training
     t0 = time.perf_counter()
     with torch.random.fork_rng(devices=fork_devices), _quiet_lightning():
@@ -199,7 +187,6 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     candidates.append(PolicyCandidate(name="final", state=get_adapter_state(model, POLICY),
                                       step=trainer.global_step))
     metrics = _summary(history, trainer.global_step, seconds, len(chosen))
-    metrics["reference_swapped"] = float(module.reference_swaps)
     metrics.update(shared_prompt=float(cfg.shared_prompt), recompute=float(recompute),
                    step_gb_estimate=step_gb, reference_table_seconds=module.ref_seconds)
     opt_state = _cpu_state(trainer.optimizers[0].state_dict()) if trainer.optimizers else None

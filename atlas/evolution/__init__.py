@@ -3,8 +3,14 @@
 from atlas.evolution.database import ProgramDatabase, select_top_k
 from atlas.evolution.explorer import Explorer
 from atlas.evolution.extract import extract_program
-from atlas.evolution.preferences import build_pairs, failure_floor, sample_gate_subset
+from atlas.evolution.preferences import (
+    build_pairs,
+    failure_floor,
+    gate_items,
+    gate_prompts,
+    hold_out_prompts,
+)
 from atlas.evolution.prompts import build_prompt
 
-__all__ = ["Explorer", "ProgramDatabase", "build_pairs", "build_prompt",
-           "extract_program", "failure_floor", "sample_gate_subset", "select_top_k"]
+__all__ = ["Explorer", "ProgramDatabase", "build_pairs", "build_prompt", "extract_program",
+           "failure_floor", "gate_items", "gate_prompts", "hold_out_prompts", "select_top_k"]

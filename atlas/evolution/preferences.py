@@ -1,5 +1,8 @@
 """Preference data D_k and the gate subset G_k, built from one phase's evaluated programs.
 
+G_k's prompts (``gate_prompts``, one ordering rule) are held out of D_k when the gate decides
+(``hold_out_prompts``); ``gate_items`` turns chosen prompts into the gate's items.
+
 D_k (paper 2.1): programs are partitioned into passed and failed; per island, the
 coverage-aware count-based top-k passed programs (``ProgramDatabase.select_top_k``) are the
 *chosen* completions; each is paired with completions sampled **from the same prompt** (DPO
@@ -32,6 +35,7 @@ import random
 from collections import defaultdict
 from collections.abc import Sequence
 
+from atlas.dpo.config import GateConfig
 from atlas.evolution.database import ProgramDatabase
 from atlas.types import GateItem, PairKind, PreferencePair, Program, ProgramSource
 
@@ -120,36 +124,72 @@ def build_pairs(db: ProgramDatabase, programs: list[Program], *, top_k: int, max
     return out
 
 
-def sample_gate_subset(programs: list[Program], size: int, seed: int,
-                       failure_score: float | None = None) -> list[GateItem]:
-    """A fresh random G_k: ``size`` prompts of this phase with their evaluated completions.
+def gate_prompts(programs: Sequence[Program], seed: int, size: int) -> list[str]:
+    """At most ``size`` of this phase's prompts in the order the gate takes them: the one
+    rule for both the prompts held out of D_k and G_k's items.
 
-    Prompts with at least two completions and one passed are preferred (the inspector's
-    softmax needs alternatives, the KL estimator a preferred completion worth teacher
-    forcing); others fill in only when there are too few. Failed completions score
-    ``failure_score`` (default ``failure_floor(programs)``). Pass a different ``seed`` each
+    Informative prompts come first: two or more completions whose scores differ, a failure
+    counting at the floor (so one passed completion among them). A prompt whose completions
+    all score the same gives the gate no signal (every policy's re-weighted score of it is
+    that score); such prompts, and those with one completion, fill in only when there are too
+    few. Within each group the order is a shuffle with ``seed``: pass a different one each
     phase (``atlas.fine_tuning.phase_seed``) so G_k is not reused across phases (paper B.7).
     """
     if size < 0:
         raise ValueError(f"gate subset size must be >= 0, got {size} (config field gate.subset_size)")
+    groups = _by_prompt(programs)
+    prompts = list(groups)  # first-seen order by id: deterministic given the programs
+    random.Random(seed).shuffle(prompts)
+
+    def informative(ps: list[Program]) -> bool:
+        vals = {round(float(q.score), 12) if _usable(q) else None for q in ps}
+        return len(ps) >= 2 and len(vals) >= 2
+
+    good = [x for x in prompts if informative(groups[x])]
+    rest = [x for x in prompts if not informative(groups[x])]
+    return (good + rest)[:size]
+
+
+def hold_out_prompts(programs: Sequence[Program], gate: GateConfig, seed: int) -> list[str]:
+    """The prompts of this phase held out of D_k for G_k (paper 2.2: the gate must not score
+    a policy on what D_k trained it on), in ``gate_prompts``' order.
+
+    ``round(holdout * n)`` of the phase's n pairable prompts, at least 1 when n >= 2, at most
+    ``subset_size`` and never all of them (D_k keeps at least one); none when n < 2.
+    """
+    n = len(_by_prompt(programs))
+    if n < 2:
+        return []
+    return gate_prompts(programs, seed, min(max(1, round(gate.holdout * n)), gate.subset_size,
+                                            n - 1))
+
+
+def gate_items(programs: Sequence[Program], prompts: Sequence[str],
+               failure_score: float | None = None) -> list[GateItem]:
+    """G_k: one ``GateItem`` per prompt of ``prompts`` (in that order) with all its evaluated
+    completions among ``programs``; the preferred completion is the best-scored one. Failed
+    completions score ``failure_score`` (default ``failure_floor(programs)``)."""
     floor = failure_floor(programs) if failure_score is None else float(failure_score)
     if not math.isfinite(floor):
         raise ValueError(f"failure_score must be finite, got {failure_score!r}")
-    groups: dict[str, list[Program]] = defaultdict(list)
-    for p in sorted(programs, key=lambda q: q.id):
-        if _pairable(p):
-            groups[p.prompt].append(p)
-    prompts = list(groups)  # first-seen order by id: deterministic given the programs
-    rng = random.Random(seed)
-    rng.shuffle(prompts)
-    good = [x for x in prompts if len(groups[x]) >= 2 and any(_usable(p) for p in groups[x])]
-    good_set = set(good)
-    rest = [x for x in prompts if x not in good_set]
+    groups = _by_prompt(programs)
     items = []
-    for prompt in (good + rest)[:size]:
+    for prompt in prompts:
         comps = groups[prompt]
+        if not comps:
+            raise ValueError(f"gate prompt {prompt[:40]!r}... has no evaluated completion among "
+                             "the programs given")
         scores = [p.score if _usable(p) else floor for p in comps]
         best = max(range(len(comps)), key=lambda i: (scores[i], -comps[i].id))
         items.append(GateItem(prompt=prompt, completions=[p.completion for p in comps],
                               scores=scores, preferred=comps[best].completion))
     return items
+
+
+def _by_prompt(programs: Sequence[Program]) -> dict[str, list[Program]]:
+    """The pairable programs grouped by prompt, in id order (prompts in first-seen order)."""
+    groups: dict[str, list[Program]] = defaultdict(list)
+    for p in sorted(programs, key=lambda q: q.id):
+        if _pairable(p):
+            groups[p.prompt].append(p)
+    return groups

@@ -1,0 +1,157 @@
+"""A fine-tuning phase's promotion: ``ref`` moves when the phase decides, and only then.
+
+The real tiny agent trains on hand-made programs (two completions a prompt, one better); the
+gate's thresholds choose the verdict. A resumed checkpoint that still holds a promotion queued
+for the next phase applies it on load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from atlas.agent.adapters import POLICY, REF, get_adapter_state, set_adapter_state
+from atlas.agent.research_agent import ResearchAgent
+from atlas.dpo import DPOConfig, GateConfig
+from atlas.evolution.database import ProgramDatabase
+from atlas.fine_tuning import FineTuner
+from atlas.schema import MethodConfig
+from atlas.supporters import build_supporters
+from atlas.supporters.schemas import InspectorVerdict
+from atlas.types import Evaluation, Program
+from tests.conftest import explore_settings, model_settings
+
+DPO = DPOConfig(lr=1e-2, epochs=1, batch_size=2, max_length=96, checkpoints=0)
+EVODPO = MethodConfig.from_cfg({"name": "evodpo", "reference": "adaptive", "gate": False,
+                                "supporters": False, "skip_without_improvement": False})
+ATLAS = MethodConfig.from_cfg({"name": "atlas", "reference": "adaptive", "gate": True,
+                               "supporters": True, "skip_without_improvement": False})
+# epsilon -1 and a wide trust region accept any candidate; epsilon 10 none
+ACCEPT = GateConfig(epsilon=-1.0, delta=1e6, holdout=0.5, subset_size=4)
+REJECT = dataclasses.replace(ACCEPT, epsilon=10.0)
+
+
+def programs() -> list[Program]:
+    """Four prompts, each with a better and a worse passed completion."""
+    out = []
+    for i in range(4):
+        prompt = f"# task {i}\ndef solve(x):\n"
+        for j, (body, score) in enumerate(((f"    return x * {i + 2}\n", -0.1 * i),
+                                           ("    return 0\n", -1.0 - i))):
+            out.append(Program(id=2 * i + j, island=i % 2, round=1, code=prompt + body,
+                               evaluation=Evaluation(score=score, passed=True), prompt=prompt,
+                               completion=body, phase=1))
+    return out
+
+
+def state(agent: ResearchAgent, name: str) -> dict[str, torch.Tensor]:
+    return get_adapter_state(agent.model, name)
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+class VetoInspector:
+    """An inspector that vetoes every promotion it reviews (an edge: the embedded one vetoes
+    only on declared-metric regressions these programs do not carry)."""
+
+    def __init__(self) -> None:
+        self.reviews = 0
+
+    def review(self, request: object) -> InspectorVerdict:
+        self.reviews += 1
+        return InspectorVerdict(accepted=False, veto=True, reason="Regression: test")
+
+
+@pytest.fixture(scope="module")
+def agent() -> ResearchAgent:
+    return ResearchAgent(model_settings(), seed=0)
+
+
+def run_phase(agent: ResearchAgent, method: MethodConfig, gate: GateConfig,
+              supporters=None) -> tuple[FineTuner, object, dict[str, torch.Tensor]]:
+    """One phase from a reference unlike the policy; returns the tuner, its record and ref
+    before the phase."""
+    g = torch.Generator().manual_seed(3)
+    before = {k: torch.randn(v.shape, generator=g) * 0.05 for k, v in state(agent, REF).items()}
+    set_adapter_state(agent.model, REF, before)
+    tuner = FineTuner(agent, method, DPO, gate, supporters, "bandit", seed=0)
+    db = ProgramDatabase(explore_settings(islands=2), seed=0)
+    record = tuner.run_phase(1, programs(), best_before=-5.0, db=db)
+    assert record.built and record.pairs >= 1 and record.gate is not None
+    return tuner, record, before
+
+
+def test_evodpo_promotes_the_phase_final_policy_when_it_decides(agent):
+    _, record, before = run_phase(agent, EVODPO, ACCEPT)
+    assert record.gate.reason == "accepted: gate disabled" and record.promoted
+    assert record.gate.chosen == "final"
+    # C_k is only the final policy (dpo.checkpoints=0), which the gate leaves in the policy
+    assert same(state(agent, REF), state(agent, POLICY))
+    assert not same(state(agent, REF), before)
+    assert "reference_swapped" not in record.dpo
+
+
+def test_an_accepted_gate_promotes_and_a_rejected_or_vetoed_one_does_not(agent):
+    _, record, before = run_phase(agent, ATLAS, ACCEPT)
+    assert record.gate.accepted and record.promoted and record.held_out
+    assert same(state(agent, REF), state(agent, POLICY)) and not same(state(agent, REF), before)
+
+    _, record, before = run_phase(agent, ATLAS, REJECT)
+    assert record.gate.reason == "rejected: no gain" and not record.promoted
+    assert same(state(agent, REF), before)
+
+    sup = build_supporters(None, task_name="bandit", seed=0)
+    veto = VetoInspector()
+    _, record, before = run_phase(agent, ATLAS, ACCEPT, dataclasses.replace(sup, inspector=veto))
+    assert record.gate.accepted and record.vetoed and not record.promoted
+    assert veto.reviews == 1 and same(state(agent, REF), before)
+
+
+def test_a_checkpoint_with_a_promotion_queued_for_the_next_phase_applies_it_on_load(agent):
+    """Checkpoints written when an accepted promotion waited for the next phase's start hold
+    it as ``reference_swap.pending`` beside the old ``ref``; loading one promotes it."""
+    tuner, record, _ = run_phase(agent, ATLAS, REJECT)
+    saved = tuner.state_dict()
+    assert "reference_swap" not in saved
+    old_ref = state(agent, REF)
+    pending = {k: v + 0.5 for k, v in old_ref.items()}
+    old_format = {**saved, "reference_swap": {"pending": pending, "pending_name": "final",
+                                              "applied": []}}
+    fresh = FineTuner(agent, ATLAS, DPO, REJECT, None, "bandit", seed=0)
+    fresh.load_state_dict(old_format)
+    assert same(state(agent, REF), pending)
+    assert [r.phase for r in fresh.history] == [1] and fresh.history[0].gate.reason == \
+        record.gate.reason
+    # nothing pending (applied, or the new format): ref stays as restored
+    set_adapter_state(agent.model, REF, old_ref)
+    for st in (saved, {**saved, "reference_swap": {"pending": None, "pending_name": "",
+                                                   "applied": ["final"]}}):
+        FineTuner(agent, ATLAS, DPO, REJECT, None, "bandit", seed=0).load_state_dict(st)
+        assert same(state(agent, REF), old_ref)
+
+
+def test_a_resumed_run_applies_a_queued_promotion_over_the_restored_adapters(tmp_path):
+    """The loop restores the checkpoint's adapters before the phase state, so a promotion
+    queued in an old checkpoint lands on the restored ``ref`` (not under it)."""
+    from atlas.config import validate
+    from atlas.loop import EvolutionLoop
+    from tests.conftest import compose_cfg
+
+    cfg = compose_cfg(["experiment=test", "method=atlas"], run_dir=tmp_path)
+    loop = EvolutionLoop(validate(cfg), {}, tmp_path)
+    try:
+        saved = loop.state_dict()
+        pending = {k: v + 0.25 for k, v in saved["adapters"]["ref"].items()}
+        old = {**saved, "finetuner": {**saved["finetuner"], "reference_swap": {
+            "pending": pending, "pending_name": "final", "applied": []}}}
+        loop.load_state_dict(old)
+        assert same(state(loop.agent, REF), pending)
+        assert same(state(loop.agent, POLICY), saved["adapters"]["policy"])
+        loop.load_state_dict(saved)
+        assert same(state(loop.agent, REF), saved["adapters"]["ref"])
+    finally:
+        loop.close()
