@@ -251,8 +251,11 @@ def test_ctrl_c_in_a_round_stops_in_one_line_and_resumes(tmp_path: Path) -> None
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        _wait_for(lambda: any(e["event"] == "round" for e in _events(tmp_path)), proc, 300,
-                  "the first round event")  # now inside round 2 or later: sampling or scoring
+        # round 2's event comes after round 1's checkpoint (a round's event is written before
+        # its checkpoint, so the first event alone can race the save): now inside round 2's
+        # save or a later round
+        _wait_for(lambda: sum(e["event"] == "round" for e in _events(tmp_path)) >= 2, proc, 300,
+                  "the second round event")
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
