@@ -100,4 +100,21 @@ def load(run_dir: Path) -> dict[str, Any] | None:
     if not isinstance(state, dict) or "next_round" not in state:
         raise CheckpointError(f"checkpoint {path} holds no run state (no 'next_round'); it was "
                               f"not written by atlas: delete {path.parent} or pass resume=false")
+    return migrate(state)
+
+
+def migrate(state: dict[str, Any]) -> dict[str, Any]:
+    """Bring a checkpoint of an older format to today's (the next ``save`` writes it so).
+
+    Promotions used to wait for the next phase's start: such a checkpoint holds the accepted
+    candidate as ``finetuner.reference_swap.pending`` beside the old ``ref``. Today the
+    reference callback promotes inside the phase, so the pending tensors are the reference:
+    they become ``adapters.ref``.
+    """
+    tuner = state.get("finetuner")
+    if isinstance(tuner, dict) and "reference_swap" in tuner:
+        pending = (tuner.pop("reference_swap") or {}).get("pending")
+        if pending is not None:
+            state["adapters"]["ref"] = pending
+            log.info("checkpoint: the promotion it had queued is now its reference")
     return state

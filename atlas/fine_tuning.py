@@ -1,9 +1,10 @@
 """One fine-tuning phase k of EvoTune / EvoDPO / ATLAS (paper 2.2, App. B.1, B.4).
 
 Order inside a phase: efficiency check (skip without improvement) -> strategist adjusts
-the knobs -> build D_k -> DPO on the ``policy`` adapter against the method's reference ->
-C_k -> Eq. 4 selection and Eq. 5 gate on a fresh gate subset G_k -> inspector review ->
-promotion (copy into ``ref``) only when accepted and not vetoed.
+the knobs -> G_k held out, D_k built -> DPO on the ``policy`` adapter against the method's
+reference, in a Lightning fit that carries the reference's owner (``ReferenceCallback``,
+adaptive reference only): it keeps C_k and, when the fit ends, applies Eq. 4 and Eq. 5 on
+G_k, asks the inspector's review and copies an accepted, unvetoed c* into ``ref``.
 """
 
 from __future__ import annotations
@@ -16,13 +17,10 @@ import time
 from statistics import median
 from typing import Any
 
-from atlas.agent.adapters import get_adapter_state, promote
-from atlas.dpo import (
-    DPOConfig,
-    GateConfig,
-    select_and_gate,
-    train_phase,
-)
+from atlas.agent.adapters import get_adapter_state
+from atlas.checkpoint import CheckpointError
+from atlas.dpo import DPOConfig, GateConfig, train_phase
+from atlas.dpo.reference import ReferenceCallback, ReferenceState
 from atlas.evolution.online_inspection import OnlineInspector
 from atlas.evolution.preferences import (
     PAIR_KINDS,
@@ -37,7 +35,7 @@ from atlas.schema import MethodConfig
 from atlas.supporters import Supporters
 from atlas.supporters import requests as supporter_requests
 from atlas.supporters.schemas import KNOB_FIELDS
-from atlas.types import PhaseRecord, Program, ProgramSource, ReferenceMode
+from atlas.types import GateDecision, PhaseRecord, Program, ProgramSource, ReferenceMode
 
 log = logging.getLogger("atlas.fine_tuning")
 
@@ -81,25 +79,23 @@ class FineTuner:
         self.seed = seed
         self.optimizer_state: dict | None = None
         self.history: list[PhaseRecord] = []  # the phases so far, which the strategist reads
+        self.reference_state = ReferenceState()  # what `ref` is (the reference callback's state)
 
     # -- persistence (crash-safe resume) -----------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"dpo_cfg": dataclasses.asdict(self.dpo_cfg), "optimizer_state": self.optimizer_state,
-                "history": [r.to_state() for r in self.history]}
+                "history": [r.to_state() for r in self.history],
+                "reference": self.reference_state.to_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the phase state; call it after the checkpoint's adapters are restored.
-
-        A checkpoint written when promotions were queued until the next phase may hold an
-        accepted one not yet applied (``reference_swap.pending``): it is promoted here, which
-        is where that queue would have put ``ref`` before anything read it.
-        """
+        """Restore the phase state (``atlas.checkpoint.load`` has migrated older formats)."""
+        if "reference_swap" in state:
+            raise CheckpointError("this checkpoint queues a promotion (reference_swap): load it "
+                                  "with atlas.checkpoint.load, which migrates it")
         self.dpo_cfg = DPOConfig(**state["dpo_cfg"])
         self.optimizer_state = state["optimizer_state"]
         self.history = [PhaseRecord.from_state(r) for r in state["history"]]
-        pending = (state.get("reference_swap") or {}).get("pending")
-        if pending is not None:
-            promote(self.agent.model, pending)
+        self.reference_state = ReferenceState.from_state(state.get("reference"))
 
     # -- the phase ---------------------------------------------------------------------
     def run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
@@ -143,46 +139,52 @@ class FineTuner:
         if not pairs:
             return record.skip("no preference pairs could be built")
 
+        owner = self._reference_owner(phase, phase_programs, held) if adaptive else None
         t1 = time.time()
         result = train_phase(self.agent.model, self.agent.tokenizer, pairs, cfg, reference,
                              seed=phase_seed(self.seed, phase), logger=logger,
-                             optimizer_state=self.optimizer_state)
+                             optimizer_state=self.optimizer_state, reference_callback=owner)
         self.optimizer_state = getattr(result, "optimizer_state", None)
         record.dpo = result.metrics
-        record.seconds_dpo = time.time() - t1
-
-        if adaptive:
-            t2 = time.time()
-            gated = bool(self.method.gate)
-            # gated: G_k is the held-out prompts; ungated (record-only): the same rule over
-            # all of the phase's prompts
-            prompts = held if gated else gate_prompts(phase_programs, phase_seed(self.seed, phase),
-                                                      self.gate_cfg.subset_size)
-            items = gate_items(phase_programs, prompts, failure_score=failure_floor(phase_programs))
-            online = self._online_inspector(phase, items, phase_programs)
-            decision = select_and_gate(self.agent.model, self.agent.tokenizer, result.candidates,
-                                       items, self.gate_cfg, enabled=gated,
-                                       reference=reference, online_score=online,
-                                       seed=phase_seed(self.seed, phase))
-            record.gate, record.held_out, record.gate_prompts = decision, gated, len(items)
-            record.gk_prompt_hashes = sorted({prompt_hash(it.prompt) for it in items})
+        outcome = result.reference
+        record.seconds_dpo = time.time() - t1 - (outcome.seconds if outcome is not None else 0.0)
+        if owner is not None and outcome is not None:
+            record.gate, record.held_out = outcome.decision, bool(self.method.gate)
+            record.gate_prompts = len(owner.items)
+            record.gk_prompt_hashes = sorted({prompt_hash(it.prompt) for it in owner.items})
+            online = owner.online_score
             record.online = online.records if online is not None else None
-            promoted, vetoed, verdict = decision.accepted, False, None
-            if decision.accepted and gated and self.supporters is not None:
-                verdict = self.supporters.inspector.review(supporter_requests.inspector_request(
-                    phase, decision, items, phase_programs, gate_cfg=self.gate_cfg,
-                    quality_metrics=self.quality_metrics))
-                vetoed = bool(verdict.veto)
-                promoted = not vetoed
-            if promoted:
-                # ref moves at decision time: nothing reads it before the next phase's DPO
-                # (rounds sample from the policy, a skipped phase runs no gate)
-                promote(self.agent.model, decision.promoted_state(result.candidates))
-            record.promoted, record.vetoed = promoted, vetoed
-            record.inspector = verdict.model_dump() if verdict is not None else None
-            record.seconds_gate = time.time() - t2
+            record.promoted, record.vetoed = outcome.promoted, outcome.vetoed
+            record.inspector = outcome.verdict
+            record.seconds_gate = outcome.seconds + owner.prepare_seconds
         record.seconds = time.time() - t0
         return record
+
+    def _reference_owner(self, phase: int, programs: list[Program], held: list[str]
+                         ) -> ReferenceCallback:
+        """The adaptive reference's owner for this phase's fit: G_k, the gate's settings, the
+        inspector's review, the run's ``ReferenceState``."""
+        t0 = time.time()
+        seed = phase_seed(self.seed, phase)
+        gated = bool(self.method.gate)
+        # gated: G_k is the held-out prompts; ungated (record-only): the same rule over all
+        # of the phase's prompts
+        prompts = held if gated else gate_prompts(programs, seed, self.gate_cfg.subset_size)
+        items = gate_items(programs, prompts, failure_score=failure_floor(programs))
+        review = None
+        if gated and self.supporters is not None:
+            inspector = self.supporters.inspector
+
+            def review(decision: GateDecision) -> Any:
+                return inspector.review(supporter_requests.inspector_request(
+                    phase, decision, items, programs, gate_cfg=self.gate_cfg,
+                    quality_metrics=self.quality_metrics))
+        owner = ReferenceCallback(self.agent.tokenizer, items, self.gate_cfg, gated=gated,
+                                  seed=seed, phase=phase, state=self.reference_state,
+                                  review=review,
+                                  online_score=self._online_inspector(phase, items, programs))
+        owner.prepare_seconds = time.time() - t0
+        return owner
 
     def _online_inspector(self, phase: int, items: list, programs: list[Program]
                           ) -> OnlineInspector | None:

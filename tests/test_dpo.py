@@ -6,12 +6,10 @@ import math
 import tempfile
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 from omegaconf import OmegaConf
-from torch.utils.data import DataLoader
 
 from atlas.agent.adapters import (
     POLICY,
@@ -364,40 +362,63 @@ def test_train_phase_rejects_bad_input():
         train_phase(model, tok, make_pairs(2), {"beta": 0.1}, "adaptive")
 
 
-# -- the reference in Lightning checkpoints ---------------------------------------------------
-def test_module_checkpoint_holds_adapters_and_restores_a_promoted_reference(tmp_path):
+# -- the reference's owner: a Lightning callback -----------------------------------------------
+def _owner(tok, decision_for, **kw):
+    """A ReferenceCallback whose Eq. 4/5 is replaced by ``decision_for(C_k)``."""
+    from atlas.dpo import GateConfig
+    from atlas.dpo.reference import ReferenceCallback
+
+    return ReferenceCallback(tok, [], GateConfig(), gated=True, seed=0, phase=3,
+                             decide=decision_for, **kw)
+
+
+def test_the_reference_callback_promotes_its_chosen_candidate_when_the_fit_ends():
+    from atlas.types import GateDecision
+
     model, tok = tiny_peft()
-    new_ref = randomise(model, REF, 5, scale=0.05)  # a promoted reference
-    cfg = DPOConfig(lr=1e-3, epochs=1, batch_size=2, max_length=64)
-    loader = DataLoader(make_pairs(4), batch_size=2, collate_fn=PairCollator(tok, 64))
-    module = DPOModule(model, cfg, "adaptive")
-    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(module, loader)
-    assert same(get_adapter_state(model, REF), new_ref)  # training never writes ref
-    assert not same(get_adapter_state(model, POLICY), new_ref)
-    path = tmp_path / "phase.ckpt"
-    trainer.save_checkpoint(path)
-    ckpt = torch.load(path, weights_only=False)
-    assert ckpt["state_dict"] and all("lora_" in k for k in ckpt["state_dict"])  # adapters only
+    before = get_adapter_state(model, REF)
+    cfg = DPOConfig(lr=1e-3, epochs=3, batch_size=2, max_length=64, checkpoints=2)
+    owner = _owner(tok, lambda cands: GateDecision(accepted=True, chosen=cands[0].name))
+    res = train_phase(model, tok, make_pairs(4), cfg, "adaptive", reference_callback=owner)
+    assert [c.name for c in res.candidates] == ["step_2", "step_4", "final"]
+    assert res.reference is owner.outcome and res.reference.candidate == "step_2"
+    assert same(get_adapter_state(model, REF), res.candidates[0].state)
+    assert not same(get_adapter_state(model, REF), before)
+    assert owner.state.current == "phase 3 step_2"
+    assert owner.state.promotions == [{"phase": 3, "candidate": "step_2", "step": 2}]
+    assert owner.state_dict() == owner.state.to_state()  # Lightning's callback state
 
-    other, _ = tiny_peft(seed=0)
-    randomise(other, REF, 99)
-    fresh = DPOModule(other, cfg, "adaptive")
-    fresh.load_state_dict(ckpt["state_dict"])
-    fresh.on_load_checkpoint(ckpt)
-    assert same(get_adapter_state(other, REF), new_ref)
-    assert same(get_adapter_state(other, POLICY), get_adapter_state(model, POLICY))
+    # rejected, or accepted but vetoed by the review: ref stays
+    for decision, review in ((GateDecision(accepted=False, chosen="final"), None),
+                             (GateDecision(accepted=True, chosen="final"),
+                              lambda d: type("V", (), {"veto": True, "model_dump": lambda s: {}})())):
+        kept = get_adapter_state(model, REF)
+        owner = _owner(tok, lambda cands, d=decision: d, review=review)
+        res = train_phase(model, tok, make_pairs(4), cfg, "adaptive", reference_callback=owner)
+        assert not res.reference.promoted and res.reference.candidate is None
+        assert res.reference.vetoed == (review is not None)
+        assert same(get_adapter_state(model, REF), kept)
 
-    # Lightning's own resume path restores the reference before training continues
-    third, _ = tiny_peft(seed=0)
-    resumed = DPOModule(third, cfg, "adaptive")
-    t2 = pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False,
-                    enable_progress_bar=False, enable_model_summary=False)
-    t2.fit(resumed, loader, ckpt_path=path)
-    assert same(get_adapter_state(third, REF), new_ref)
-    with pytest.raises(ValueError, match="reference='adaptive'"):
-        DPOModule(third, cfg, "fixed").on_load_checkpoint(ckpt)
+
+def test_a_write_to_ref_inside_the_fit_stops_the_phase():
+    """The reference log-prob table is built when the fit starts: ``ref`` moving inside the
+    fit would make that phase's DPO loss wrong, so the owner refuses it."""
+    from atlas.agent.adapters import promote as write_ref
+    from atlas.dpo import GateConfig
+    from atlas.dpo.reference import ReferenceCallback, ReferenceMoved
+    from atlas.types import GateDecision
+
+    class Intruder(ReferenceCallback):  # something writes ref between two steps
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            write_ref(pl_module.model, get_adapter_state(pl_module.model, POLICY))
+            super().on_train_batch_end(trainer, pl_module, *args)
+
+    model, tok = tiny_peft()
+    owner = Intruder(tok, [], GateConfig(), gated=True, seed=0, phase=3,
+                     decide=lambda cands: GateDecision(accepted=True, chosen="final"))
+    with pytest.raises(ReferenceMoved, match="changed during phase 3's fit"):
+        train_phase(model, tok, make_pairs(4), DPOConfig(lr=1e-3, batch_size=2, max_length=64),
+                    "adaptive", reference_callback=owner)
 
 
 def test_train_phase_trains_against_the_reference_as_it_stands():

@@ -111,47 +111,45 @@ def test_an_accepted_gate_promotes_and_a_rejected_or_vetoed_one_does_not(agent):
     assert veto.reviews == 1 and same(state(agent, REF), before)
 
 
-def test_a_checkpoint_with_a_promotion_queued_for_the_next_phase_applies_it_on_load(agent):
-    """Checkpoints written when an accepted promotion waited for the next phase's start hold
-    it as ``reference_swap.pending`` beside the old ``ref``; loading one promotes it."""
-    tuner, record, _ = run_phase(agent, ATLAS, REJECT)
+def test_the_fine_tuner_checkpoints_what_the_reference_is(agent):
+    """The reference callback's state (what `ref` is, every promotion) is in the run
+    checkpoint; a resumed fine-tuner knows it."""
+    tuner, record, _ = run_phase(agent, ATLAS, ACCEPT)
     saved = tuner.state_dict()
-    assert "reference_swap" not in saved
-    old_ref = state(agent, REF)
-    pending = {k: v + 0.5 for k, v in old_ref.items()}
-    old_format = {**saved, "reference_swap": {"pending": pending, "pending_name": "final",
-                                              "applied": []}}
-    fresh = FineTuner(agent, ATLAS, DPO, REJECT, None, "bandit", seed=0)
-    fresh.load_state_dict(old_format)
-    assert same(state(agent, REF), pending)
-    assert [r.phase for r in fresh.history] == [1] and fresh.history[0].gate.reason == \
-        record.gate.reason
-    # nothing pending (applied, or the new format): ref stays as restored
-    set_adapter_state(agent.model, REF, old_ref)
-    for st in (saved, {**saved, "reference_swap": {"pending": None, "pending_name": "",
-                                                   "applied": ["final"]}}):
-        FineTuner(agent, ATLAS, DPO, REJECT, None, "bandit", seed=0).load_state_dict(st)
-        assert same(state(agent, REF), old_ref)
+    assert record.promoted and saved["reference"]["current"] == f"phase 1 {record.gate.chosen}"
+    assert saved["reference"]["promotions"] == [
+        {"phase": 1, "candidate": record.gate.chosen,
+         "step": next(c.step for c in record.gate.candidates if c.name == record.gate.chosen)}]
+    fresh = FineTuner(agent, ATLAS, DPO, ACCEPT, None, "bandit", seed=0)
+    fresh.load_state_dict(saved)
+    assert fresh.reference_state == tuner.reference_state
 
 
-def test_a_resumed_run_applies_a_queued_promotion_over_the_restored_adapters(tmp_path):
-    """The loop restores the checkpoint's adapters before the phase state, so a promotion
-    queued in an old checkpoint lands on the restored ``ref`` (not under it)."""
-    from atlas.config import validate
-    from atlas.loop import EvolutionLoop
-    from tests.conftest import compose_cfg
+def test_an_old_checkpoint_with_a_queued_promotion_migrates_once_at_load(tmp_path):
+    """Checkpoints written when an accepted promotion waited for the next phase's start hold
+    it as ``finetuner.reference_swap.pending`` beside the old ``ref``: ``checkpoint.load``
+    makes it the reference, the next save has no pending promotion, and a fine-tuner given
+    the raw old state refuses it in one line."""
+    from atlas import checkpoint
+    from atlas.checkpoint import CheckpointError
 
-    cfg = compose_cfg(["experiment=test", "method=atlas"], run_dir=tmp_path)
-    loop = EvolutionLoop(validate(cfg), {}, tmp_path)
-    try:
-        saved = loop.state_dict()
-        pending = {k: v + 0.25 for k, v in saved["adapters"]["ref"].items()}
-        old = {**saved, "finetuner": {**saved["finetuner"], "reference_swap": {
-            "pending": pending, "pending_name": "final", "applied": []}}}
-        loop.load_state_dict(old)
-        assert same(state(loop.agent, REF), pending)
-        assert same(state(loop.agent, POLICY), saved["adapters"]["policy"])
-        loop.load_state_dict(saved)
-        assert same(state(loop.agent, REF), saved["adapters"]["ref"])
-    finally:
-        loop.close()
+    ref = {"w": torch.zeros(2)}
+    pending = {"w": torch.ones(2)}
+    old = {"next_round": 3, "adapters": {"policy": {"w": torch.full((2,), 2.0)}, "ref": ref},
+           "finetuner": {"dpo_cfg": {}, "optimizer_state": None, "history": [],
+                         "reference_swap": {"pending": pending, "pending_name": "final",
+                                            "applied": []}}}
+    with pytest.raises(CheckpointError, match="reference_swap"):
+        FineTuner.load_state_dict(object.__new__(FineTuner), old["finetuner"])
+    checkpoint.save(tmp_path, old)
+    loaded = checkpoint.load(tmp_path)
+    assert torch.equal(loaded["adapters"]["ref"]["w"], pending["w"])
+    assert "reference_swap" not in loaded["finetuner"]
+    checkpoint.save(tmp_path, loaded)
+    again = checkpoint.load(tmp_path)
+    assert torch.equal(again["adapters"]["ref"]["w"], pending["w"])
+    # nothing pending: ref stays as saved
+    old["finetuner"]["reference_swap"] = {"pending": None, "pending_name": "", "applied": ["final"]}
+    old["adapters"]["ref"] = ref
+    checkpoint.save(tmp_path, old)
+    assert torch.equal(checkpoint.load(tmp_path)["adapters"]["ref"]["w"], ref["w"])

@@ -1,7 +1,8 @@
 """DPO on LoRA adapters (paper Eq. 1/2), the phase trainer and the EvoDPO gate (Eq. 3-5).
 
-The phase loop calls ``train_phase`` (C_k and metrics), then ``select_and_gate`` (Eq. 4/5),
-then writes an accepted candidate into ``ref`` with ``promote``.
+The phase loop calls ``train_phase`` with, for the adaptive reference, a
+``ReferenceCallback`` on its Trainer: the callback keeps C_k and, when the fit ends, runs
+``select_and_gate`` (Eq. 4/5), the inspector's review, and ``promote`` into ``ref``.
 
 Dependencies run one way (no import circle): the shared records (``ReferenceMode``,
 ``PolicyCandidate``, ``GateDecision``) live in the leaf ``atlas.types``; ``promote`` in
@@ -19,6 +20,7 @@ from typing import Any
 _WHERE = {
     "promote": "atlas.agent.adapters",
     "PolicySnapshotCallback": "atlas.dpo.callbacks",
+    "ReferenceCallback": "atlas.dpo.reference", "ReferenceState": "atlas.dpo.reference",
     "DPOConfig": "atlas.dpo.config", "GateConfig": "atlas.dpo.config",
     "decide": "atlas.dpo.gate",
     "inspector_score": "atlas.dpo.gate", "select_and_gate": "atlas.dpo.gate",

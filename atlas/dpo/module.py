@@ -1,10 +1,10 @@
 """DPO on the ``policy`` LoRA adapter as a LightningModule.
 
 Only the ``policy`` adapter's tensors reach the optimiser. The reference is either the base
-model (adapters disabled, EvoTune) or the frozen ``ref`` adapter (EvoDPO/ATLAS), which no
-phase moves: a promotion writes it between phases (``atlas.agent.adapters.promote``).
-The module's ``state_dict`` holds the adapter tensors (policy and ref) but not the frozen
-base weights, so a Lightning checkpoint is small and a load restores a promoted reference.
+model (adapters disabled, EvoTune) or the frozen ``ref`` adapter (EvoDPO/ATLAS), which does
+not move during a fit: its owner, ``atlas.dpo.reference.ReferenceCallback``, checks that and
+promotes after the fit's last step. A run's state (adapters, optimiser) is saved by the
+run's own checkpoint (``atlas.checkpoint``), not by Lightning's.
 """
 
 from __future__ import annotations
@@ -15,14 +15,11 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from atlas.agent.adapters import POLICY, adapter, adapter_params, set_adapter_state
+from atlas.agent.adapters import POLICY, adapter, adapter_params
 from atlas.dpo.config import DPOConfig
 from atlas.dpo.loss import check_reference, dpo_loss, dpo_terms, reference_forward
 from atlas.dpo.prefix import PromptGroup, grouped_logps, pair_logps_table
 from atlas.types import ReferenceMode
-
-_LORA = "lora_"
-_CKPT_KEY = "atlas_reference"
 
 
 class DPOModule(pl.LightningModule):
@@ -104,39 +101,3 @@ class DPOModule(pl.LightningModule):
             rec["grad_norm"] = self._last_grad_norm
             rec["lr"] = float(self.trainer.optimizers[0].param_groups[0]["lr"])
             rec["seconds"] = time.perf_counter() - self._t0
-
-    # -- the reference ----------------------------------------------------------------------
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[_CKPT_KEY] = {"mode": self.reference.value}
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        info = checkpoint.get(_CKPT_KEY)
-        if info is None:
-            raise KeyError(f"checkpoint lacks '{_CKPT_KEY}': not written by DPOModule")
-        if info["mode"] != self.reference:
-            raise ValueError(f"checkpoint reference mode {info['mode']!r} != module's "
-                             f"{self.reference!r}; build the module with reference={info['mode']!r}")
-
-    # -- adapter-only state -----------------------------------------------------------------
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
-        """Adapter tensors only: the base weights are frozen and come from the model source."""
-        full = super().state_dict(*args, **kwargs)
-        for key in [k for k in full if _LORA not in k]:
-            del full[key]
-        return full
-
-    def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True,
-                        assign: bool = False) -> Any:
-        """Load adapter tensors; with ``strict`` every adapter tensor must be present."""
-        expected = {k for k in super().state_dict() if _LORA in k}
-        if strict:
-            missing = sorted(expected - set(state_dict))
-            unexpected = sorted(set(state_dict) - expected)
-            if missing or unexpected:
-                raise KeyError(f"adapter state mismatch: missing {missing[:2]}, "
-                               f"unexpected {unexpected[:2]} (same LoRA r/targets needed)")
-        return super().load_state_dict(state_dict, strict=False, assign=assign)
-
-    def load_policy(self, state: dict[str, torch.Tensor]) -> None:
-        """Overwrite the policy adapter (e.g. restore a checkpointed candidate)."""
-        set_adapter_state(self.model, POLICY, state)

@@ -1,8 +1,10 @@
 """One fine-tuning phase k: DPO on D_k through a Lightning Trainer, returning C_k.
 
 The phase loop calls ``train_phase``; it trains only the ``policy`` adapter against the
-reference as it stands (never writing it), snapshots the policy ``cfg.checkpoints`` times in
-memory, and returns those snapshots plus the phase-final policy as the candidate set C_k.
+reference as it stands, snapshots the policy ``cfg.checkpoints`` times in memory, and returns
+those snapshots plus the phase-final policy as the candidate set C_k. With the adaptive
+reference, the Trainer carries the ``ReferenceCallback``, which decides on C_k and moves
+``ref`` at the end of the fit (``atlas.dpo.reference``); nothing else here writes ``ref``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from atlas.dpo.config import DPOConfig
 from atlas.dpo.loss import check_reference
 from atlas.dpo.module import DPOModule
 from atlas.dpo.prefix import PromptGroup, encode_group
+from atlas.dpo.reference import ReferenceCallback, ReferenceOutcome
 from atlas.types import PolicyCandidate, PreferencePair, ReferenceMode
 
 
@@ -41,6 +44,7 @@ class PhaseResult:
     optimizer_state: dict | None = None  # AdamW state, for resume (pass back to train_phase)
     pairs_used: int = 0
     skipped: list[str] = field(default_factory=list)  # why pairs were dropped, if any
+    reference: ReferenceOutcome | None = None  # the reference callback's decision, if attached
 
 
 def _margin(pair: PreferencePair) -> float:
@@ -111,13 +115,16 @@ def _summary(history: list[dict], steps: int, seconds: float, n_pairs: int) -> d
 def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
                 reference: ReferenceMode | str, *,
                 seed: int = 0, logger: Any = None, optimizer_state: dict | None = None,
-                ) -> PhaseResult:
+                reference_callback: ReferenceCallback | None = None) -> PhaseResult:
     """Train the policy adapter on ``pairs`` for ``cfg.epochs`` epochs; return C_k and metrics.
 
     ``reference``: "fixed" (adapters off, EvoTune) or "adaptive" (the ``ref`` adapter).
     ``logger``: None, a Lightning logger (each step's record goes to ``log_metrics`` under
     ``dpo_step/``, after the fit), or a callable taking each per-step record (a dict). ``optimizer_state``: a previous ``PhaseResult.optimizer_state``
     to resume AdamW moments (lr is reset to ``cfg.lr``). Global RNG state is left as it was.
+    ``reference_callback``: the adaptive reference's owner (``atlas.dpo.reference``); it takes
+    C_k's snapshots and, at the end of the fit, decides and promotes. Without it (EvoTune, or
+    a caller that gates by itself) a plain snapshot callback builds C_k.
     """
     reference = check_reference(reference)
     if not isinstance(cfg, DPOConfig):
@@ -153,7 +160,8 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     hf_checkpointing = recompute and not cfg.shared_prompt
     module = DPOModule(model, cfg, reference, optimizer_state=optimizer_state, encoded=encoded,
                        recompute=recompute and cfg.shared_prompt)
-    snaps = PolicySnapshotCallback(snapshot_steps(total_steps, cfg.checkpoints))
+    snaps = reference_callback if reference_callback is not None else PolicySnapshotCallback([])
+    snaps.steps = snapshot_steps(total_steps, cfg.checkpoints)
     callbacks: list[pl.Callback] = [snaps]
     was_training = model.training
     t0 = time.perf_counter()
@@ -180,12 +188,18 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
             model.train(was_training)
             if next(model.parameters()).device != device:  # never silently elsewhere
                 model.to(device)
-    seconds = time.perf_counter() - t0
+    outcome = reference_callback.outcome if reference_callback is not None else None
+    # DPO's own time: the reference's decision at the end of the fit is the gate's
+    seconds = time.perf_counter() - t0 - (outcome.seconds if outcome is not None else 0.0)
     history = module.history
     _emit(logger, history)
-    candidates = [PolicyCandidate(name=f"step_{s}", state=st, step=s) for s, st in snaps.snapshots]
-    candidates.append(PolicyCandidate(name="final", state=get_adapter_state(model, POLICY),
-                                      step=trainer.global_step))
+    if reference_callback is not None:
+        candidates = list(reference_callback.candidates)
+    else:
+        candidates = [PolicyCandidate(name=f"step_{s}", state=st, step=s)
+                      for s, st in snaps.snapshots]
+        candidates.append(PolicyCandidate(name="final", state=get_adapter_state(model, POLICY),
+                                          step=trainer.global_step))
     metrics = _summary(history, trainer.global_step, seconds, len(chosen))
     metrics.update(shared_prompt=float(cfg.shared_prompt), recompute=float(recompute),
                    step_gb_estimate=step_gb, reference_table_seconds=module.ref_seconds)
@@ -193,7 +207,8 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     skipped = [f"{len(pairs) - len(chosen)} pairs over dpo.max_pairs={cfg.max_pairs}"] \
         if len(chosen) < len(pairs) else []
     return PhaseResult(candidates=candidates, metrics=metrics, history=history,
-                       optimizer_state=opt_state, pairs_used=len(chosen), skipped=skipped)
+                       optimizer_state=opt_state, pairs_used=len(chosen), skipped=skipped,
+                       reference=outcome)
 
 
 def estimate_step_gb(model: Any, batch: dict[str, Any]) -> float:
