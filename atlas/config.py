@@ -171,7 +171,8 @@ def check_ignored(cfg: DictConfig) -> None:
 
 #: gate fields that only decide a promotion: with method.gate=false (EvoDPO promotes every
 #: phase) the gate's numbers are recorded, and these change nothing
-GATE_DECIDES = ("epsilon", "delta", "holdout")
+GATE_DECIDES = ("epsilon", "delta", "holdout", "evidence", "min_holdout_completions",
+                "min_completions")
 
 
 def command_line() -> tuple[list[str] | None, bool]:

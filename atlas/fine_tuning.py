@@ -20,16 +20,11 @@ from typing import Any
 from atlas.agent.adapters import get_adapter_state
 from atlas.checkpoint import CheckpointError
 from atlas.dpo import DPOConfig, GateConfig, train_phase
-from atlas.dpo.reference import ReferenceCallback, ReferenceState
+from atlas.dpo.gate import INSUFFICIENT
+from atlas.dpo.reference import ReferenceCallback, ReferenceState, no_decision
+from atlas.evolution.evidence import HOLDOUT, Evidence, choose_evidence
 from atlas.evolution.online_inspection import OnlineInspector
-from atlas.evolution.preferences import (
-    PAIR_KINDS,
-    build_pairs,
-    failure_floor,
-    gate_items,
-    gate_prompts,
-    hold_out_prompts,
-)
+from atlas.evolution.preferences import PAIR_KINDS, build_pairs, failure_floor
 from atlas.knobs import KNOBS
 from atlas.schema import MethodConfig
 from atlas.supporters import Supporters
@@ -123,10 +118,10 @@ class FineTuner:
         record.built = True
         record.strategist = self._consult_strategist(phase, phase_programs, stats)
         cfg = self.dpo_cfg
-        # G_k's prompts are held out of D_k (the gate never scores a policy on what it was
-        # trained on); only when the gate decides (EvoDPO's ungated numbers are record-only)
-        held = hold_out_prompts(phase_programs, self.gate_cfg, seed=phase_seed(self.seed, phase)) \
-            if adaptive and self.method.gate else []
+        # G_k first: when it is held out, D_k never sees its prompts (atlas.evolution.evidence)
+        evidence = choose_evidence(phase_programs, self.gate_cfg, phase_seed(self.seed, phase),
+                                   gated=bool(self.method.gate)) if adaptive else None
+        held = evidence.held if evidence is not None else []
         pairs = build_pairs(db, [p for p in phase_programs if p.prompt not in held],
                             top_k=cfg.top_k, max_pairs=cfg.max_pairs,
                             score_threshold=cfg.score_threshold, seed=phase_seed(self.seed, phase))
@@ -139,7 +134,7 @@ class FineTuner:
         if not pairs:
             return record.skip("no preference pairs could be built")
 
-        owner = self._reference_owner(phase, phase_programs, held) if adaptive else None
+        owner = self._reference_owner(phase, phase_programs, evidence) if evidence else None
         t1 = time.time()
         result = train_phase(self.agent.model, self.agent.tokenizer, pairs, cfg, reference,
                              seed=phase_seed(self.seed, phase), logger=logger,
@@ -149,7 +144,8 @@ class FineTuner:
         outcome = result.reference
         record.seconds_dpo = time.time() - t1 - (outcome.seconds if outcome is not None else 0.0)
         if owner is not None and outcome is not None:
-            record.gate, record.held_out = outcome.decision, bool(self.method.gate)
+            record.gate, record.evidence = outcome.decision, evidence.to_event()
+            record.held_out = evidence.mode == HOLDOUT
             record.gate_prompts = len(owner.items)
             record.gk_prompt_hashes = sorted({prompt_hash(it.prompt) for it in owner.items})
             online = owner.online_score
@@ -160,18 +156,18 @@ class FineTuner:
         record.seconds = time.time() - t0
         return record
 
-    def _reference_owner(self, phase: int, programs: list[Program], held: list[str]
+    def _reference_owner(self, phase: int, programs: list[Program], evidence: Evidence
                          ) -> ReferenceCallback:
         """The adaptive reference's owner for this phase's fit: G_k, the gate's settings, the
         inspector's review, the run's ``ReferenceState``."""
         t0 = time.time()
         seed = phase_seed(self.seed, phase)
         gated = bool(self.method.gate)
-        # gated: G_k is the held-out prompts; ungated (record-only): the same rule over all
-        # of the phase's prompts
-        prompts = held if gated else gate_prompts(programs, seed, self.gate_cfg.subset_size)
-        items = gate_items(programs, prompts, failure_score=failure_floor(programs))
-        review = None
+        items = evidence.items
+        review = decide = None
+        if gated and not evidence.sufficient:
+            def decide(candidates: list) -> GateDecision:
+                return no_decision(candidates, self.gate_cfg, INSUFFICIENT)
         if gated and self.supporters is not None:
             inspector = self.supporters.inspector
 
@@ -181,8 +177,9 @@ class FineTuner:
                     quality_metrics=self.quality_metrics))
         owner = ReferenceCallback(self.agent.tokenizer, items, self.gate_cfg, gated=gated,
                                   seed=seed, phase=phase, state=self.reference_state,
-                                  review=review,
-                                  online_score=self._online_inspector(phase, items, programs))
+                                  decide=decide, review=review,
+                                  online_score=None if decide else
+                                  self._online_inspector(phase, items, programs))
         owner.prepare_seconds = time.time() - t0
         return owner
 

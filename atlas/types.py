@@ -203,6 +203,12 @@ class GateItem:
     completions: list[str]
     scores: list[float]  # task scores; failed completions carry a finite floor score
     preferred: str
+    ids: list[int] = field(default_factory=list)  # the completions' program ids, when known
+
+    @property
+    def informative(self) -> bool:
+        """Whether its completions' scores differ (otherwise every policy scores it alike)."""
+        return len({round(float(s), 12) for s in self.scores}) >= 2
 
 
 @dataclass
@@ -354,6 +360,7 @@ class PhaseRecord:
     seconds_dpo: float = 0.0
     # the gate and the promotion (adaptive reference only)
     gate: GateDecision | None = None
+    evidence: dict[str, Any] | None = None  # G_k: mode, counts, program ids (Evidence.to_event)
     held_out: bool = False  # G_k's prompts are not in D_k
     gk_prompt_hashes: list[str] = field(default_factory=list)
     gate_prompts: int = 0
@@ -378,7 +385,7 @@ class PhaseRecord:
             return None
         out = self.gate.to_dict()
         out.update(held_out=self.held_out, gate_prompts=self.gate_prompts,
-                   gk_prompt_hashes=self.gk_prompt_hashes)
+                   gk_prompt_hashes=self.gk_prompt_hashes, evidence=self.evidence)
         if self.online is not None:
             out["online"] = self.online
         return out

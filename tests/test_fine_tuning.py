@@ -28,8 +28,9 @@ EVODPO = MethodConfig.from_cfg({"name": "evodpo", "reference": "adaptive", "gate
                                 "supporters": False, "skip_without_improvement": False})
 ATLAS = MethodConfig.from_cfg({"name": "atlas", "reference": "adaptive", "gate": True,
                                "supporters": True, "skip_without_improvement": False})
-# epsilon -1 and a wide trust region accept any candidate; epsilon 10 none
-ACCEPT = GateConfig(epsilon=-1.0, delta=1e6, holdout=0.5, subset_size=4)
+# epsilon -1 and a wide trust region accept any candidate; epsilon 10 none; G_k held out
+ACCEPT = GateConfig(epsilon=-1.0, delta=1e6, holdout=0.5, subset_size=4, evidence="holdout",
+                    min_completions=2)
 REJECT = dataclasses.replace(ACCEPT, epsilon=10.0)
 
 
@@ -153,3 +154,46 @@ def test_an_old_checkpoint_with_a_queued_promotion_migrates_once_at_load(tmp_pat
     old["adapters"]["ref"] = ref
     checkpoint.save(tmp_path, old)
     assert torch.equal(checkpoint.load(tmp_path)["adapters"]["ref"]["w"], ref["w"])
+
+
+# -- the gate's evidence G_k ------------------------------------------------------------------
+def test_auto_evidence_holds_out_when_it_is_rich_and_decides_on_the_buffer_otherwise():
+    from atlas.evolution.evidence import BUFFER, HOLDOUT, choose_evidence
+
+    progs = programs()  # 4 prompts x 2 completions: held out, 2 prompts x 2 = 4 informative
+    auto = dataclasses.replace(ACCEPT, evidence="auto", min_holdout_completions=4)
+    ev = choose_evidence(progs, auto, seed=1, gated=True)
+    assert ev.mode == HOLDOUT and len(ev.held) == 2 and ev.informative == 4 and ev.sufficient
+    assert {i for it in ev.items for i in it.ids} == {p.id for p in progs if p.prompt in ev.held}
+
+    thin = dataclasses.replace(auto, min_holdout_completions=5)
+    ev = choose_evidence(progs, thin, seed=1, gated=True)
+    assert ev.mode == BUFFER and ev.held == [] and ev.informative == 8
+    assert "4 held-out informative completions < gate.min_holdout_completions=5" in ev.why
+    event = ev.to_event()
+    assert event["in_sample"] and event["completions"] == 8
+    assert sorted(i for ids in event["program_ids"] for i in ids) == list(range(8))
+
+    # one prompt (a first phase: every island starts from the seed): nothing can be held out
+    one = [p for p in progs if p.prompt == progs[0].prompt]
+    ev = choose_evidence(one, auto, seed=1, gated=True)
+    assert ev.mode == BUFFER and ev.informative == 2 and ev.sufficient
+    stricter = dataclasses.replace(auto, min_completions=3)
+    assert not choose_evidence(one, stricter, seed=1, gated=True).sufficient
+
+
+def test_a_phase_below_the_minimum_evidence_is_insufficient_not_rejected(agent):
+    """A G_k thinner than gate.min_completions makes no decision: the reference stays, the
+    record says "insufficient evidence" (not a rejection), and the gate measured nothing."""
+    thin = dataclasses.replace(ACCEPT, evidence="buffer", min_completions=9)
+    _, record, before = run_phase(agent, ATLAS, thin)
+    assert record.gate.reason == "insufficient evidence" and not record.gate.accepted
+    assert not record.promoted and same(state(agent, REF), before)
+    assert record.evidence["informative_completions"] == 8 and not record.evidence["sufficient"]
+    assert record.gate.gain != record.gate.gain  # NaN: nothing measured
+
+    enough = dataclasses.replace(thin, min_completions=8)
+    _, record, _ = run_phase(agent, ATLAS, enough)
+    assert record.gate.reason == "accepted" and record.promoted
+    assert record.evidence["mode"] == "buffer" and record.evidence["in_sample"]
+    assert record.to_event()["gate"]["evidence"] == record.evidence

@@ -77,26 +77,32 @@ def held_out_richest(agent: list) -> set[str]:
 
 
 def trial_data(programs: list, db: Any, gate: Any, dpo: Any, seed: int, n_pairs: int,
-               holdout: str = "loop", gate_completions: int = 0
+               holdout: str = "loop", gate_completions: int = 0, evidence: str = "holdout"
                ) -> tuple[list, list, set[str]]:
     """(D_k, G_k, held-out prompts) of trial ``seed``: the held-out prompts' programs never
     reach D_k; D_k is built by the loop's builder from the rest, one (run, phase) at a time,
     shuffled and cut to ``n_pairs``; G_k (``gate_items``, one item per held-out prompt) keeps
     a seeded random ``gate_completions`` of each held-out prompt's completions (0: all).
     ``holdout``: "loop" (``hold_out_prompts`` with the gate's settings, as a run does) or
-    "richest"."""
+    "richest". ``evidence="buffer"`` (the paper's rule, in-sample): nothing is held out, and
+    G_k is ``gate_prompts`` over the same programs D_k is built from."""
     from atlas.evolution.preferences import (
         build_pairs,
         failure_floor,
         gate_items,
+        gate_prompts,
         hold_out_prompts,
     )
 
     pairable = [p for p in programs if p.source in ("agent", "supporter")]
     agent = [p for p in pairable if p.source == "agent"]
-    order = sorted(held_out_richest(agent)) if holdout == "richest" \
-        else hold_out_prompts(agent, gate, seed)
-    held = set(order)
+    if evidence == "buffer":
+        order = gate_prompts(agent, seed, gate.subset_size)
+    elif holdout == "richest":
+        order = sorted(held_out_richest(agent))
+    else:
+        order = hold_out_prompts(agent, gate, seed)
+    held = set(order) if evidence != "buffer" else set()
     phases: dict[tuple[int, int], list] = defaultdict(list)
     for p in pairable:
         if p.prompt not in held:
@@ -107,7 +113,7 @@ def trial_data(programs: list, db: Any, gate: Any, dpo: Any, seed: int, n_pairs:
     rng = random.Random(seed)
     rng.shuffle(pairs)
     pairs = pairs[:n_pairs]
-    gate_progs = [p for p in agent if p.prompt in held]
+    gate_progs = [p for p in agent if p.prompt in set(order)]
     if gate_completions:
         by_prompt: dict[str, list] = {}
         for p in gate_progs:
@@ -116,7 +122,8 @@ def trial_data(programs: list, db: Any, gate: Any, dpo: Any, seed: int, n_pairs:
                       for q in (rng.sample(ps, gate_completions) if len(ps) > gate_completions
                                 else ps)]
     items = gate_items(gate_progs, order, failure_score=failure_floor(agent))
-    assert not {p.prompt for p in pairs} & {it.prompt for it in items}, "G_k leaked into D_k"
+    if evidence != "buffer":
+        assert not {p.prompt for p in pairs} & {it.prompt for it in items}, "G_k leaked into D_k"
     return pairs, items, held
 
 
@@ -153,7 +160,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from atlas.agent.adapters import POLICY, REF, get_adapter_state, set_adapter_state
     from atlas.agent.research_agent import ResearchAgent
-    from atlas.dpo import DPOConfig, select_and_gate, train_phase
+    from atlas.dpo import DPOConfig, train_phase
+    from atlas.dpo.reference import ReferenceCallback
     from atlas.evolution.database import ProgramDatabase
     from atlas.schema import ExploreConfig, ModelConfig
 
@@ -175,16 +183,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for t in range(args.first_seed, args.first_seed + args.trials):
         pairs, items, held = trial_data(programs, db, gate, dpo, t, args.pairs, args.holdout,
-                                        args.gate_completions)
+                                        args.gate_completions, args.evidence)
         for arm, arm_pairs in (("correct", pairs), ("inverted", inverted(pairs))):
             set_adapter_state(agent.model, POLICY, start[POLICY])
             set_adapter_state(agent.model, REF, start[REF])
-            t0 = time.perf_counter()
-            res = train_phase(agent.model, agent.tokenizer, arm_pairs, dpo, "adaptive", seed=t)
-            t1 = time.perf_counter()
             passes: list = []
-            d = select_and_gate(agent.model, agent.tokenizer, res.candidates, items, gate,
-                                reference="adaptive", seed=t, keep_pass=passes)
+            # the run's reference owner, deciding without promoting
+            owner = ReferenceCallback(agent.tokenizer, items, gate, gated=True, seed=t,
+                                      promote_accepted=False, keep_pass=passes)
+            t0 = time.perf_counter()
+            res = train_phase(agent.model, agent.tokenizer, arm_pairs, dpo, "adaptive", seed=t,
+                              reference_callback=owner)
+            assert res.reference is not None
+            d, gate_s = res.reference.decision, res.reference.seconds
+            t1 = time.perf_counter() - gate_s
             row = {"seed": t, "arm": arm, "accepted": d.accepted, "reason": d.reason,
                    "chosen": d.chosen, "gain": d.gain, "lower": d.lower_bound, "se": d.se,
                    "kl": d.kl, "score": d.score, "ref_score": d.ref_score,
@@ -192,7 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                    "gate_items": len(items), "gate_completions": sum(len(i.completions)
                                                                     for i in items),
                    "candidates": d.to_dict()["candidates"], "dpo_s": t1 - t0,
-                   "gate_s": time.perf_counter() - t1,
+                   "gate_s": gate_s, "evidence": args.evidence,
                    # the raw numbers behind S and KL, so another statistic can be recomputed
                    "raw": raw_pass(passes[0], res.candidates, items) if passes else None}
             rows.append(row)
@@ -205,6 +217,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 Path(args.json).write_text(json.dumps({"rows": rows}, default=str))
     return {"rows": rows, "gate": dataclasses.asdict(gate), "dpo": dpo.to_dict(),
             "model": args.model, "programs": str(args.programs)}
+
+
+def cut_row(row: dict[str, Any], n: int, seed: int) -> dict[str, Any]:
+    """The row with its G_k cut to ``n`` of its completions (a seeded draw over all of them;
+    an item left with none is dropped): the same trial on thinner evidence."""
+    raw = row["raw"]
+    slots = [(i, j) for i, sc in enumerate(raw["scores"]) for j in range(len(sc))]
+    keep = set(random.Random(seed).sample(slots, min(n, len(slots))))
+    items = [i for i, sc in enumerate(raw["scores"]) if any((i, j) in keep for j in range(len(sc)))]
+
+    def cut(per_item: list) -> list:
+        return [[v for j, v in enumerate(per_item[i]) if (i, j) in keep] for i in items]
+
+    return {**row, "raw": {**raw, "scores": cut(raw["scores"]),
+                           "ref_sum_logps": cut(raw["ref_sum_logps"]),
+                           "sum_logps": [cut(c) for c in raw["sum_logps"]]}}
+
+
+def power_rates(rows: list[dict[str, Any]], sizes: list[int], gate: Any, draws: int = 5
+                ) -> list[tuple[int, dict[str, tuple[int, int]]]]:
+    """(n, {arm: (accepted, decisions)}) when every trial's G_k is cut to n completions, over
+    ``draws`` seeded cuts each: how the gate's power and false promotions depend on how much
+    evidence it has (``gate.min_holdout_completions`` is read off this)."""
+    out = []
+    for n in sizes:
+        by_arm: dict[str, list[int]] = {"correct": [0, 0], "inverted": [0, 0]}
+        for row in rows:
+            for k in range(draws):
+                d = redecide(cut_row(row, n, 1000 * k + int(row["seed"])), gate)
+                by_arm[row["arm"]][0] += bool(d["accepted"])
+                by_arm[row["arm"]][1] += 1
+        out.append((n, {a: (v[0], v[1]) for a, v in by_arm.items()}))
+    return out
 
 
 def null_rates(shapes: list[tuple[int, int]], trials: int, gate: Any, sigma: float = 0.5,
@@ -314,6 +359,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--holdout", choices=("richest", "loop"), default="loop",
                     help="which prompts G_k holds out of D_k: loop (hold_out_prompts, as a run "
                          "does) or richest (the prompt with the most evaluated completions)")
+    ap.add_argument("--evidence", choices=("holdout", "buffer"), default="holdout",
+                    help="G_k as gate.evidence takes it: holdout (prompts held out of D_k, "
+                         "--holdout says which) or buffer (the paper's rule: prompts of the "
+                         "programs D_k is built from, in-sample)")
+    ap.add_argument("--power", default="",
+                    help="with --rows: the acceptance rates when each trial's G_k is cut to "
+                         "N completions (seeded draws), for these N, e.g. 8,16,32 (how much "
+                         "evidence a decision needs)")
     ap.add_argument("--gate-completions", type=int, default=0,
                     help="completions of a held-out prompt drawn (seeded) into G_k; 0: all")
     ap.add_argument("--lr", type=float, default=0.0,
@@ -325,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epsilons", default="-0.02,0,0.01,0.02",
                     help="comma-separated epsilons at which the trials' decisions are "
                          "recomputed and printed after the run")
-    ap.add_argument("--rows", default="",
+    ap.add_argument("--rows", nargs="*", default=[],
                     help="re-summarise the rows of an earlier run's --json file (no training): "
                          "its rates at the default gate settings and at --epsilons; rows with "
                          "raw log-probs are re-decided under the gate settings of this command")
@@ -356,11 +409,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.rows:
         g = gate_config(args)
-        rows = json.loads(Path(args.rows).read_text())["rows"]
+        rows = [r for f in args.rows for r in json.loads(Path(f).read_text())["rows"]]
         raw = all(r.get("raw") for r in rows)
         if raw:
             rows = [redecide(r, g) for r in rows]
-        print(f"{len(rows)} rows from {args.rows}; "
+        print(f"{len(rows)} rows from {', '.join(args.rows)}; "
               + (f"re-decided from their raw log-probs with scale {g.scale}, bound {g.bound}, "
                  f"confidence {g.confidence}" if raw else "decisions as recorded (no raw "
                                                            "log-probs)")
@@ -373,6 +426,16 @@ def main(argv: list[str] | None = None) -> None:
         for arm, (acc, n) in rates_by_epsilon(rows, [float(g.epsilon)], float(g.delta))[0][1].items():
             print(f"{arm}: accepted {acc}/{n} at epsilon {g.epsilon}")
         print_rates_by_epsilon(rows, epsilons, float(g.delta))
+        if args.power:
+            if not raw:
+                raise SystemExit("--power needs rows with raw log-probs (bench runs with --json)")
+            sizes = [int(x) for x in args.power.split(",") if x.strip()]
+            print("\nacceptance when G_k is cut to N completions (5 seeded cuts per trial; "
+                  "targets: correct >= 80%, inverted <= 10%)")
+            for n, by_arm in power_rates(rows, sizes, g):
+                c, i = by_arm["correct"], by_arm["inverted"]
+                print(f"  N {n:4d}: correct accepted {c[0]}/{c[1]} = {c[0] / max(c[1], 1):.0%}, "
+                      f"inverted accepted {i[0]}/{i[1]} = {i[0] / max(i[1], 1):.0%}")
         return
     from atlas.agent.precision import cpu_features, cpu_model
 
@@ -387,7 +450,8 @@ def main(argv: list[str] | None = None) -> None:
     result["seconds"] = time.perf_counter() - t0
     g = result["gate"]
     print(f"\ngate: epsilon {g['epsilon']}, delta {g['delta']}, lam {g['lam']}, confidence "
-          f"{g['confidence']}, scale {g['scale']}, bound {g['bound']}, holdout {g['holdout']}; {args.trials} trials per arm, "
+          f"{g['confidence']}, scale {g['scale']}, bound {g['bound']}, holdout {g['holdout']}, "
+          f"evidence {args.evidence}; {args.trials} trials per arm, "
           f"{result['seconds'] / 60:.1f} min")
     for arm, target in (("correct", "accepted >= 80%"), ("inverted", "rejected >= 90%")):
         if arm in s:

@@ -132,10 +132,26 @@ class GateConfig:
     """lambda in Eq. 4: c* = argmax_c gain(c) / G - lam * KL(c || ref) / K, G and K the
     largest |gain| and KL over C_k (both terms span at most 1)."""
     subset_size: Int = Field(8, ge=1)
-    """Cap on |G_k|: gate prompts drawn afresh each phase among the held-out ones."""
+    """Cap on |G_k|: gate prompts drawn afresh each phase, informative ones first."""
+    evidence: Literal["auto", "holdout", "buffer"] = "auto"
+    """What G_k is. holdout: prompts held out of D_k (the gate never scores a policy on what
+    it was trained on); buffer: the paper's rule, prompts drawn from the phase buffer that D_k
+    is built from (in-sample; nothing held out); auto: holdout when the held-out prompts carry
+    at least ``min_holdout_completions`` informative completions, else buffer. Each phase
+    records the mode it used."""
+    min_holdout_completions: Int = Field(32, ge=0)
+    """auto: fewest informative completions a held-out G_k needs to be used. Below it a
+    correctly trained policy clears the held-out gate about 1 time in 4 or less (the gate
+    bench's trials subsampled, ``python -m atlas.bench gate --power``): the decision would
+    be noise, so the phase decides on the buffer instead."""
+    min_completions: Int = Field(4, ge=1)
+    """Fewest informative completions (of gate items whose scores differ) any G_k needs for a
+    decision; below it the phase is recorded as "insufficient evidence", not as a rejection.
+    At 1 item x 2 completions the bootstrap has three distinct resamples; from 1 x 4 a policy
+    with no effect clears the (percentile) bound 3% of the time (``--null``)."""
     holdout: Num = Field(0.5, gt=0.0, lt=1.0)
-    """Share of a phase's prompts held out of D_k for G_k (at least one when the phase has
-    two or more prompts; with one prompt nothing is held out and the gate rejects). 0.5: with
+    """Share of a phase's prompts held out of D_k for a held-out G_k (at least one when the
+    phase has two or more prompts; none with one prompt). 0.5: with
     a quarter, the gate bench's held-out evidence (4 prompts) was too thin to pass the
     correctly trained policies it should."""
     confidence: Num = Field(0.9, gt=0.0, lt=1.0)

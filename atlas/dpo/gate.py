@@ -44,6 +44,7 @@ NO_GAIN = "rejected: no gain"
 KL_TOO_LARGE = "rejected: KL too large"
 DISABLED = "accepted: gate disabled"
 NO_ITEMS = "rejected: no held-out gate item"
+INSUFFICIENT = "insufficient evidence"  # G_k below gate.min_completions: no decision made
 
 
 def token_kl(model, tokenizer, items: list[GateItem], candidate_state: PolicySpec,

@@ -182,7 +182,8 @@ def gate_items(programs: Sequence[Program], prompts: Sequence[str],
         scores = [p.score if _usable(p) else floor for p in comps]
         best = max(range(len(comps)), key=lambda i: (scores[i], -comps[i].id))
         items.append(GateItem(prompt=prompt, completions=[p.completion for p in comps],
-                              scores=scores, preferred=comps[best].completion))
+                              scores=scores, preferred=comps[best].completion,
+                              ids=[p.id for p in comps]))
     return items
 
 
