@@ -23,6 +23,7 @@ from typing import Any
 
 from atlas.knobs import KNOBS
 from atlas.telemetry import EVENTS, PROGRAMS, read_jsonl
+from atlas.types import INSUFFICIENT_EVIDENCE as INSUFFICIENT
 
 __all__ = ["KNOBS", "summarise"]
 
@@ -117,6 +118,42 @@ def _budget(events: list[dict[str, Any]], rounds: int) -> int | None:
     return int(ex.get("rounds", rounds)) * int(ex["islands_per_round"]) * int(ex["samples_per_prompt"])
 
 
+def phase_line(event: dict[str, Any]) -> dict[str, Any]:
+    """What the reference did in one phase, from its ``phase`` event: trained or skipped (and
+    why), G_k, the gain, its lower bound, the KL and the outcome (promoted, rejected with the
+    failing condition, vetoed, insufficient evidence, or the fixed reference kept)."""
+    out: dict[str, Any] = {"phase": event.get("phase"), "round": event.get("round"),
+                           "trained": not event.get("skipped")}
+    if event.get("skipped"):
+        return {**out, "outcome": "skipped", "why": event.get("reason")}
+    gate = event.get("gate")
+    if gate is None:
+        return {**out, "outcome": "fixed reference", "why": f"reference={event.get('reference')}"}
+    ev = gate.get("evidence") or {}
+    out.update(evidence=ev.get("mode"), in_sample=ev.get("in_sample"),
+               completions=ev.get("completions"),
+               informative_completions=ev.get("informative_completions"),
+               gain=gate.get("gain"), lower_bound=gate.get("lower_bound"), kl=gate.get("kl"),
+               epsilon=gate.get("epsilon"), delta=gate.get("delta"), candidate=gate.get("chosen"))
+    reason = gate.get("reason") or ""
+    if reason == INSUFFICIENT:
+        why = (f"{ev.get('informative_completions')} informative completions < "
+               f"gate.min_completions={ev.get('minimum')}")
+        return {**out, "outcome": "insufficient evidence", "why": why}
+    if event.get("vetoed"):
+        verdict = event.get("inspector") or {}
+        return {**out, "outcome": "vetoed", "why": verdict.get("reason") or "inspector veto"}
+    if event.get("promoted"):
+        return {**out, "outcome": "promoted", "why": reason}
+    if "KL" in reason:
+        why = f"{reason}: KL {gate.get('kl'):.3g} > delta {gate.get('delta')}"
+    elif gate.get("lower_bound") is not None:
+        why = f"{reason}: lower bound {gate.get('lower_bound'):+.4g} < epsilon {gate.get('epsilon')}"
+    else:
+        why = reason
+    return {**out, "outcome": "rejected", "why": why}
+
+
 def summarise(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     """Compute the results record of a run folder; ``meta`` adds task/method/seed/wall time."""
     run_dir = Path(run_dir)
@@ -144,6 +181,8 @@ def summarise(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     trained = [e for e in phases if not e.get("skipped")]
     gated = [e for e in trained if e.get("gate") is not None]
     promotions = sum(1 for e in gated if e.get("promoted"))
+    # decisions: gated phases that had the evidence to decide (an EvoDPO phase "decides" too)
+    decided = [e for e in gated if (e["gate"].get("reason") or "") != INSUFFICIENT]
     strategist = [e.get("strategist") or {} for e in trained]
     interventions = {k: sum(1 for s in strategist if k in (s.get("changed") or [])) for k in KNOBS}
     failures = Counter(p["evaluation"].get("failure_kind", "ok") for p in programs if p.get("source") == "agent")
@@ -179,8 +218,10 @@ def summarise(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
         "phases_skipped": len(phases) - len(trained),
         "pair_kinds": dict(pair_kinds),
         "promotions": promotions,
-        "accept_rate": rate(promotions, len(gated)),
+        "accept_rate": rate(promotions, len(decided)),
         "vetoes": sum(1 for e in gated if e.get("vetoed")),
+        "insufficient_evidence": len(gated) - len(decided),
+        "reference_log": [phase_line(e) for e in phases],
         "interventions": interventions,
         "intervention_rates": {k: rate(v, len(trained)) for k, v in interventions.items()},
     }

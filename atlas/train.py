@@ -33,6 +33,31 @@ if not OmegaConf.has_resolver("atlas.suffix"):
     OmegaConf.register_new_resolver("atlas.suffix", lambda s: f"_{s}" if s else "")
 
 
+def phase_text(p: dict[str, Any]) -> str:
+    """One summary line per phase: what the reference did (``atlas.results.phase_line``)."""
+    head = f"phase {p['phase']} (round {p.get('round')}): "
+    if not p["trained"]:
+        return head + f"skipped ({p.get('why')})"
+    if p["outcome"] == "fixed reference":
+        return head + "trained; reference fixed (the base model)"
+
+    def num(key: str, form: str) -> str:
+        v = p.get(key)
+        return "n/a" if v is None else format(v, form)
+
+    gk = (f"G_k {p.get('evidence')}{' (in-sample)' if p.get('in_sample') else ''} "
+          f"{p.get('informative_completions')}/{p.get('completions')} informative")
+    nums = (f"gain {num('gain', '+.4f')}, lower {num('lower_bound', '+.4f')}, "
+            f"KL {num('kl', '.2e')}")
+    if p["outcome"] == "promoted":
+        end = f"promoted {p.get('candidate')} ({p.get('why')})"
+    elif p["outcome"] == "rejected":
+        end = str(p.get("why"))
+    else:
+        end = f"{p['outcome']}: {p.get('why')}"
+    return head + f"trained; {gk}; {nums} -> {end}"
+
+
 def summary(results: dict[str, Any]) -> str:
     def fmt(x: Any) -> str:
         return "n/a" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
@@ -46,10 +71,13 @@ def summary(results: dict[str, Any]) -> str:
         f"  valid programs  first round {fmt(results['valid_rate_first_round'])}, last round "
         f"{fmt(results['valid_rate_last_round'])}, all {fmt(results['valid_rate'])}",
         f"  phases {results['phases']} (trained {results['phases_trained']}), promotions "
-        f"{results['promotions']}, accept rate {fmt(results['accept_rate'])}",
+        f"{results['promotions']}, accept rate {fmt(results['accept_rate'])}"
+        + (f", insufficient evidence {results['insufficient_evidence']}"
+           if results.get("insufficient_evidence") else ""),
         f"  candidates {results['candidates']} of budget {fmt(results.get('candidate_budget'))} "
         f"{results.get('candidates_by_source') or ''}, wall {results['wall_seconds']:.0f} s",
     ]
+    lines += ["  " + phase_text(p) for p in results.get("reference_log") or []]
     if results.get("isolation"):
         reason = results.get("isolation_reason")
         lines.append(f"  sandbox isolation {results['isolation']}"

@@ -194,6 +194,10 @@ class PreferencePair:
         return d
 
 
+#: a phase whose G_k is below gate.min_completions: no decision is made (not a rejection)
+INSUFFICIENT_EVIDENCE = "insufficient evidence"
+
+
 @dataclass
 class GateItem:
     """One element of the gate subset G_k (paper 2.2): a prompt, its evaluated completions

@@ -23,7 +23,7 @@ def test_atlas_run_scores_the_gate_on_prompts_held_out_of_dk(tmp_path: Path) -> 
     # the default half, the tiny model's 2 remaining prompts often give D_k no pair at all)
     cfg = compose_cfg(["experiment=test", "method=atlas", "explore.islands_per_round=2",
                        "explore.samples_per_prompt=2", "method.skip_without_improvement=false",
-                       "gate.holdout=0.25",
+                       "gate.holdout=0.25", "gate.evidence=holdout",
                        "task.timeout_s=60"],  # a loaded shared machine: no spurious timeouts
                       run_dir=tmp_path)
     run(cfg)
@@ -44,6 +44,38 @@ def test_atlas_run_scores_the_gate_on_prompts_held_out_of_dk(tmp_path: Path) -> 
         assert (g["scale"], g["bound"]) == (cfg.gate.scale, "percentile")
         if g["accepted"]:
             assert g["lower_bound"] >= g["epsilon"] and g["kl"] <= g["delta"]
+
+
+def test_every_trained_atlas_phase_decides_on_recorded_evidence(tmp_path: Path, capsys) -> None:
+    """The default gate (gate.evidence=auto) on a test-sized run: no trained phase goes
+    without a decision for want of a held-out prompt (the first phase serves one prompt: every
+    island starts from the seed), G_k's programs are recorded, and the summary prints one
+    line per phase."""
+    cfg = compose_cfg(["experiment=test", "method=atlas", "explore.islands_per_round=2",
+                       "method.skip_without_improvement=false", "task.timeout_s=60"],
+                      run_dir=tmp_path)
+    results = run(cfg)
+    events = read_jsonl(tmp_path / "events.jsonl")
+    phases = [e for e in events if e["event"] == "phase"]
+    ids = {json.loads(line)["id"] for line in (tmp_path / "programs.jsonl").read_text().splitlines()}
+    trained = [e for e in phases if not e.get("skipped")]
+    assert trained, "no phase trained"
+    for p in trained:
+        g = p["gate"]
+        assert g["reason"] != "rejected: no held-out gate item"
+        ev = g["evidence"]
+        assert ev["mode"] in ("holdout", "buffer") and ev["in_sample"] == (ev["mode"] == "buffer")
+        assert ev["completions"] == sum(len(x) for x in ev["program_ids"]) >= 1
+        assert {i for x in ev["program_ids"] for i in x} <= ids
+        decided = ev["informative_completions"] >= ev["minimum"]
+        assert decided == (g["reason"] != "insufficient evidence")
+    log = results["reference_log"]
+    assert [p["phase"] for p in log] == [p["phase"] for p in phases]
+    out = capsys.readouterr().out
+    for p in log:
+        line = next(x for x in out.splitlines() if x.strip().startswith(f"phase {p['phase']} "))
+        assert (p["outcome"] in line) or ("accepted" in line and p["outcome"] == "promoted") \
+            or (p["outcome"] == "rejected" and "rejected" in line)
 
 
 def test_bench_trial_data_holds_the_gate_prompt_out_and_inverts_pairs() -> None:

@@ -410,3 +410,37 @@ def test_phase_table_shows_gate_and_strategist_per_phase_of_a_recorded_run(tmp_p
     assert evotune and all(r["c*"] == "-" and r["strategist"] == "-" for r in evotune)
     assert all(r["decision"] == "trained (no gate)" or r["decision"].startswith("skipped")
                for r in evotune)
+
+
+def test_each_phase_says_what_the_reference_did():
+    """results.json's reference_log and the summary's per-phase lines: every outcome."""
+    from atlas.results import phase_line
+    from atlas.train import phase_text
+
+    ev = {"mode": "buffer", "in_sample": True, "completions": 12, "informative_completions": 8,
+          "minimum": 4}
+    gate = {"gain": 0.05, "lower_bound": 0.02, "kl": 0.001, "epsilon": 0.01, "delta": 0.05,
+            "chosen": "step_2", "reason": "accepted", "evidence": ev}
+    cases = [
+        ({"phase": 1, "round": 4, "skipped": True, "reason": "no score improvement"},
+         "skipped", "skipped (no score improvement)"),
+        ({"phase": 2, "round": 8, "reference": "fixed"}, "fixed reference", "reference fixed"),
+        ({"phase": 3, "gate": gate, "promoted": True}, "promoted",
+         "G_k buffer (in-sample) 8/12 informative; gain +0.0500, lower +0.0200, KL 1.00e-03 -> "
+         "promoted step_2 (accepted)"),
+        ({"phase": 4, "gate": {**gate, "reason": "rejected: no gain", "lower_bound": 0.004},
+          "promoted": False}, "rejected", "rejected: no gain: lower bound +0.004 < epsilon 0.01"),
+        ({"phase": 5, "gate": {**gate, "reason": "rejected: KL too large", "kl": 0.2},
+          "promoted": False}, "rejected", "rejected: KL too large: KL 0.2 > delta 0.05"),
+        ({"phase": 6, "gate": gate, "promoted": False, "vetoed": True,
+          "inspector": {"reason": "Regression: IC error spike"}}, "vetoed",
+         "vetoed: Regression: IC error spike"),
+        ({"phase": 7, "gate": {**gate, "reason": "insufficient evidence", "gain": None,
+                               "evidence": {**ev, "informative_completions": 2}},
+          "promoted": False}, "insufficient evidence",
+         "insufficient evidence: 2 informative completions < gate.min_completions=4"),
+    ]
+    for event, outcome, text in cases:
+        line = phase_line(event)
+        assert line["outcome"] == outcome and line["trained"] == (outcome != "skipped")
+        assert text in phase_text(line), phase_text(line)

@@ -37,14 +37,21 @@ from atlas.dpo.scoring import (
     importance_gain,
     mean_kl,
 )
-from atlas.types import GateCandidate, GateDecision, GateItem, PolicyCandidate, ReferenceMode
+from atlas.types import (
+    INSUFFICIENT_EVIDENCE,
+    GateCandidate,
+    GateDecision,
+    GateItem,
+    PolicyCandidate,
+    ReferenceMode,
+)
 
 ACCEPTED = "accepted"
 NO_GAIN = "rejected: no gain"
 KL_TOO_LARGE = "rejected: KL too large"
 DISABLED = "accepted: gate disabled"
 NO_ITEMS = "rejected: no held-out gate item"
-INSUFFICIENT = "insufficient evidence"  # G_k below gate.min_completions: no decision made
+INSUFFICIENT = INSUFFICIENT_EVIDENCE  # G_k below gate.min_completions: no decision made
 
 
 def token_kl(model, tokenizer, items: list[GateItem], candidate_state: PolicySpec,
