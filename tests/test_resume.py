@@ -51,7 +51,7 @@ KILL_SIGNAL_ENV = "ATLAS_RESUME_TEST_KILL_SIGNAL"  # SIGKILL (default) or SIGTER
 FAST = ["experiment=test", "method=atlas", "seed=0", "explore.rounds=4", "explore.phase_every=1",
         "task.T=300", "task.env_seeds=[0,1]", "dpo.max_length=512", "gate.max_length=512",
         "method.skip_without_improvement=false", "progress=false",
-        # two prompts per phase so the gate can hold one out of D_k (gate.holdout), and an
+        # two prompts per phase (the gate decides on its buffer, gate.evidence=auto), and an
         # epsilon below any gain so the tiny model's phases promote: these tests are about
         # resuming a promoted reference, not about the gate's judgement (tests/test_gate.py)
         "explore.islands_per_round=2", "gate.epsilon=-1.0"]

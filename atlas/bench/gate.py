@@ -85,7 +85,9 @@ def trial_data(programs: list, db: Any, gate: Any, dpo: Any, seed: int, n_pairs:
     a seeded random ``gate_completions`` of each held-out prompt's completions (0: all).
     ``holdout``: "loop" (``hold_out_prompts`` with the gate's settings, as a run does) or
     "richest". ``evidence="buffer"`` (the paper's rule, in-sample): nothing is held out, and
-    G_k is ``gate_prompts`` over the same programs D_k is built from."""
+    G_k is ``gate_prompts`` over the same programs D_k is built from; "first-phase": the
+    buffer of a run's first phase, whose rounds all serve one prompt (every island starts
+    from the seed): D_k and G_k from the prompt with the most completions alone."""
     from atlas.evolution.preferences import (
         build_pairs,
         failure_floor,
@@ -96,6 +98,11 @@ def trial_data(programs: list, db: Any, gate: Any, dpo: Any, seed: int, n_pairs:
 
     pairable = [p for p in programs if p.source in ("agent", "supporter")]
     agent = [p for p in pairable if p.source == "agent"]
+    if evidence == "first-phase":  # one prompt (every island starts from the seed): its buffer
+        seed_prompt = held_out_richest(agent)
+        pairable = [p for p in pairable if p.prompt in seed_prompt]
+        agent = [p for p in pairable if p.source == "agent"]
+        evidence = "buffer"
     if evidence == "buffer":
         order = gate_prompts(agent, seed, gate.subset_size)
     elif holdout == "richest":
@@ -359,10 +366,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--holdout", choices=("richest", "loop"), default="loop",
                     help="which prompts G_k holds out of D_k: loop (hold_out_prompts, as a run "
                          "does) or richest (the prompt with the most evaluated completions)")
-    ap.add_argument("--evidence", choices=("holdout", "buffer"), default="holdout",
+    ap.add_argument("--evidence", choices=("holdout", "buffer", "first-phase"),
+                    default="holdout",
                     help="G_k as gate.evidence takes it: holdout (prompts held out of D_k, "
-                         "--holdout says which) or buffer (the paper's rule: prompts of the "
-                         "programs D_k is built from, in-sample)")
+                         "--holdout says which), buffer (the paper's rule: prompts of the "
+                         "programs D_k is built from, in-sample) or first-phase (the buffer of "
+                         "one prompt: a run's first phase)")
     ap.add_argument("--power", default="",
                     help="with --rows: the acceptance rates when each trial's G_k is cut to "
                          "N completions (seeded draws), for these N, e.g. 8,16,32 (how much "
