@@ -146,6 +146,9 @@ _ENOTSUP = ("setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
 #: preadv2/pwritev2 (``RWF_NOWAIT`` tells whether a page is cached) and clone3 (its flags
 #: live in memory the filter cannot read): ENOSYS, and glibc falls back
 _ENOSYS = ("preadv2", "pwritev2", "clone3")
+#: refused without naming them: libraries try them and go on when they fail (glibc's name
+#: service asks nscd over a unix socket, e.g. for ``pwd.getpwuid``)
+_QUIET_EPERM = ("socket",)
 
 
 def check_extra_syscalls(names: object, field: str = "Task.syscalls") -> tuple[str, ...]:
@@ -228,8 +231,8 @@ def build_filter(machine: str | None = None, *, self_pid: int | None = None,
             a.op(_RET_K, _RET_ALLOW)
         a.op(_RET_K, _RET_USER_NOTIF)
         return a.assemble()
-    for names, ret in ((_ENOTSUP, _RET_ERRNO | errno.ENOTSUP), (_ENOSYS,
-                                                                _RET_ERRNO | errno.ENOSYS)):
+    for names, ret in ((_ENOTSUP, _RET_ERRNO | errno.ENOTSUP),
+                       (_ENOSYS, _RET_ERRNO | errno.ENOSYS), (_QUIET_EPERM, eperm)):
         for name in names:
             if name in table:
                 a.op(_JEQ_K, table[name], 0, 1)
