@@ -506,3 +506,209 @@ def test_a_random_policy_with_a_comment_scores_identically(bandit):
             "    return int(np.random.randint(len(contexts))) if random.random() < 0.9 else 0\n")
     evs = [sb.evaluate(c, {"round": 1}) for c in (code, code + "# tuned\n", "# v2\n" + code)]
     assert all(ev.passed for ev in evs) and len({ev.score for ev in evs}) == 1, evs
+
+
+# ------------------------------------------------------------------ issue 29: isolation by construction
+CANARIES = {"OPENAI_API_KEY": "sk-canary-openai-4f1d", "HF_TOKEN": "hf_canary_9c2e",
+            "WANDB_API_KEY": "wandb-canary-77ab", "FOO_SECRET": "foo-canary-5e3a"}
+#: what a candidate reports of its process: pid, the pid /proc/self names, every pid it can see
+PID_VIEW = '''import os
+
+
+def policy(contexts, history, t, state):
+    pids = sorted(int(n) for n in os.listdir("/proc") if n.isdigit())
+    raise ValueError((os.getpid(), os.getppid(), os.readlink("/proc/self"), pids))
+'''
+
+
+def _toy(mode: str, **kwargs) -> Sandbox:
+    from atlas.sandbox.testing import TOY_RUNNER, TOY_SCORER
+
+    return Sandbox(TOY_SCORER, {"steps": 10}, runner_factory=TOY_RUNNER, isolation=mode,
+                   **kwargs)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_no_credential_of_the_environment_reaches_a_candidate(mode, monkeypatch):
+    """Canary credentials planted in the environment are in none of what a candidate can
+    read (its environment, /proc/self/environ, its parent's, every environ it sees), and so
+    in no failure message that a record would carry."""
+    for k, v in CANARIES.items():
+        monkeypatch.setenv(k, v)
+    code = (ATTACKS / "bandit" / "env_canary.py").read_text().replace("CANARY", "OPENAI")
+    probe = code.replace('"PASSWORD", "OPENAI"', '"PASSWORD", "OPENAI", ""')  # every variable
+    with _toy(mode, workers=1) as sb:
+        ev = sb.evaluate(code, {})
+        everything = sb.evaluate(probe, {})
+    assert ev.passed, ev
+    assert not everything.passed and "found credentials" in everything.message  # it reads
+    for value in CANARIES.values():
+        assert value not in everything.message
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_runner_sees_only_itself_and_its_pid_says_nothing(mode):
+    """Every runner is pid 1 of its own pid namespace, with a /proc of that namespace: the
+    same view whatever ran before, a thread-starting candidate included."""
+    threads = ("import sys\n\ndef policy(contexts, history, t, state):\n"
+               "    th = sys.modules['threading']\n"
+               "    for _ in range(50):\n"
+               "        x = th.Thread(target=lambda: None)\n        x.start()\n        x.join()\n"
+               "    return 0\n")
+    with _toy(mode, workers=1) as sb:
+        first = sb.evaluate(PID_VIEW, {})
+        sb.evaluate(threads, {})
+        second = sb.evaluate(PID_VIEW, {})
+    assert first.message == second.message == "ValueError (line 6): (1, 0, '1', [1])", (
+        first.message, second.message)
+
+
+def _host_state(pid: int) -> dict:
+    import psutil
+
+    p = psutil.Process(pid)
+    return {"rlimits": {r: p.rlimit(r) for r in (psutil.RLIMIT_AS, psutil.RLIMIT_CPU,
+                                                  psutil.RLIMIT_DATA, psutil.RLIMIT_MSGQUEUE,
+                                                  psutil.RLIMIT_NOFILE, psutil.RLIMIT_NPROC)},
+            "nice": p.nice(), "affinity": p.cpu_affinity(), "ionice": tuple(p.ionice()),
+            "sched": os.sched_getscheduler(pid)}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_zygote_and_scorer_keep_their_limits_and_scheduling(mode):
+    """A candidate that re-limits, re-nices, re-pins and re-schedules every process it can
+    name (inherited_state_channel) changes neither the scorer's nor the zygote's state; it
+    fails as ``blocked`` and the next candidate starts from the same state."""
+    code = (ATTACKS / "bandit" / "inherited_state_channel.py").read_text()
+    with _toy(mode, workers=1) as sb:
+        assert sb.evaluate(ARM0, {}).passed
+        slot = sb._all[0]
+        scorer = slot.worker.pid
+        zygote = slot.worker.children()[0].pid
+        before = {pid: _host_state(pid) for pid in (scorer, zygote)}
+        evs = [sb.evaluate(code, {}) for _ in range(3)]
+        after = {pid: _host_state(pid) for pid in (scorer, zygote)}
+        honest = sb.evaluate(ARM0, {})
+    assert before == after
+    assert all(ev.failure_kind == FailureKind.BLOCKED.value for ev in evs), evs
+    assert "prlimit64" in evs[0].message and "setpriority" in evs[0].message, evs[0].message
+    assert honest.passed
+
+
+def test_the_filter_lets_calls_name_only_their_own_process():
+    """In a child with the filter (errno mode): prlimit64, setpriority, sched_setaffinity,
+    sched_setscheduler, ioprio_set and kill work on pid 0 or its own and fail with EPERM on
+    its parent; process-wide calls (PRIO_USER), memfd_create and an unlisted call fail."""
+    import ctypes
+    import errno
+    import json
+
+    from atlas.sandbox.seccomp import install_seccomp
+    from atlas.sandbox.syscalls import X86_64
+
+    if os.uname().machine != "x86_64":
+        pytest.skip("numbers below are x86_64's")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        out = {}
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.syscall.restype = ctypes.c_long
+            me, parent = os.getpid(), os.getppid()
+            install_seccomp()
+            lim = (ctypes.c_uint64 * 2)()
+            mask = ctypes.c_uint64(1)
+            param = ctypes.c_int(0)
+
+            def call(name, *args):
+                ctypes.set_errno(0)
+                rc = libc.syscall(X86_64[name], *args)
+                return 0 if rc >= 0 else ctypes.get_errno()
+
+            for who, tag in ((0, "zero"), (me, "self"), (parent, "parent")):
+                out[f"prlimit64_{tag}"] = call("prlimit64", who, 7, None, lim)
+                out[f"setpriority_{tag}"] = call("setpriority", 0, who, 0)
+                out[f"sched_getaffinity_{tag}"] = call("sched_getaffinity", who, 8,
+                                                       ctypes.byref(mask))
+                out[f"sched_setscheduler_{tag}"] = call("sched_setscheduler", who, 0,
+                                                        ctypes.byref(param))
+                out[f"ioprio_get_{tag}"] = call("ioprio_get", 1, who)
+                out[f"kill_{tag}"] = call("kill", who, 0)
+            out["setpriority_user"] = call("setpriority", 2, 0, 0)
+            out["memfd_create"] = call("memfd_create", b"x", 0)
+            out["acct"] = call("acct", None)
+        except Exception as exc:  # noqa: BLE001
+            out["error"] = repr(exc)
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    out = json.loads(data)
+    assert "error" not in out, out
+    for name in ("prlimit64", "setpriority", "sched_getaffinity", "sched_setscheduler",
+                 "ioprio_get", "kill"):
+        assert out[f"{name}_zero"] == 0 and out[f"{name}_self"] == 0, (name, out)
+        assert out[f"{name}_parent"] == errno.EPERM, (name, out)
+    assert out["setpriority_user"] == out["memfd_create"] == out["acct"] == errno.EPERM, out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_memory_in_every_form_counts_and_threads_are_capped(mode):
+    """memfd (blocked: memfd_create is not allowed), anonymous shared memory (resident) and
+    the scratch tmpfs (its bytes) count against the memory limit; 10,000 threads do not
+    start. None of them is scored, and the next honest candidate is."""
+    shared = ('import sys\n\n'
+              'def policy(contexts, history, t, state):\n'
+              '    if t == 0:\n'
+              '        ct = sys.modules["ctypes"]\n        libc = ct.CDLL(None)\n'
+              '        libc.mmap.restype = ct.c_void_p\n'
+              '        addr = libc.mmap(None, 400 << 20, 3, 0x21, -1, 0)  # MAP_SHARED|ANON\n'
+              '        ct.memset(addr, 1, 400 << 20)\n'
+              '        sys.modules["time"].sleep(3)\n    return 0\n')
+    scratch = ('import sys\n\ndef policy(contexts, history, t, state):\n'
+               '    if t == 0:\n        state["a"] = bytearray(150 << 20)\n'
+               '        for i in range(0, 150 << 20, 4096):\n            state["a"][i] = 1\n'
+               '        for i in range(4):\n'
+               '            with open(f"f{i}", "wb") as fh:\n'
+               '                fh.write(b"x" * (40 << 20))\n'
+               '        sys.modules["time"].sleep(3)\n    return 0\n')
+    with _toy(mode, workers=1, memory_mb=256, timeout_s=20) as sb:
+        memfd = sb.evaluate((ATTACKS / "bandit" / "memfd_hog.py").read_text(), {})
+        shm = sb.evaluate(shared, {})
+        tmpfs = sb.evaluate(scratch, {})
+        threads = sb.evaluate((ATTACKS / "bandit" / "thread_bomb.py").read_text(), {})
+        honest = sb.evaluate(ARM0, {})
+    assert memfd.failure_kind == FailureKind.BLOCKED.value and "memfd_create" in memfd.message
+    assert shm.failure_kind == FailureKind.KILLED.value, shm
+    assert tmpfs.failure_kind == FailureKind.KILLED.value, tmpfs
+    assert not threads.passed, threads
+    assert honest.passed
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_candidate_cannot_touch_a_concurrent_one(mode):
+    """Two workers: while an honest candidate runs in one, kill_parent in the other signals
+    every pid it can name; the honest one scores as alone."""
+    slow = ("import time\n\ndef policy(contexts, history, t, state):\n"
+            "    time.sleep(0.05)\n    return 0\n")
+    with _toy(mode, workers=2, timeout_s=20) as sb:
+        alone = sb.evaluate(slow, {})
+        honest = sb.submit(slow, {})
+        attack = sb.submit((ATTACKS / "bandit" / "kill_parent.py").read_text(), {})
+        assert honest.result().score == alone.score and alone.passed
+        assert not attack.result().passed
+
+
+def test_task_syscalls_are_checked():
+    from atlas.sandbox.seccomp import check_extra_syscalls
+
+    assert check_extra_syscalls(["memfd_create", "mlock"]) == ("memfd_create", "mlock")
+    for bad, why in ((["ptrace"], "can never be allowed"), (["prlimit64"], "never"),
+                     (["no_such_call"], "not a system call"), ("memfd_create", "a list")):
+        with pytest.raises(ValueError, match=why):
+            check_extra_syscalls(bad)

@@ -137,7 +137,7 @@ NEVER = frozenset({
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname",
     "setdomainname", "ioperm", "iopl", "syslog", "vhangup", "name_to_handle_at",
     "open_by_handle_at", "lookup_dcookie", "get_robust_list", "mincore", "fadvise64",
-    "readahead", "cachestat", "memfd_create", "memfd_secret",
+    "readahead", "cachestat", "memfd_secret",
 })
 
 #: extended-attribute writes (a channel Landlock does not cover): ENOTSUP
