@@ -255,11 +255,12 @@ ARM1 = "def policy(contexts, history, t, state):\n    return 1\n"
 def test_metadata_relay_reaches_no_later_candidate(bandit):
     """Three candidates in a row would play arms 0, 1 and 2 through an xattr, the mode bits or
     the mtime of the directories around their scratch; each plays arm 0 (its own tmpfs goes
-    with it, the rest is denied by seccomp)."""
+    with it, the rest is denied by seccomp, and the attempt fails as ``blocked``)."""
     sb, task, seed_score, honest, _, _ = bandit
     code = (ATTACKS / "bandit" / "metadata_relay.py").read_text()
     scores = [sb.evaluate(code, {"round": 1}) for _ in range(3)]
-    assert all(ev.passed and ev.score == honest for ev in scores), scores
+    assert all(ev.failure_kind == FailureKind.BLOCKED.value or (ev.passed and ev.score == honest)
+               for ev in scores), scores
     after = sb.evaluate(task.seed_program(), {"round": 1})
     assert after.passed and after.score == seed_score, after
 
@@ -268,7 +269,7 @@ def test_page_cache_probes_fail_though_ctypes_is_reachable(bandit):
     """ctypes is reachable through sys.modules (the guard does not matter here): the program
     that finds it and calls libc plays arm 1. The page-cache probes made through it and
     through os (mincore, readahead, cachestat, posix_fadvise, preadv2 RWF_NOWAIT) all fail:
-    seccomp, not the guard, is the barrier."""
+    seccomp, not the guard, is the barrier, and names them."""
     sb, task, seed_score, honest, _, _ = bandit
     reach = ("import sys\n\ndef policy(contexts, history, t, state):\n"
              "    c = sys.modules.get('ctypes')\n"
@@ -276,9 +277,10 @@ def test_page_cache_probes_fail_though_ctypes_is_reachable(bandit):
     arm1 = sb.evaluate(ARM1, {"round": 1})
     reached = sb.evaluate(reach, {"round": 1})
     assert arm1.passed and reached.passed and reached.score == arm1.score != honest, reached
-    for _ in range(2):
+    for _ in range(2):  # the probes fail, and the attempt is named
         ev = sb.evaluate((ATTACKS / "bandit" / "page_cache_probe.py").read_text(), {"round": 1})
-        assert ev.passed and ev.score == honest, ev
+        assert ev.failure_kind == FailureKind.BLOCKED.value, ev
+        assert "mincore" in ev.message and "readahead" in ev.message, ev.message
     after = sb.evaluate(task.seed_program(), {"round": 1})
     assert after.passed and after.score == seed_score, after
 
