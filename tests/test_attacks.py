@@ -694,16 +694,19 @@ def test_memory_in_every_form_counts_and_threads_are_capped(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_candidate_cannot_touch_a_concurrent_one(mode):
-    """Two workers: while an honest candidate runs in one, kill_parent in the other signals
-    every pid it can name; the honest one scores as alone."""
-    slow = ("import time\n\ndef policy(contexts, history, t, state):\n"
-            "    time.sleep(0.05)\n    return 0\n")
+    """Two workers: while an honest candidate runs in one, limit_others in the other limits
+    every process it can name to 1 MB of address space; the honest one scores as alone,
+    and so do the candidates after it in both workers."""
+    slow = ("import numpy as np\nimport time\n\ndef policy(contexts, history, t, state):\n"
+            "    time.sleep(0.05)\n    return int(np.zeros(1 << 16).sum())\n")
     with _toy(mode, workers=2, timeout_s=20) as sb:
         alone = sb.evaluate(slow, {})
         honest = sb.submit(slow, {})
-        attack = sb.submit((ATTACKS / "bandit" / "kill_parent.py").read_text(), {})
-        assert honest.result().score == alone.score and alone.passed
+        attack = sb.submit((ATTACKS / "bandit" / "limit_others.py").read_text(), {})
+        assert honest.result().score == alone.score and alone.passed, honest.result()
         assert not attack.result().passed
+        later = sb.evaluate_many([slow, slow, slow, slow], {})
+        assert all(ev.passed and ev.score == alone.score for ev in later), later
 
 
 def test_task_syscalls_are_checked():
