@@ -240,6 +240,8 @@ def test_pinn_attacks_get_a_failure_or_an_honest_score_and_leave_the_seed_alone(
                 assert "may only write inside its working directory" in ev.message, ev
             else:  # each trains with the seed's loss: exactly the seed's validation numbers
                 assert ev.passed, (path.stem, ev)
+                # the scorer's own clock, never the runner's number (forged_export_seconds)
+                assert 0 < ev.metrics["candidate_export_s"] < 600, (path.stem, ev.metrics)
                 assert ev.metrics["val_loss"] == pytest.approx(seed.metrics["val_loss"],
                                                                rel=1e-5), path.stem
                 assert ev.score == pytest.approx(seed.score, rel=1e-5), path.stem
