@@ -719,3 +719,67 @@ def test_task_syscalls_are_checked():
                      (["no_such_call"], "not a system call"), ("memfd_create", "a list")):
         with pytest.raises(ValueError, match=why):
             check_extra_syscalls(bad)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_secret_file_masks_its_whole_folder(mode):
+    """``sandbox.secret_file`` in a folder of the clone (bound for the code around it): the
+    secret of another comparison beside it is not readable by name."""
+    import shutil
+    import tempfile
+
+    repo = Path(__file__).resolve().parents[1]
+    folder = Path(tempfile.mkdtemp(prefix="atlas-attack-secrets-", dir=repo / "docs"))
+    try:
+        ours, other = folder / "ours.secret", folder / "other.secret"
+        secret = run_secret(folder / "run", str(ours), create=True)
+        other.write_text("ab" * 32 + "\n")
+        for p in (folder, ours, other):
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+        read = ("def policy(contexts, history, t, state):\n"
+                "    try:\n        open(OTHER).read()\n    except OSError:\n"
+                "        return 0\n    return 1\n").replace("OTHER", repr(str(other)))
+        task = BanditTask(T=50, env_seeds=[0, 1])
+        with Sandbox.for_task(task, secret=secret, workers=1, isolation=mode,
+                              hide=[str(folder / "run"), str(ours)]) as sb:
+            arm0 = sb.evaluate(ARM0, {"round": 1})
+            ev = sb.evaluate(read, {"round": 1})
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert arm0.passed and (not ev.passed or ev.score == arm0.score), ev
+
+
+def test_a_secret_in_a_code_or_system_folder_is_refused_in_one_line():
+    from atlas.sandbox.isolation import secret_folder
+
+    repo = Path(__file__).resolve().parents[1]
+    for bad in (repo / "atlas" / ".task_secret", repo / "atlas" / "tasks" / "bandit" / "s",
+                repo / "conf" / "s", repo / ".task_secret", Path("/etc/atlas.secret"),
+                Path("/usr/local/s")):
+        with pytest.raises(ValueError, match="lies directly in") as info:
+            secret_folder(str(bad))
+        assert "\n" not in str(info.value)
+    for ok in (repo / "outputs" / "shared" / ".task_secret",
+               repo / "multirun" / "2026" / ".task_secret",
+               repo / "docs" / "study" / "runs" / "a" / ".task_secret"):
+        assert secret_folder(str(ok)) == str(ok.parent)
+
+
+def test_the_launch_directory_is_not_bound_and_the_clone_outputs_are_hidden(tmp_path,
+                                                                          monkeypatch):
+    """``python -m atlas.score`` from another directory: that directory (on ``sys.path``
+    because of ``-m``) holds no module the sandbox needs, so it is neither bound nor
+    readable; the clone's own ``outputs/`` is masked as in a run."""
+    import sys
+
+    from atlas.sandbox.isolation import code_paths, hidden_roots
+
+    launch = tmp_path / "elsewhere"
+    launch.mkdir()
+    monkeypatch.chdir(launch)
+    monkeypatch.syspath_prepend(str(launch))
+    assert str(launch) in sys.path
+    assert not any(str(launch) == p or str(launch).startswith(p + "/") for p in code_paths())
+    outputs = Path(__file__).resolve().parents[1] / "outputs"
+    if outputs.is_dir():
+        assert str(outputs) in hidden_roots([])

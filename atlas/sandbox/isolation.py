@@ -56,15 +56,88 @@ def _outermost(paths: set[str]) -> list[str]:
                                                      for q in keep[:i])]
 
 
-def code_paths() -> list[str]:
-    """Interpreter, venv, atlas and import paths: what a sandboxed Python must read."""
+#: top-level modules the sandbox's processes import (the task's factories), registered by
+#: each ``Sandbox``: the launch directory is bound only when one of them lives there
+_NEEDED_MODULES: set[str] = set()
+
+
+def need_modules(*paths: str) -> None:
+    """Register the modules of ``"module:function"`` factories a sandbox imports."""
+    _NEEDED_MODULES.update(p.split(":")[0].split(".")[0] for p in paths if p)
+
+
+def _holds_needed_module(directory: str) -> bool:
+    import importlib.util
+
+    for name in _NEEDED_MODULES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = spec.origin if spec and spec.origin not in (None, "namespace") else None
+        where = origin or next(iter(getattr(spec, "submodule_search_locations", None) or []),
+                               None)
+        if where and os.path.realpath(where).startswith(directory + os.sep):
+            return True
+    return False
+
+
+def repo_root() -> str:
+    """The directory holding the ``atlas`` package (a clone's root, or site-packages)."""
     import atlas
 
+    return os.path.dirname(os.path.dirname(os.path.realpath(atlas.__file__)))
+
+
+def code_paths() -> list[str]:
+    """Interpreter, venv, atlas and import paths: what a sandboxed Python must read. The
+    launch directory (which ``python -m`` puts on ``sys.path``) only where a task's module
+    lives there: a candidate sees only the code it must import."""
+    cwd = os.path.realpath(os.getcwd())
+    imports = {os.path.realpath(p) for p in sys.path if p}
+    if cwd in imports and cwd != repo_root() and not _holds_needed_module(cwd):
+        imports.discard(cwd)
     paths = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
-             os.path.dirname(os.path.realpath(sys.executable)),
-             os.path.dirname(os.path.dirname(os.path.abspath(atlas.__file__))),
-             *(p for p in sys.path if p)}
+             os.path.dirname(os.path.realpath(sys.executable)), repo_root(), *imports}
     return _outermost({os.path.realpath(p) for p in paths if os.path.isdir(p)})
+
+
+#: folders a secret file may not lie in directly (masking its folder whole would hide the
+#: system): a system directory or anything below one
+_SYSTEM_ROOTS = (*SYSTEM_DIRS, "/proc", "/dev", "/boot", "/run", "/var/lib", "/var/cache")
+
+
+def secret_folder(path: str, field: str = "sandbox.secret_file") -> str:
+    """The folder to mask for a secret file: its own folder, whole (a secret beside it, of
+    another comparison, goes with it). A ValueError with the fix where that folder holds
+    code candidates import (a package, atlas's ``conf/``, an import root) or is a system
+    folder: masking it would break the sandbox, not masking it would leave the secret
+    readable by name."""
+    real = os.path.realpath(path)
+    folder = os.path.dirname(real)
+    why = None
+    if folder == "/" or any(folder == d or folder.startswith(d + "/") for d in _SYSTEM_ROOTS):
+        why = "a system folder"
+    elif any(c == folder or c.startswith(folder + "/") for c in code_paths()):
+        why = "a folder that holds code candidates import"
+    elif os.path.exists(os.path.join(folder, "__init__.py")) or any(
+            n.endswith(".py") for n in _listdir(folder)):
+        why = "a Python package folder"
+    elif folder == os.path.join(repo_root(), "conf") or folder.startswith(
+            os.path.join(repo_root(), "conf") + "/"):
+        why = "atlas's config folder conf/"
+    if why:
+        raise ValueError(f"{field}={path} lies directly in {why} ({folder}); the sandbox masks "
+                         f"a secret's folder whole, so keep it in a folder of its own or a run "
+                         f"folder (outputs/, multirun/), e.g. outputs/shared/.task_secret")
+    return folder
+
+
+def _listdir(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
 
 
 def readable_roots() -> list[str]:
@@ -83,19 +156,26 @@ def _code_under_tmp() -> list[str]:
 def hidden_roots(paths: list[str], cwd: str | None = None) -> list[str]:
     """What to mask so that no candidate reads any run's secret or records.
 
-    Each path (a run folder, a secret file) widens to its outermost ancestor that holds no
-    code path and is not a top-level directory: the whole output tree, so a sweep's sibling
-    jobs (each with a copy of the shared secret and its own ``programs.jsonl``) and the
-    sweep's secret go with the job under attack, wherever the tree lies. Hydra's run and
-    sweep roots below ``cwd`` are added, so single runs and other sweeps are hidden too.
+    A secret file stands for its folder, whole (``secret_folder``, which refuses a folder of
+    code or of the system). Each path (a run folder, a secret's folder) widens to its
+    outermost ancestor that holds no code path and is not a top-level directory: the whole
+    output tree, so a sweep's sibling jobs (each with a copy of the shared secret and its
+    own ``programs.jsonl``) and the sweep's secret go with the job under attack, wherever
+    the tree lies. Hydra's run and sweep roots below ``cwd`` and below the clone holding
+    atlas are added, so single runs and other sweeps are hidden too, from any launch
+    directory (``atlas.score`` masks what a run masks).
     """
     needed = [*code_paths(), *SYSTEM_DIRS]
     cwd = os.path.realpath(cwd or os.getcwd())
+    roots = [os.path.join(base, r) for base in dict.fromkeys([cwd, repo_root()])
+             for r in RUN_ROOTS]
     out: set[str] = set()
-    for p in [*paths, *(os.path.join(cwd, r) for r in RUN_ROOTS)]:
+    for p in [*paths, *roots]:
         p = os.path.realpath(p)
         if not os.path.exists(p):
             continue
+        if not os.path.isdir(p):
+            p = secret_folder(p)
         while True:
             up = os.path.dirname(p)
             if up == "/" or os.path.dirname(up) == "/" or any(

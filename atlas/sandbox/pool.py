@@ -37,6 +37,7 @@ from atlas.sandbox.isolation import (
     bwrap_args,
     find_bwrap,
     hidden_roots,
+    need_modules,
     readable_roots,
     resolve_isolation,
     sandbox_env,
@@ -408,6 +409,7 @@ class Sandbox:
         # relative path (sandbox.secret_file=docs/...) would mask the wrong file
         #: paths masked inside bubblewrap (the run folder holding the secret, the secret file)
         #: widened to whole output trees (``hidden_roots``): siblings' secrets and records too
+        need_modules(evaluator_factory, runner_factory)  # what code_paths must bind
         self.hide = hidden_roots([os.path.abspath(p) for p in (hide or [])])
         #: what is really active ("bwrap" or "rlimits+guard") and, if degraded, why
         self.isolation, self.isolation_reason = resolve_isolation(isolation)
