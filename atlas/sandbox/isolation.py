@@ -311,6 +311,94 @@ def resolve_isolation(requested: str) -> tuple[str, str]:
     return FALLBACK, f"bubblewrap unusable: {reason}"
 
 
+#: what each part of a runner's isolation holds, and what its absence leaves open
+FEATURE_GAPS = {
+    "pid": "no pid namespace per runner: a runner sees the host's pids (the filter still "
+           "refuses every call on another process)",
+    "proc": "no /proc of the runner's own: /proc lists the host's processes, and pids move "
+            "with other runners' threads (a low-rate channel)",
+    "readonly": "no read-only view of the host: file access times on the host can carry a "
+                "channel between candidates",
+    "scratch": "no private scratch: the working directory is swept after each candidate "
+               "and its metadata channels are closed by seccomp alone",
+    "nproc": "no task count of the runner's own (RLIMIT_NPROC): threads are capped by the "
+             "watchdog only (1024 per runner, polled every 0.1 s)",
+}
+#: what no mode here has: memory is counted by polling, not by the kernel
+MEMORY_GAP = ("memory (resident + scratch tmpfs) is counted by the watchdog every 0.1 s, not "
+              "by a cgroup: a burst shorter than that can pass the limit")
+
+
+def _features_here(workdir: str) -> list[str]:
+    """What a runner forked from this process gets (``own_process_tree`` + ``prepare_runner``
+    in a throw-away child), as a sorted list."""
+    import json
+
+    r, w = os.pipe()
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.close(out_r)
+            got = own_process_tree(w)
+            got = prepare_runner(workdir, 16, got)
+            if host_root():
+                got.add("nproc")  # each runner switches to a uid of its own
+            os.write(out_w, json.dumps(sorted(got)).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.close(out_w)
+    os.read(r, 32)
+    os.close(r)
+    with os.fdopen(out_r, "rb") as fh:
+        data = fh.read()
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+    return sorted(json.loads(data)) if data else []
+
+
+def probe_features_main() -> None:
+    """Print ``_features_here`` as JSON (run inside bubblewrap by ``runner_features``)."""
+    import json
+    import tempfile
+
+    workdir = tempfile.mkdtemp()
+    try:
+        print(json.dumps(_features_here(workdir)))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@functools.lru_cache(maxsize=2)
+def runner_features(mode: str) -> tuple[str, ...]:
+    """The isolation parts a runner gets in ``mode`` here (see ``FEATURE_GAPS``)."""
+    import json
+
+    code = "from atlas.sandbox.isolation import probe_features_main; probe_features_main()"
+    cmd = [sys.executable, "-c", code]
+    if mode == BWRAP:
+        bwrap = find_bwrap()
+        if bwrap is None:
+            return ()
+        cmd = bwrap_args(bwrap, 64) + cmd
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                              env=sandbox_env())
+        return tuple(json.loads(proc.stdout.strip().splitlines()[-1]))
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return ()
+
+
+def isolation_gaps(mode: str) -> list[str]:
+    """What the runner's isolation lacks in ``mode`` here, each with what it leaves open."""
+    have = set(runner_features(mode))
+    return [why for part, why in FEATURE_GAPS.items() if part not in have] + [MEMORY_GAP]
+
+
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 _MS_REC, _MS_PRIVATE = 0x4000, 0x40000

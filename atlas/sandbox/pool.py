@@ -37,6 +37,7 @@ from atlas.sandbox.isolation import (
     bwrap_args,
     find_bwrap,
     hidden_roots,
+    isolation_gaps,
     need_modules,
     readable_roots,
     resolve_isolation,
@@ -413,6 +414,10 @@ class Sandbox:
         self.hide = hidden_roots([os.path.abspath(p) for p in (hide or [])])
         #: what is really active ("bwrap" or "rlimits+guard") and, if degraded, why
         self.isolation, self.isolation_reason = resolve_isolation(isolation)
+        #: what this environment's runners lack, each with what it leaves open
+        self.isolation_gaps = isolation_gaps(self.isolation)
+        log.log(logging.WARNING if len(self.isolation_gaps) > 1 else logging.INFO,
+                "sandbox isolation %s lacks: %s", self.isolation, "; ".join(self.isolation_gaps))
         self._slots: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         self._all = [_Slot(self, i) for i in range(workers)]
         for slot in self._all:
