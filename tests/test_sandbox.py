@@ -168,19 +168,8 @@ def test_workdir_is_cwd_and_home_and_is_removed():
 
 
 def _private_scratch_works() -> bool:
-    """Whether this host lets a process take a mount namespace (a forked child tries)."""
-    import tempfile
-
-    d = tempfile.mkdtemp()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os._exit(0 if isolation.private_scratch(d, 16) else 1)
-        except BaseException:  # noqa: BLE001
-            os._exit(2)
-    _, status = os.waitpid(pid, 0)
-    os.rmdir(d)
-    return os.waitstatus_to_exitcode(status) == 0
+    """Whether this host lets a runner take a mount namespace and its own scratch."""
+    return "scratch" in isolation.runner_features(isolation.FALLBACK)
 
 
 @pytest.mark.parametrize("mode", ["rlimits", pytest.param("bwrap", marks=pytest.mark.skipif(
