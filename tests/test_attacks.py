@@ -783,3 +783,38 @@ def test_the_launch_directory_is_not_bound_and_the_clone_outputs_are_hidden(tmp_
     outputs = Path(__file__).resolve().parents[1] / "outputs"
     if outputs.is_dir():
         assert str(outputs) in hidden_roots([])
+
+
+@pytest.mark.slow
+def test_no_canary_credential_reaches_any_file_of_a_run(tmp_path, monkeypatch):
+    """A whole run (tiny model, W&B offline) with canary credentials in the environment and
+    a seed program that fails, printing them, wherever it finds one: the run goes through
+    and no file of the run folder (records, W&B's offline files) holds a canary."""
+    from atlas.tasks.bandit import BanditTask
+    from atlas.train import run
+    from tests.conftest import compose_cfg
+
+    for k, v in CANARIES.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    honest_seed = BanditTask.seed_program
+    probe = (ATTACKS / "bandit" / "env_canary.py").read_text().replace(
+        '"PASSWORD", "CANARY"', '"PASSWORD", "CANARY", "API", "HF_"')
+
+    def seed(self) -> str:  # the seed's policy, after looking for credentials
+        return probe.replace("def policy(", "def _probe_policy(") + "\n\n" + \
+            honest_seed(self).replace("def policy(", "def _seed_policy(") + \
+            "\n\ndef policy(contexts, history, t, state):\n" \
+            "    _probe_policy(contexts, history, t, state)\n" \
+            "    return _seed_policy(contexts, history, t, state)\n"
+
+    monkeypatch.setattr(BanditTask, "seed_program", seed)
+    cfg = compose_cfg(["experiment=test", "logger=wandb", "explore.rounds=2"], run_dir=tmp_path)
+    run(cfg)
+    leaked = []
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            leaked += [(str(path), k) for k, v in CANARIES.items() if v.encode() in data]
+    assert not leaked, leaked
+    assert (tmp_path / "programs.jsonl").exists()
