@@ -421,3 +421,29 @@ def test_end_of_run_summary_names_a_degraded_isolation():
                "isolation_reason": "bubblewrap unusable: bubblewrap is not installed"}
     assert "sandbox isolation rlimits+guard (degraded: bubblewrap unusable" in summary(results)
     assert "degraded" not in summary({**results, "isolation": "bwrap", "isolation_reason": ""})
+
+
+def test_audit_lists_the_runners_calls_and_task_syscalls_extend_the_list(capsys):
+    """``python -m atlas.sandbox audit`` prints every call of the bandit runner, all allowed;
+    a call off the list fails the program as ``blocked``, naming it, unless the task lists it
+    in ``Task.syscalls``."""
+    import re
+
+    from atlas.sandbox.__main__ import main
+
+    if os.uname().machine != "x86_64":
+        pytest.skip("memfd_create's number below is x86_64's")
+    assert main(["audit", "task=bandit", "sandbox.isolation=rlimits"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^\s+read\s+\d+\s+allowed$", out, re.M), out
+    assert re.search(r"^\s+write\s+\d+\s+allowed$", out, re.M), out
+    memfd = ("import sys\n\ndef policy(contexts, history, t, state):\n    if t == 0:\n"
+             "        libc = sys.modules['ctypes'].CDLL(None)\n"
+             "        assert libc.syscall(319, b'x', 0) >= 0\n    return 0\n")
+    with toy({}, workers=1, timeout_s=TIMEOUT_S, isolation="rlimits") as sb:
+        blocked = sb.evaluate(memfd, {})
+    with toy({}, workers=1, timeout_s=TIMEOUT_S, isolation="rlimits",
+             syscalls=("memfd_create",)) as sb:
+        allowed = sb.evaluate(memfd, {})
+    assert blocked.failure_kind == "blocked" and "memfd_create" in blocked.message, blocked
+    assert allowed.passed, allowed
