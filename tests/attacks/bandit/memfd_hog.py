@@ -10,7 +10,7 @@ def policy(contexts, history, t, state):
         if ctypes is not None:
             libc = ctypes.CDLL(None, use_errno=True)
             chunk = b"x" * (1 << 20)
-            for i in range(3):
+            for _ in range(3):
                 fd = libc.syscall(319, b"hog", 0)  # memfd_create (x86_64)
                 if fd < 0:
                     break
