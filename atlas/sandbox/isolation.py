@@ -375,7 +375,8 @@ def probe_features_main() -> None:
 
 @functools.lru_cache(maxsize=2)
 def runner_features(mode: str) -> tuple[str, ...]:
-    """The isolation parts a runner gets in ``mode`` here (see ``FEATURE_GAPS``)."""
+    """The isolation parts a runner gets in ``mode`` here (see ``FEATURE_GAPS``), probed in
+    a fresh Python (never a fork of this process, which may hold threads and a model)."""
     import json
 
     code = "from atlas.sandbox.isolation import probe_features_main; probe_features_main()"
