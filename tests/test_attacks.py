@@ -818,3 +818,14 @@ def test_no_canary_credential_reaches_any_file_of_a_run(tmp_path, monkeypatch):
             leaked += [(str(path), k) for k, v in CANARIES.items() if v.encode() in data]
     assert not leaked, leaked
     assert (tmp_path / "programs.jsonl").exists()
+
+
+def test_the_task_checker_fails_a_task_that_asks_for_a_forbidden_call():
+    from atlas.tasks.checker import check_task
+
+    class Greedy(BanditTask):
+        syscalls = ("memfd_create", "ptrace")
+
+    report = check_task(Greedy(T=50, env_seeds=[0, 1]), secrets=1, isolation="rlimits")
+    assert not report.ok
+    assert "'ptrace' can never be allowed" in report.text()
