@@ -829,3 +829,28 @@ def test_the_task_checker_fails_a_task_that_asks_for_a_forbidden_call():
     report = check_task(Greedy(T=50, env_seeds=[0, 1]), secrets=1, isolation="rlimits")
     assert not report.ok
     assert "'ptrace' can never be allowed" in report.text()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reading_a_host_file_moves_no_access_time(mode):
+    """Access times on the host are a channel (a candidate reads a file, a later one stats
+    it); the runner's view of the host is read-only, so a read moves nothing."""
+    import tempfile
+
+    repo = Path(__file__).resolve().parents[1]
+    fd, name = tempfile.mkstemp(prefix="atlas-atime-", dir=repo / "docs")
+    os.write(fd, b"x" * 4096)
+    os.close(fd)
+    os.chmod(name, 0o644)
+    old = 1_000_000_000  # 2001: older than a day, so relatime would update it
+    os.utime(name, (old, old))
+    code = ("def policy(contexts, history, t, state):\n"
+            f"    if t == 0:\n        open({name!r}, 'rb').read()\n    return 0\n")
+    try:
+        with _toy(mode, workers=1) as sb:
+            ev = sb.evaluate(code, {})
+        atime = os.stat(name).st_atime
+    finally:
+        os.unlink(name)
+    assert ev.passed, ev
+    assert atime == old
