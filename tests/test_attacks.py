@@ -602,7 +602,8 @@ def test_zygote_and_scorer_keep_their_limits_and_scheduling(mode):
 def test_the_filter_lets_calls_name_only_their_own_process():
     """In a child with the filter (errno mode): prlimit64, setpriority, sched_setaffinity,
     sched_setscheduler, ioprio_set and kill work on pid 0 or its own and fail with EPERM on
-    its parent; process-wide calls (PRIO_USER), memfd_create and an unlisted call fail."""
+    its parent; process-wide calls (PRIO_USER), file locks, memfd_create and an unlisted call
+    fail."""
     import ctypes
     import errno
     import json
@@ -639,6 +640,11 @@ def test_the_filter_lets_calls_name_only_their_own_process():
                                                         ctypes.byref(param))
                 out[f"ioprio_get_{tag}"] = call("ioprio_get", 1, who)
                 out[f"kill_{tag}"] = call("kill", who, 0)
+            fd = os.open(__file__, os.O_RDONLY)
+            lock = ctypes.create_string_buffer(32)  # struct flock: F_RDLCK, whole file
+            out["fcntl_getfl"] = call("fcntl", fd, 3, 0)
+            out["fcntl_setlk"] = call("fcntl", fd, 6, lock)
+            out["flock"] = call("flock", fd, 1 | 4)  # LOCK_SH | LOCK_NB
             out["setpriority_user"] = call("setpriority", 2, 0, 0)
             out["memfd_create"] = call("memfd_create", b"x", 0)
             out["acct"] = call("acct", None)
@@ -659,6 +665,8 @@ def test_the_filter_lets_calls_name_only_their_own_process():
         assert out[f"{name}_zero"] == 0 and out[f"{name}_self"] == 0, (name, out)
         assert out[f"{name}_parent"] == errno.EPERM, (name, out)
     assert out["setpriority_user"] == out["memfd_create"] == out["acct"] == errno.EPERM, out
+    # file locks on shared host files: a channel to a concurrent candidate
+    assert out["fcntl_getfl"] == 0 and out["fcntl_setlk"] == out["flock"] == errno.EPERM, out
 
 
 @pytest.mark.parametrize("mode", MODES)

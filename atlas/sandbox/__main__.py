@@ -17,7 +17,7 @@ import sys
 def audit(overrides: list[str]) -> int:
     from atlas.compose import build_task, compose
     from atlas.sandbox import Sandbox
-    from atlas.sandbox.seccomp import ALLOWED, PID_CHECKED
+    from atlas.sandbox.seccomp import ALLOWED, CMD_CHECKED, PID_CHECKED
 
     try:
         if not any(o.startswith("task=") for o in overrides):
@@ -33,7 +33,8 @@ def audit(overrides: list[str]) -> int:
         ev = sb.evaluate(task.seed_program(), {"round": 1})
     calls = {k.split(":", 1)[1]: int(v) for k, v in ev.metrics.items()
              if k.startswith("syscall:")}
-    allowed = {*ALLOWED, *PID_CHECKED, *task.syscalls, "clone", "sendmsg", "close"}
+    allowed = {*ALLOWED, *PID_CHECKED, *CMD_CHECKED, *task.syscalls, "clone", "sendmsg",
+               "close"}
     print(f"{task.name}: the seed program {'passed' if ev.passed else 'failed'} "
           f"({ev.failure_kind}); {len(calls)} distinct system calls after the filter point")
     for name in sorted(calls):

@@ -65,7 +65,7 @@ ALLOWED = frozenset({
     "read", "write", "open", "openat", "close", "close_range", "stat", "fstat", "lstat",
     "newfstatat", "statx", "poll", "ppoll", "select", "pselect6", "lseek", "pread64",
     "pwrite64", "readv", "writev", "preadv", "pwritev", "access", "faccessat", "faccessat2",
-    "pipe", "pipe2", "dup", "dup2", "dup3", "fcntl", "flock", "fsync", "fdatasync",
+    "pipe", "pipe2", "dup", "dup2", "dup3", "fsync", "fdatasync",
     "truncate", "ftruncate", "getdents", "getdents64", "getcwd", "chdir", "fchdir", "rename",
     "renameat", "renameat2", "mkdir", "mkdirat", "rmdir", "creat", "link", "linkat",
     "unlink", "unlinkat", "symlink", "symlinkat", "readlink", "readlinkat", "umask",
@@ -116,6 +116,14 @@ PID_CHECKED: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
     "getsid": ((0, (0, SELF)),),
 }
 
+#: calls allowed only for these commands (argument index, allowed values): ``fcntl`` on
+#: descriptor flags, status flags, duplication and pipe sizes, never a file lock, lease or
+#: notification (a lock on a shared host file is a channel to a concurrent candidate, as
+#: ``flock`` is, which is left off the list)
+CMD_CHECKED: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
+    "fcntl": ((1, (0, 1, 2, 3, 4, 1030, 1031, 1032, 1034)),),
+}
+
 #: calls no task may add to its list: they start or reach other processes, leave the
 #: namespaces and mounts, or create kernel objects that outlive the runner
 NEVER = frozenset({
@@ -133,7 +141,7 @@ NEVER = frozenset({
     "setpgid", "setsid", "move_pages", "migrate_pages", "set_mempolicy", "mbind",
     "seccomp", "landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self",
     "socket", "socketpair", "fanotify_init", "inotify_init", "inotify_init1",
-    "inotify_add_watch", "quotactl", "quotactl_fd", "swapon", "swapoff", "acct",
+    "inotify_add_watch", "flock", "quotactl", "quotactl_fd", "swapon", "swapoff", "acct",
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname",
     "setdomainname", "ioperm", "iopl", "syslog", "vhangup", "name_to_handle_at",
     "open_by_handle_at", "lookup_dcookie", "get_robust_list", "mincore", "fadvise64",
@@ -166,7 +174,7 @@ def check_extra_syscalls(names: object, field: str = "Task.syscalls") -> tuple[s
         if not isinstance(name, str) or name not in known:
             raise ValueError(f"{field}: {name!r} is not a system call of x86_64 or aarch64; "
                              f"use names as in 'man 2 syscalls' (e.g. 'memfd_create')")
-        if name in NEVER or name in PID_CHECKED:
+        if name in NEVER or name in PID_CHECKED or name in CMD_CHECKED:
             raise ValueError(f"{field}: {name!r} can never be allowed (it reaches other "
                              f"processes, the mounts or kernel objects that outlive the "
                              f"runner); remove it from the task")
@@ -247,7 +255,7 @@ def build_filter(machine: str | None = None, *, self_pid: int | None = None,
     a.op(_RET_K, _RET_ALLOW)
     a.op(_RET_K, deny)
     a.label("after_clone")
-    for i, (name, conds) in enumerate(sorted(PID_CHECKED.items())):
+    for i, (name, conds) in enumerate(sorted({**PID_CHECKED, **CMD_CHECKED}.items())):
         if name not in table:
             continue
         a.op(_JEQ_K, table[name], 0, f"next{i}")
