@@ -862,3 +862,24 @@ def test_reading_a_host_file_moves_no_access_time(mode):
         os.unlink(name)
     assert ev.passed, ev
     assert atime == old
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_candidate_reads_only_its_own_process_and_the_machine_description(mode):
+    """/proc and /sys hold counters every process shares (forks since boot, a cgroup's task
+    count): a candidate reads its own /proc/self, /proc/cpuinfo, /proc/meminfo and the CPU
+    list, and nothing else there."""
+    code = ("import os\n\ndef policy(contexts, history, t, state):\n"
+            "    if t == 0:\n        seen = {}\n"
+            "        for p in ('/proc/self/status', '/proc/cpuinfo', '/proc/meminfo',\n"
+            "                  '/sys/devices/system/cpu/online', '/proc/stat', '/proc/loadavg',\n"
+            "                  '/proc/vmstat', '/sys/fs/cgroup/pids.current',\n"
+            "                  '/sys/kernel/mm/transparent_hugepage/enabled'):\n"
+            "            try:\n                open(p).read()\n                seen[p] = True\n"
+            "            except OSError:\n                seen[p] = False\n"
+            "        raise ValueError((sorted(k for k, v in seen.items() if v), os.cpu_count() > 0))\n"
+            "    return 0\n")
+    with _toy(mode, workers=1) as sb:
+        ev = sb.evaluate(code, {})
+    assert ev.message == ("ValueError (line 15): (['/proc/cpuinfo', '/proc/meminfo', "
+                          "'/proc/self/status', '/sys/devices/system/cpu/online'], True)"), ev

@@ -147,6 +147,20 @@ def readable_roots() -> list[str]:
                        *code_paths()})
 
 
+#: what a candidate may read of /proc and /sys besides its own process: what libraries ask
+#: about the machine (CPU count and features, memory size). Not the rest: global counters
+#: (/proc/stat's count of forks since boot, a cgroup's task count) are channels between
+#: candidates, as pids were
+MACHINE_INFO = ("/proc/cpuinfo", "/proc/meminfo", "/sys/devices/system/cpu")
+
+
+def candidate_readable(readable: list[str] | tuple[str, ...]) -> list[str]:
+    """``readable`` with /proc and /sys narrowed to this process and ``MACHINE_INFO`` (for the
+    runner's Landlock rules, called in the runner: /proc/self is its own pid there)."""
+    out = [r for r in readable if r not in ("/proc", "/sys")]
+    return out + [os.path.realpath("/proc/self"), *MACHINE_INFO]
+
+
 def _code_under_tmp() -> list[str]:
     """Code paths below /tmp (e.g. a CI clone there): the private /tmp would hide them, so
     they are bound back in, read-only."""

@@ -33,6 +33,7 @@ from atlas.sandbox.guard import Guard
 from atlas.sandbox.isolation import (
     _PR_SET_CHILD_SUBREAPER,
     _prctl,
+    candidate_readable,
     host_root,
     limit_candidate_process,
     own_process_tree,
@@ -132,7 +133,9 @@ def _run_one(spec: dict[str, Any], link: Link) -> None:
     limit_candidate_process(int(spec["memory_mb"]), cpu_used + float(spec["timeout_s"]),
                             nproc=own_uid or "nproc" in spec.get("got", ()))
     no_new_privs()  # what Landlock and seccomp need; Landlock first: seccomp refuses it
-    restrict_writes(workdir, spec.get("hide") or (), spec.get("readable"))
+    readable = spec.get("readable")
+    restrict_writes(workdir, spec.get("hide") or (),
+                    None if readable is None else candidate_readable(readable))
     supervisor = socket.socket(fileno=spec["sup_fd"]) if spec.get("sup_fd") else None
     install_seccomp(supervisor, extra=spec.get("syscalls") or (), audit=bool(spec.get("audit")))
     seed_candidate_rngs(context)
