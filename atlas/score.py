@@ -31,13 +31,11 @@ USAGE = ("python -m atlas.score task=<name> [overrides ...] prog.py [more.py ...
 def secret_from(path: str | None) -> tuple[str, Path, bool]:
     """(secret, the file holding it, whether it was created): ``path`` read, or created with
     a fresh secret when it does not exist; a new file in the temporary folder when ``path``
-    is None."""
+    is None (in a new folder of its own)."""
     from atlas.sandbox.secret import create_secret_file, is_secret
 
-    if path is None:
-        fd, name = tempfile.mkstemp(prefix="atlas-score-", suffix=".secret")
-        os.close(fd)
-        os.unlink(name)
+    if path is None:  # a folder of its own: the sandbox masks a secret's folder whole
+        name = os.path.join(tempfile.mkdtemp(prefix="atlas-score-"), ".task_secret")
     file = Path(path or name).expanduser()
     created = not file.exists()
     if created:

@@ -62,6 +62,7 @@ class FailureKind(Label):
     NON_FINITE = "non_finite"
     NO_CODE = "no_code"  # the completion held no extractable program
     TAMPERED = "tampered"  # a result no genuine program can produce (outside score_range, forged)
+    BLOCKED = "blocked"  # made a system call the sandbox does not allow (named in the message)
     # the task's own scorer raised: a bug in the task, not in the candidate. A scorer blames
     # the candidate only by raising CandidateError, RunnerFailed or ProtocolError; anything
     # else it raises is this kind, and a run stops when the seed program hits it

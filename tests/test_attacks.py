@@ -240,6 +240,8 @@ def test_pinn_attacks_get_a_failure_or_an_honest_score_and_leave_the_seed_alone(
                 assert "may only write inside its working directory" in ev.message, ev
             else:  # each trains with the seed's loss: exactly the seed's validation numbers
                 assert ev.passed, (path.stem, ev)
+                # the scorer's own clock, never the runner's number (forged_export_seconds)
+                assert 0 < ev.metrics["candidate_export_s"] < 600, (path.stem, ev.metrics)
                 assert ev.metrics["val_loss"] == pytest.approx(seed.metrics["val_loss"],
                                                                rel=1e-5), path.stem
                 assert ev.score == pytest.approx(seed.score, rel=1e-5), path.stem
@@ -255,11 +257,12 @@ ARM1 = "def policy(contexts, history, t, state):\n    return 1\n"
 def test_metadata_relay_reaches_no_later_candidate(bandit):
     """Three candidates in a row would play arms 0, 1 and 2 through an xattr, the mode bits or
     the mtime of the directories around their scratch; each plays arm 0 (its own tmpfs goes
-    with it, the rest is denied by seccomp)."""
+    with it, the rest is denied by seccomp, and the attempt fails as ``blocked``)."""
     sb, task, seed_score, honest, _, _ = bandit
     code = (ATTACKS / "bandit" / "metadata_relay.py").read_text()
     scores = [sb.evaluate(code, {"round": 1}) for _ in range(3)]
-    assert all(ev.passed and ev.score == honest for ev in scores), scores
+    assert all(ev.failure_kind == FailureKind.BLOCKED.value or (ev.passed and ev.score == honest)
+               for ev in scores), scores
     after = sb.evaluate(task.seed_program(), {"round": 1})
     assert after.passed and after.score == seed_score, after
 
@@ -268,7 +271,7 @@ def test_page_cache_probes_fail_though_ctypes_is_reachable(bandit):
     """ctypes is reachable through sys.modules (the guard does not matter here): the program
     that finds it and calls libc plays arm 1. The page-cache probes made through it and
     through os (mincore, readahead, cachestat, posix_fadvise, preadv2 RWF_NOWAIT) all fail:
-    seccomp, not the guard, is the barrier."""
+    seccomp, not the guard, is the barrier, and names them."""
     sb, task, seed_score, honest, _, _ = bandit
     reach = ("import sys\n\ndef policy(contexts, history, t, state):\n"
              "    c = sys.modules.get('ctypes')\n"
@@ -276,9 +279,10 @@ def test_page_cache_probes_fail_though_ctypes_is_reachable(bandit):
     arm1 = sb.evaluate(ARM1, {"round": 1})
     reached = sb.evaluate(reach, {"round": 1})
     assert arm1.passed and reached.passed and reached.score == arm1.score != honest, reached
-    for _ in range(2):
+    for _ in range(2):  # the probes fail, and the attempt is named
         ev = sb.evaluate((ATTACKS / "bandit" / "page_cache_probe.py").read_text(), {"round": 1})
-        assert ev.passed and ev.score == honest, ev
+        assert ev.failure_kind == FailureKind.BLOCKED.value, ev
+        assert "mincore" in ev.message and "readahead" in ev.message, ev.message
     after = sb.evaluate(task.seed_program(), {"round": 1})
     assert after.passed and after.score == seed_score, after
 
@@ -506,3 +510,381 @@ def test_a_random_policy_with_a_comment_scores_identically(bandit):
             "    return int(np.random.randint(len(contexts))) if random.random() < 0.9 else 0\n")
     evs = [sb.evaluate(c, {"round": 1}) for c in (code, code + "# tuned\n", "# v2\n" + code)]
     assert all(ev.passed for ev in evs) and len({ev.score for ev in evs}) == 1, evs
+
+
+# ------------------------------------------------------------------ issue 29: isolation by construction
+CANARIES = {"OPENAI_API_KEY": "sk-canary-openai-4f1d", "HF_TOKEN": "hf_canary_9c2e",
+            "WANDB_API_KEY": "wandb-canary-77ab", "FOO_SECRET": "foo-canary-5e3a"}
+#: what a candidate reports of its process: pid, the pid /proc/self names, every pid it can see
+PID_VIEW = '''import os
+
+
+def policy(contexts, history, t, state):
+    try:
+        pids = sorted(int(n) for n in os.listdir("/proc") if n.isdigit())
+    except OSError:  # Landlock: /proc is not listable, only /proc/self readable
+        pids = "unlisted"
+    raise ValueError((os.getpid(), os.getppid(), os.readlink("/proc/self"), pids))
+'''
+
+
+def _toy(mode: str, **kwargs) -> Sandbox:
+    from atlas.sandbox.testing import TOY_RUNNER, TOY_SCORER
+
+    return Sandbox(TOY_SCORER, {"steps": 10}, runner_factory=TOY_RUNNER, isolation=mode,
+                   **kwargs)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_no_credential_of_the_environment_reaches_a_candidate(mode, monkeypatch):
+    """Canary credentials planted in the environment are in none of what a candidate can
+    read (its environment, /proc/self/environ, its parent's, every environ it sees), and so
+    in no failure message that a record would carry."""
+    for k, v in CANARIES.items():
+        monkeypatch.setenv(k, v)
+    code = (ATTACKS / "bandit" / "env_canary.py").read_text().replace("CANARY", "OPENAI")
+    probe = code.replace('"PASSWORD", "OPENAI"', '"PASSWORD", "OPENAI", ""')  # every variable
+    with _toy(mode, workers=1) as sb:
+        ev = sb.evaluate(code, {})
+        everything = sb.evaluate(probe, {})
+    assert ev.passed, ev
+    assert not everything.passed and "found credentials" in everything.message  # it reads
+    for value in CANARIES.values():
+        assert value not in everything.message
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_runner_sees_only_itself_and_its_pid_says_nothing(mode):
+    """Every runner is pid 1 of its own pid namespace, with a /proc of that namespace (not
+    even listable where Landlock holds): the same view whatever ran before, a
+    thread-starting candidate included."""
+    threads = ("import sys\n\ndef policy(contexts, history, t, state):\n"
+               "    th = sys.modules['threading']\n"
+               "    for _ in range(50):\n"
+               "        x = th.Thread(target=lambda: None)\n        x.start()\n        x.join()\n"
+               "    return 0\n")
+    with _toy(mode, workers=1) as sb:
+        first = sb.evaluate(PID_VIEW, {})
+        sb.evaluate(threads, {})
+        second = sb.evaluate(PID_VIEW, {})
+    assert first.message == second.message, (first.message, second.message)
+    assert first.message in ("ValueError (line 9): (1, 0, '1', [1])",
+                             "ValueError (line 9): (1, 0, '1', 'unlisted')"), first.message
+
+
+def _host_state(pid: int) -> dict:
+    import psutil
+
+    p = psutil.Process(pid)
+    return {"rlimits": {r: p.rlimit(r) for r in (psutil.RLIMIT_AS, psutil.RLIMIT_CPU,
+                                                  psutil.RLIMIT_DATA, psutil.RLIMIT_MSGQUEUE,
+                                                  psutil.RLIMIT_NOFILE, psutil.RLIMIT_NPROC)},
+            "nice": p.nice(), "affinity": p.cpu_affinity(), "ionice": tuple(p.ionice()),
+            "sched": os.sched_getscheduler(pid)}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_zygote_and_scorer_keep_their_limits_and_scheduling(mode):
+    """A candidate that re-limits, re-nices, re-pins and re-schedules every process it can
+    name (inherited_state_channel) changes neither the scorer's nor the zygote's state; it
+    fails as ``blocked`` and the next candidate starts from the same state."""
+    code = (ATTACKS / "bandit" / "inherited_state_channel.py").read_text()
+    with _toy(mode, workers=1) as sb:
+        assert sb.evaluate(ARM0, {}).passed
+        slot = sb._all[0]
+        scorer = slot.worker.pid
+        zygote = slot.worker.children()[0].pid
+        before = {pid: _host_state(pid) for pid in (scorer, zygote)}
+        evs = [sb.evaluate(code, {}) for _ in range(3)]
+        after = {pid: _host_state(pid) for pid in (scorer, zygote)}
+        honest = sb.evaluate(ARM0, {})
+    assert before == after
+    assert all(ev.failure_kind == FailureKind.BLOCKED.value for ev in evs), evs
+    assert "prlimit64" in evs[0].message and "setpriority" in evs[0].message, evs[0].message
+    assert honest.passed
+
+
+def test_the_filter_lets_calls_name_only_their_own_process():
+    """In a child with the filter (errno mode): prlimit64, setpriority, sched_setaffinity,
+    sched_setscheduler, ioprio_set and kill work on pid 0 or its own and fail with EPERM on
+    its parent; process-wide calls (PRIO_USER), file locks, memfd_create and an unlisted call
+    fail."""
+    import ctypes
+    import errno
+    import json
+
+    from atlas.sandbox.seccomp import install_seccomp
+    from atlas.sandbox.syscalls import X86_64
+
+    if os.uname().machine != "x86_64":
+        pytest.skip("numbers below are x86_64's")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        out = {}
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.syscall.restype = ctypes.c_long
+            me, parent = os.getpid(), os.getppid()
+            install_seccomp()
+            lim = (ctypes.c_uint64 * 2)()
+            mask = ctypes.c_uint64(1)
+            param = ctypes.c_int(0)
+
+            def call(name, *args):
+                ctypes.set_errno(0)
+                rc = libc.syscall(X86_64[name], *args)
+                return 0 if rc >= 0 else ctypes.get_errno()
+
+            for who, tag in ((0, "zero"), (me, "self"), (parent, "parent")):
+                out[f"prlimit64_{tag}"] = call("prlimit64", who, 7, None, lim)
+                out[f"setpriority_{tag}"] = call("setpriority", 0, who, 0)
+                out[f"sched_getaffinity_{tag}"] = call("sched_getaffinity", who, 8,
+                                                       ctypes.byref(mask))
+                out[f"sched_setscheduler_{tag}"] = call("sched_setscheduler", who, 0,
+                                                        ctypes.byref(param))
+                out[f"ioprio_get_{tag}"] = call("ioprio_get", 1, who)
+                out[f"kill_{tag}"] = call("kill", who, 0)
+            fd = os.open(__file__, os.O_RDONLY)
+            lock = ctypes.create_string_buffer(32)  # struct flock: F_RDLCK, whole file
+            out["fcntl_getfl"] = call("fcntl", fd, 3, 0)
+            out["fcntl_setlk"] = call("fcntl", fd, 6, lock)
+            out["flock"] = call("flock", fd, 1 | 4)  # LOCK_SH | LOCK_NB
+            out["setpriority_user"] = call("setpriority", 2, 0, 0)
+            out["memfd_create"] = call("memfd_create", b"x", 0)
+            out["acct"] = call("acct", None)
+        except Exception as exc:  # noqa: BLE001
+            out["error"] = repr(exc)
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    out = json.loads(data)
+    assert "error" not in out, out
+    for name in ("prlimit64", "setpriority", "sched_getaffinity", "sched_setscheduler",
+                 "ioprio_get", "kill"):
+        assert out[f"{name}_zero"] == 0 and out[f"{name}_self"] == 0, (name, out)
+        assert out[f"{name}_parent"] == errno.EPERM, (name, out)
+    assert out["setpriority_user"] == out["memfd_create"] == out["acct"] == errno.EPERM, out
+    # file locks on shared host files: a channel to a concurrent candidate
+    assert out["fcntl_getfl"] == 0 and out["fcntl_setlk"] == out["flock"] == errno.EPERM, out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_memory_in_every_form_counts_and_threads_are_capped(mode):
+    """memfd (blocked: memfd_create is not allowed), anonymous shared memory (resident) and
+    the scratch tmpfs (its bytes) count against the memory limit; 10,000 threads do not
+    start. None of them is scored, and the next honest candidate is."""
+    shared = ('import sys\n\n'
+              'def policy(contexts, history, t, state):\n'
+              '    if t == 0:\n'
+              '        ct = sys.modules["ctypes"]\n        libc = ct.CDLL(None)\n'
+              '        libc.mmap.restype = ct.c_void_p\n'
+              '        addr = libc.mmap(None, 400 << 20, 3, 0x21, -1, 0)  # MAP_SHARED|ANON\n'
+              '        ct.memset(addr, 1, 400 << 20)\n'
+              '        sys.modules["time"].sleep(3)\n    return 0\n')
+    scratch = ('import sys\n\ndef policy(contexts, history, t, state):\n'
+               '    if t == 0:\n        state["a"] = bytearray(150 << 20)\n'
+               '        for i in range(0, 150 << 20, 4096):\n            state["a"][i] = 1\n'
+               '        for i in range(4):\n'
+               '            with open(f"f{i}", "wb") as fh:\n'
+               '                fh.write(b"x" * (40 << 20))\n'
+               '        sys.modules["time"].sleep(3)\n    return 0\n')
+    with _toy(mode, workers=1, memory_mb=256, timeout_s=20) as sb:
+        memfd = sb.evaluate((ATTACKS / "bandit" / "memfd_hog.py").read_text(), {})
+        shm = sb.evaluate(shared, {})
+        tmpfs = sb.evaluate(scratch, {})
+        threads = sb.evaluate((ATTACKS / "bandit" / "thread_bomb.py").read_text(), {})
+        honest = sb.evaluate(ARM0, {})
+    assert memfd.failure_kind == FailureKind.BLOCKED.value and "memfd_create" in memfd.message
+    assert shm.failure_kind == FailureKind.KILLED.value, shm
+    assert tmpfs.failure_kind == FailureKind.KILLED.value, tmpfs
+    assert not threads.passed, threads
+    assert honest.passed
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_candidate_cannot_touch_a_concurrent_one(mode):
+    """Two workers: while an honest candidate runs in one, limit_others in the other limits
+    every process it can name to 1 MB of address space; the honest one scores as alone,
+    and so do the candidates after it in both workers."""
+    slow = ("import numpy as np\nimport time\n\ndef policy(contexts, history, t, state):\n"
+            "    time.sleep(0.05)\n    return int(np.zeros(1 << 16).sum())\n")
+    with _toy(mode, workers=2, timeout_s=20) as sb:
+        alone = sb.evaluate(slow, {})
+        honest = sb.submit(slow, {})
+        attack = sb.submit((ATTACKS / "bandit" / "limit_others.py").read_text(), {})
+        assert honest.result().score == alone.score and alone.passed, honest.result()
+        assert not attack.result().passed
+        later = sb.evaluate_many([slow, slow, slow, slow], {})
+        assert all(ev.passed and ev.score == alone.score for ev in later), later
+
+
+def test_task_syscalls_are_checked():
+    from atlas.sandbox.seccomp import check_extra_syscalls
+
+    assert check_extra_syscalls(["memfd_create", "mlock"]) == ("memfd_create", "mlock")
+    for bad, why in ((["ptrace"], "can never be allowed"), (["prlimit64"], "never"),
+                     (["no_such_call"], "not a system call"), ("memfd_create", "a list")):
+        with pytest.raises(ValueError, match=why):
+            check_extra_syscalls(bad)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_secret_file_masks_its_whole_folder(mode):
+    """``sandbox.secret_file`` in a folder of the clone (bound for the code around it): the
+    secret of another comparison beside it is not readable by name."""
+    import shutil
+    import tempfile
+
+    repo = Path(__file__).resolve().parents[1]
+    folder = Path(tempfile.mkdtemp(prefix="atlas-attack-secrets-", dir=repo / "docs"))
+    try:
+        ours, other = folder / "ours.secret", folder / "other.secret"
+        secret = run_secret(folder / "run", str(ours), create=True)
+        other.write_text("ab" * 32 + "\n")
+        for p in (folder, ours, other):
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+        read = ("def policy(contexts, history, t, state):\n"
+                "    try:\n        open(OTHER).read()\n    except OSError:\n"
+                "        return 0\n    return 1\n").replace("OTHER", repr(str(other)))
+        task = BanditTask(T=50, env_seeds=[0, 1])
+        with Sandbox.for_task(task, secret=secret, workers=1, isolation=mode,
+                              hide=[str(folder / "run"), str(ours)]) as sb:
+            arm0 = sb.evaluate(ARM0, {"round": 1})
+            ev = sb.evaluate(read, {"round": 1})
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert arm0.passed and (not ev.passed or ev.score == arm0.score), ev
+
+
+def test_a_secret_in_a_code_or_system_folder_is_refused_in_one_line():
+    from atlas.sandbox.isolation import secret_folder
+
+    repo = Path(__file__).resolve().parents[1]
+    for bad in (repo / "atlas" / ".task_secret", repo / "atlas" / "tasks" / "bandit" / "s",
+                repo / "conf" / "s", repo / ".task_secret", Path("/etc/atlas.secret"),
+                Path("/usr/local/s")):
+        with pytest.raises(ValueError, match="lies directly in") as info:
+            secret_folder(str(bad))
+        assert "\n" not in str(info.value)
+    for ok in (repo / "outputs" / "shared" / ".task_secret",
+               repo / "multirun" / "2026" / ".task_secret",
+               repo / "docs" / "study" / "runs" / "a" / ".task_secret"):
+        assert secret_folder(str(ok)) == str(ok.parent)
+
+
+def test_the_launch_directory_is_not_bound_and_the_clone_outputs_are_hidden(tmp_path,
+                                                                          monkeypatch):
+    """``python -m atlas.score`` from another directory: that directory (on ``sys.path``
+    because of ``-m``) holds no module the sandbox needs, so it is neither bound nor
+    readable; the clone's own ``outputs/`` is masked as in a run."""
+    import sys
+
+    from atlas.sandbox.isolation import code_paths, hidden_roots
+
+    launch = tmp_path / "elsewhere"
+    launch.mkdir()
+    monkeypatch.chdir(launch)
+    monkeypatch.syspath_prepend(str(launch))
+    assert str(launch) in sys.path
+    assert not any(str(launch) == p or str(launch).startswith(p + "/") for p in code_paths())
+    outputs = Path(__file__).resolve().parents[1] / "outputs"
+    if outputs.is_dir():
+        assert str(outputs) in hidden_roots([])
+
+
+@pytest.mark.slow
+def test_no_canary_credential_reaches_any_file_of_a_run(tmp_path, monkeypatch):
+    """A whole run (tiny model, W&B offline) with canary credentials in the environment and
+    a seed program that fails, printing them, wherever it finds one: the run goes through
+    and no file of the run folder (records, W&B's offline files) holds a canary."""
+    from atlas.tasks.bandit import BanditTask
+    from atlas.train import run
+    from tests.conftest import compose_cfg
+
+    for k, v in CANARIES.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    honest_seed = BanditTask.seed_program
+    probe = (ATTACKS / "bandit" / "env_canary.py").read_text().replace(
+        '"PASSWORD", "CANARY"', '"PASSWORD", "CANARY", "API", "HF_"')
+
+    def seed(self) -> str:  # the seed's policy, after looking for credentials
+        return probe.replace("def policy(", "def _probe_policy(") + "\n\n" + \
+            honest_seed(self).replace("def policy(", "def _seed_policy(") + \
+            "\n\ndef policy(contexts, history, t, state):\n" \
+            "    _probe_policy(contexts, history, t, state)\n" \
+            "    return _seed_policy(contexts, history, t, state)\n"
+
+    monkeypatch.setattr(BanditTask, "seed_program", seed)
+    cfg = compose_cfg(["experiment=test", "logger=wandb", "explore.rounds=2"], run_dir=tmp_path)
+    run(cfg)
+    leaked = []
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            leaked += [(str(path), k) for k, v in CANARIES.items() if v.encode() in data]
+    assert not leaked, leaked
+    assert (tmp_path / "programs.jsonl").exists()
+
+
+def test_the_task_checker_fails_a_task_that_asks_for_a_forbidden_call():
+    from atlas.tasks.checker import check_task
+
+    class Greedy(BanditTask):
+        syscalls = ("memfd_create", "ptrace")
+
+    report = check_task(Greedy(T=50, env_seeds=[0, 1]), secrets=1, isolation="rlimits")
+    assert not report.ok
+    assert "'ptrace' can never be allowed" in report.text()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reading_a_host_file_moves_no_access_time(mode):
+    """Access times on the host are a channel (a candidate reads a file, a later one stats
+    it); the runner's view of the host is read-only, so a read moves nothing."""
+    import tempfile
+
+    repo = Path(__file__).resolve().parents[1]
+    fd, name = tempfile.mkstemp(prefix="atlas-atime-", dir=repo / "docs")
+    os.write(fd, b"x" * 4096)
+    os.close(fd)
+    os.chmod(name, 0o644)
+    old = 1_000_000_000  # 2001: older than a day, so relatime would update it
+    os.utime(name, (old, old))
+    code = ("def policy(contexts, history, t, state):\n"
+            f"    if t == 0:\n        open({name!r}, 'rb').read()\n    return 0\n")
+    try:
+        with _toy(mode, workers=1) as sb:
+            ev = sb.evaluate(code, {})
+        atime = os.stat(name).st_atime
+    finally:
+        os.unlink(name)
+    assert ev.passed, ev
+    assert atime == old
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_candidate_reads_only_its_own_process_and_the_machine_description(mode):
+    """/proc and /sys hold counters every process shares (forks since boot, a cgroup's task
+    count): a candidate reads its own /proc/self, /proc/cpuinfo, /proc/meminfo and the CPU
+    list, and nothing else there."""
+    code = ("import os\n\ndef policy(contexts, history, t, state):\n"
+            "    if t == 0:\n        seen = {}\n"
+            "        for p in ('/proc/self/status', '/proc/cpuinfo', '/proc/meminfo',\n"
+            "                  '/sys/devices/system/cpu/online', '/proc/stat', '/proc/loadavg',\n"
+            "                  '/proc/vmstat', '/sys/fs/cgroup/pids.current',\n"
+            "                  '/sys/kernel/mm/transparent_hugepage/enabled'):\n"
+            "            try:\n                open(p).read()\n                seen[p] = True\n"
+            "            except OSError:\n                seen[p] = False\n"
+            "        raise ValueError((sorted(k for k, v in seen.items() if v), os.cpu_count() > 0))\n"
+            "    return 0\n")
+    with _toy(mode, workers=1) as sb:
+        ev = sb.evaluate(code, {})
+    assert ev.message == ("ValueError (line 15): (['/proc/cpuinfo', '/proc/meminfo', "
+                          "'/proc/self/status', '/sys/devices/system/cpu/online'], True)"), ev

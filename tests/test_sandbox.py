@@ -123,8 +123,8 @@ def test_scorer_worker_stays_warm_and_candidates_are_isolated():
         after = sb.evaluate(GOOD, {})
         assert after.score == pytest.approx(_direct_score({"steps": 20}))  # patch did not leak
         # the native fork bomb left nothing running behind it
-        assert sb.evaluate(_source(REPO / "tests" / "hostile" / "fork_bomb_native.py"),
-                           {}).passed
+        ev = sb.evaluate(_source(REPO / "tests" / "hostile" / "fork_bomb_native.py"), {})
+        assert ev.failure_kind == "blocked" and "clone" in ev.message, ev
         # left behind: the zygote and the one spare runner it forks for the next candidate
         # (forked asynchronously: on a loaded machine it may not be up yet, so wait for it;
         # never more than one process under the zygote)
@@ -141,13 +141,14 @@ def test_scorer_worker_stays_warm_and_candidates_are_isolated():
 
 
 def test_every_candidate_gets_a_fresh_runner_process():
-    code = ("import os\n\ndef policy(contexts, history, t, state):\n"
-            "    return 0 if t else os.getpid() % 5\n")
-    pids = "import os\n\ndef policy(contexts, history, t, state):\n    raise ValueError(os.getpid())\n"
+    """A mark left in the interpreter reaches no later candidate, and every runner is pid 1
+    of its own pid namespace: its pid says nothing about the runners before it."""
+    mark = ("import builtins, os\n\ndef policy(contexts, history, t, state):\n"
+            "    n = getattr(builtins, 'atlas_mark', 0)\n    builtins.atlas_mark = n + 1\n"
+            "    raise ValueError((n, os.getpid()))\n")
     with toy({}, workers=1, timeout_s=TIMEOUT_S, isolation="rlimits") as sb:
-        assert sb.evaluate(code, {}).passed
-        seen = {sb.evaluate(pids, {}).message for _ in range(3)}
-    assert len(seen) == 3, seen
+        seen = {sb.evaluate(mark, {}).message for _ in range(3)}
+    assert seen == {"ValueError (line 6): (0, 1)"}, seen
 
 
 def test_workdir_is_cwd_and_home_and_is_removed():
@@ -167,19 +168,8 @@ def test_workdir_is_cwd_and_home_and_is_removed():
 
 
 def _private_scratch_works() -> bool:
-    """Whether this host lets a process take a mount namespace (a forked child tries)."""
-    import tempfile
-
-    d = tempfile.mkdtemp()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os._exit(0 if isolation.private_scratch(d, 16) else 1)
-        except BaseException:  # noqa: BLE001
-            os._exit(2)
-    _, status = os.waitpid(pid, 0)
-    os.rmdir(d)
-    return os.waitstatus_to_exitcode(status) == 0
+    """Whether this host lets a runner take a mount namespace and its own scratch."""
+    return "scratch" in isolation.runner_features(isolation.FALLBACK)
 
 
 @pytest.mark.parametrize("mode", ["rlimits", pytest.param("bwrap", marks=pytest.mark.skipif(
@@ -259,12 +249,13 @@ def test_bwrap_probe_works_from_any_directory_with_a_relative_pythonpath(tmp_pat
         isolation.probe_bwrap.cache_clear()
 
 
-def test_seccomp_refuses_every_signal_syscall():
-    from atlas.sandbox.seccomp import _ARCHES
+def test_seccomp_allows_no_signal_to_another_process():
+    from atlas.sandbox.seccomp import ALLOWED, NEVER, PID_CHECKED
 
-    for _, denied, _, _ in _ARCHES.values():
-        assert {"kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
-                "pidfd_send_signal", "pidfd_open"} <= set(denied)
+    signals = {"kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
+               "pidfd_send_signal", "pidfd_open"}
+    assert not signals & ALLOWED
+    assert signals <= NEVER | set(PID_CHECKED)
 
 
 def test_seccomp_denies_metadata_changes_and_page_cache_probes(tmp_path):
@@ -430,3 +421,29 @@ def test_end_of_run_summary_names_a_degraded_isolation():
                "isolation_reason": "bubblewrap unusable: bubblewrap is not installed"}
     assert "sandbox isolation rlimits+guard (degraded: bubblewrap unusable" in summary(results)
     assert "degraded" not in summary({**results, "isolation": "bwrap", "isolation_reason": ""})
+
+
+def test_audit_lists_the_runners_calls_and_task_syscalls_extend_the_list(capsys):
+    """``python -m atlas.sandbox audit`` prints every call of the bandit runner, all allowed;
+    a call off the list fails the program as ``blocked``, naming it, unless the task lists it
+    in ``Task.syscalls``."""
+    import re
+
+    from atlas.sandbox.__main__ import main
+
+    if os.uname().machine != "x86_64":
+        pytest.skip("memfd_create's number below is x86_64's")
+    assert main(["audit", "task=bandit", "sandbox.isolation=rlimits"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^\s+read\s+\d+\s+allowed$", out, re.M), out
+    assert re.search(r"^\s+write\s+\d+\s+allowed$", out, re.M), out
+    memfd = ("import sys\n\ndef policy(contexts, history, t, state):\n    if t == 0:\n"
+             "        libc = sys.modules['ctypes'].CDLL(None)\n"
+             "        assert libc.syscall(319, b'x', 0) >= 0\n    return 0\n")
+    with toy({}, workers=1, timeout_s=TIMEOUT_S, isolation="rlimits") as sb:
+        blocked = sb.evaluate(memfd, {})
+    with toy({}, workers=1, timeout_s=TIMEOUT_S, isolation="rlimits",
+             syscalls=("memfd_create",)) as sb:
+        allowed = sb.evaluate(memfd, {})
+    assert blocked.failure_kind == "blocked" and "memfd_create" in blocked.message, blocked
+    assert allowed.passed, allowed

@@ -17,8 +17,9 @@ from typing import Any
 from atlas.sandbox import protocol
 from atlas.types import FailureKind
 
-#: failure kinds a runner may claim for itself (never ``ok``, never ``tampered``)
-RUNNER_KINDS = frozenset(k.value for k in FailureKind) - {"ok", "tampered"}
+#: failure kinds a runner may claim for itself (never ``ok``, ``tampered`` or ``blocked``: the
+#: scorer's side decides those)
+RUNNER_KINDS = frozenset(k.value for k in FailureKind) - {"ok", "tampered", "blocked"}
 
 
 class RunnerFailed(Exception):

@@ -33,13 +33,17 @@ import psutil
 from atlas.sandbox import protocol
 from atlas.sandbox.isolation import (
     BWRAP,
+    SCRATCH_SOURCE,
     bwrap_args,
     find_bwrap,
     hidden_roots,
-    python_env,
+    isolation_gaps,
+    need_modules,
     readable_roots,
     resolve_isolation,
+    sandbox_env,
 )
+from atlas.sandbox.seccomp import check_extra_syscalls
 from atlas.sandbox.secret import check_secret
 from atlas.types import Evaluation, FailureKind
 
@@ -50,6 +54,29 @@ RSS_EVERY_S = 0.1
 GRACE_S = 3.0  # after killing a forked candidate, how long the worker has to report it
 STARTUP_TIMEOUT_S = 180.0
 _WORKER_MODULE = "atlas.sandbox.worker"
+
+
+#: the watchdog's thread cap per runner, where ``RLIMIT_NPROC`` cannot be had (no uid or
+#: user namespace of the runner's own); the runner's own cap is ``isolation.MAX_TASKS`` more
+#: than it held before the candidate
+MAX_WATCHED_THREADS = 1024
+
+
+def _scratch_bytes(pid: int) -> int:
+    """Bytes in the private scratch tmpfs of runner ``pid`` (0 if it has none)."""
+    try:
+        with open(f"/proc/{pid}/mountinfo") as fh:
+            points = [line.split()[4] for line in fh if f" {SCRATCH_SOURCE} " in line]
+    except OSError:
+        return 0
+    total = 0
+    for point in points:
+        try:
+            st = os.statvfs(f"/proc/{pid}/root{point}")
+        except OSError:
+            continue
+        total += (st.f_blocks - st.f_bfree) * st.f_frsize
+    return total
 
 
 class SandboxError(RuntimeError):
@@ -109,8 +136,7 @@ class _Slot:
                "--resp-fd", str(resp_w)]
         if sb.fork_safe:  # the zygote imports the runner's module once, before any fork
             cmd += ["--preload", sb.runner_factory.split(":")[0]]
-        env = python_env(dict(os.environ, PYTHONDONTWRITEBYTECODE="1",
-                              **thread_limits(sb.threads_per_worker)))
+        env = sandbox_env(thread_limits(sb.threads_per_worker))
         if sb.isolation == BWRAP:
             cmd = bwrap_args(str(find_bwrap()), sb.memory_mb, sb.hide) + cmd
         else:
@@ -129,7 +155,7 @@ class _Slot:
             "memory_mb": sb.memory_mb, "timeout_s": sb.timeout_s,
             "max_output_bytes": sb.max_output_bytes, "tmp_root": self.tmp_root,
             "runner_factory": sb.runner_factory, "secret": sb.secret, "hide": sb.hide,
-            "readable": readable_roots()})
+            "readable": readable_roots(), "syscalls": list(sb.syscalls), "audit": sb.audit})
         reply = self._await_frame(time.monotonic() + STARTUP_TIMEOUT_S)
         if reply is None or reply.get("type") != "ready":
             errlog.seek(0)
@@ -210,14 +236,20 @@ class _Slot:
             pass
         return procs
 
-    def _rss_mb(self) -> float:
-        total = 0
+    def _usage(self) -> tuple[float, int]:
+        """(MB, most threads of one runner) of the runners: resident memory (anonymous and
+        mapped shared memory alike) plus what each runner's private scratch tmpfs holds,
+        which no RSS shows. Unmapped memfd memory needs no count: seccomp refuses
+        ``memfd_create``, and SysV shared memory too."""
+        total, threads = 0, 0
         for p in self._candidate_procs():
             try:
                 total += p.memory_info().rss
-            except psutil.Error:
+                threads = max(threads, p.num_threads())
+                total += _scratch_bytes(p.pid)
+            except (psutil.Error, OSError):
                 pass
-        return total / (1 << 20)
+        return total / (1 << 20), threads
 
     # -- one candidate ----------------------------------------------------------------------
     def run(self, code: str, context: dict[str, Any]) -> Evaluation:
@@ -243,12 +275,17 @@ class _Slot:
                                              f"wall-time limit and was killed")
                 elif verdict is None and now >= next_rss:
                     next_rss = now + RSS_EVERY_S
-                    peak = max(peak, self._rss_mb())
+                    used, threads = self._usage()
+                    peak = max(peak, used)
                     if peak > sb.memory_mb:
                         verdict = Evaluation.failure(
                             FailureKind.KILLED, f"the program exceeded the memory limit of "
-                                                f"{sb.memory_mb} MB (resident {peak:.0f} MB) "
-                                                f"and was killed")
+                                                f"{sb.memory_mb} MB (resident and scratch "
+                                                f"{peak:.0f} MB) and was killed")
+                    elif threads > MAX_WATCHED_THREADS:
+                        verdict = Evaluation.failure(
+                            FailureKind.KILLED, f"the program started more than "
+                                                f"{MAX_WATCHED_THREADS} threads and was killed")
                 if verdict is not None and give_up == math.inf:
                     for proc in self._candidate_procs():
                         _kill_tree(proc)
@@ -321,7 +358,8 @@ class Sandbox:
                  secret: str | None = None,
                  score_range: tuple[float, float] = (-math.inf, math.inf),
                  fork_safe: bool = True, hide: list[str] | None = None,
-                 quality_metrics: tuple[str, ...] = ()) -> None:
+                 quality_metrics: tuple[str, ...] = (), syscalls: tuple[str, ...] = (),
+                 audit: bool = False) -> None:
         if not isinstance(evaluator_factory, str) or evaluator_factory.count(":") != 1 \
                 or not all(evaluator_factory.split(":")):
             raise ValueError(f"evaluator_factory={evaluator_factory!r} is invalid: use an import "
@@ -361,15 +399,25 @@ class Sandbox:
         if secret is not None:
             check_secret(secret, "Sandbox(secret=...)")
         self.secret = secret if secret is not None else secrets.token_hex(32)
+        #: system calls the runner may make beyond ``seccomp.ALLOWED`` (the task's)
+        self.syscalls = check_extra_syscalls(syscalls, "Task.syscalls")
+        #: report every system call a runner makes as ``syscall:<name>`` metrics, allowing
+        #: all (``python -m atlas.sandbox audit``); never for scoring
+        self.audit = bool(audit)
         #: metrics every passed evaluation must report (the task's declared quality metrics)
         self.quality_metrics = tuple(quality_metrics)
         # absolute: the runner's guard resolves them after it chdirs into its workdir, so a
         # relative path (sandbox.secret_file=docs/...) would mask the wrong file
         #: paths masked inside bubblewrap (the run folder holding the secret, the secret file)
         #: widened to whole output trees (``hidden_roots``): siblings' secrets and records too
+        need_modules(evaluator_factory, runner_factory)  # what code_paths must bind
         self.hide = hidden_roots([os.path.abspath(p) for p in (hide or [])])
         #: what is really active ("bwrap" or "rlimits+guard") and, if degraded, why
         self.isolation, self.isolation_reason = resolve_isolation(isolation)
+        #: what this environment's runners lack, each with what it leaves open
+        self.isolation_gaps = isolation_gaps(self.isolation)
+        log.log(logging.WARNING if len(self.isolation_gaps) > 1 else logging.INFO,
+                "sandbox isolation %s lacks: %s", self.isolation, "; ".join(self.isolation_gaps))
         self._slots: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         self._all = [_Slot(self, i) for i in range(workers)]
         for slot in self._all:
@@ -387,6 +435,7 @@ class Sandbox:
                    runner_factory=getattr(task, "runner_factory", None), secret=secret,
                    timeout_s=float(task.timeout_s), score_range=tuple(task.score_range),
                    fork_safe=bool(task.fork_safe),
+                   syscalls=tuple(getattr(task, "syscalls", ()) or ()),
                    quality_metrics=tuple(m.name for m in task.quality_metrics), **kwargs)
 
     def score_ok(self, score: float) -> bool:

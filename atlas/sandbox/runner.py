@@ -31,17 +31,23 @@ from typing import Any, NoReturn
 from atlas.sandbox.candidate import CandidateError
 from atlas.sandbox.guard import Guard
 from atlas.sandbox.isolation import (
+    _PR_SET_CHILD_SUBREAPER,
+    _prctl,
+    candidate_readable,
+    host_root,
     limit_candidate_process,
-    private_scratch,
+    own_process_tree,
+    prepare_runner,
+    process_state,
+    reset_process_state,
     set_process_name,
 )
 from atlas.sandbox.landlock import restrict_writes
 from atlas.sandbox.link import Link
-from atlas.sandbox.seccomp import install_seccomp
+from atlas.sandbox.seccomp import install_seccomp, no_new_privs
 from atlas.types import FailureKind
 
 _os_exit = os._exit
-NOBODY = 65534
 
 
 def load_factory(path: str) -> Any:
@@ -69,15 +75,23 @@ def seed_candidate_rngs(context: dict[str, Any]) -> int:
     return seed
 
 
-def drop_root(workdir: str) -> None:
-    """As root (the rlimits fallback in a container), become ``nobody``: the candidate then
-    cannot read the scorer's memory through /proc, signal it, or write root-owned files."""
-    if os.getuid() != 0:
-        return
-    os.chown(workdir, NOBODY, NOBODY)
+#: host root (the rlimits mode in a container) gives each runner a uid of its own from
+#: ``RUNNER_UID_BASE`` on: no host file belongs to it, no other process shares it, and
+#: ``RLIMIT_NPROC`` counts that one candidate's threads
+RUNNER_UID_BASE, RUNNER_UIDS = 0x70000000, 1 << 24
+
+
+def drop_root(workdir: str) -> int | None:
+    """As root of the host, become a fresh unprivileged uid of this runner's own; its uid
+    (None where nothing was switched: not root, or root of a user namespace only)."""
+    if not host_root():
+        return None
+    uid = RUNNER_UID_BASE + int.from_bytes(os.urandom(3), "big") % RUNNER_UIDS
+    os.chown(workdir, uid, uid)
     os.setgroups([])
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    return uid
 
 
 def classify(exc: BaseException) -> tuple[str, str]:
@@ -114,12 +128,16 @@ def _run_one(spec: dict[str, Any], link: Link) -> None:
     os.chdir(workdir)
     os.environ.update(HOME=workdir, TMPDIR=workdir)
     tempfile.tempdir = workdir
-    drop_root(workdir)
+    own_uid = drop_root(workdir) is not None
     cpu_used = sum(os.times()[:2])
-    limit_candidate_process(int(spec["memory_mb"]), cpu_used + float(spec["timeout_s"]))
-    install_seccomp()
-    # after seccomp: needs no_new_privs
-    restrict_writes(workdir, spec.get("hide") or (), spec.get("readable"))
+    limit_candidate_process(int(spec["memory_mb"]), cpu_used + float(spec["timeout_s"]),
+                            nproc=own_uid or "nproc" in spec.get("got", ()))
+    no_new_privs()  # what Landlock and seccomp need; Landlock first: seccomp refuses it
+    readable = spec.get("readable")
+    restrict_writes(workdir, spec.get("hide") or (),
+                    None if readable is None else candidate_readable(readable))
+    supervisor = socket.socket(fileno=spec["sup_fd"]) if spec.get("sup_fd") else None
+    install_seccomp(supervisor, extra=spec.get("syscalls") or (), audit=bool(spec.get("audit")))
     seed_candidate_rngs(context)
     guard = Guard(workdir, protected_fds=(link.read_fd, link.write_fd),
                   hidden=spec.get("hide") or ())
@@ -139,16 +157,20 @@ def _run_one(spec: dict[str, Any], link: Link) -> None:
         link.send(reply)
 
 
-def runner_main(spec: dict[str, Any], read_fd: int, write_fd: int, out_fd: int) -> NoReturn:
-    """Body of a freshly forked runner; never returns."""
+def runner_main(spec: dict[str, Any], read_fd: int, write_fd: int, out_fd: int,
+                sup_fd: int, report_fd: int) -> NoReturn:
+    """Body of a freshly forked runner; never returns. It first becomes pid 1 of a pid
+    namespace of its own (``own_process_tree``), reporting its pid on ``report_fd``."""
     status = 0
     try:
+        got = own_process_tree(report_fd)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(out_fd, 1)
         os.dup2(out_fd, 2)
-        keep = sorted({0, 1, 2, read_fd, write_fd})
+        keep = sorted({0, 1, 2, read_fd, write_fd, sup_fd})  # report_fd is closed by now
+        spec["sup_fd"] = sup_fd
         low = 3
         for fd in keep[3:] + [1 << 16]:
             if fd > low:
@@ -157,10 +179,16 @@ def runner_main(spec: dict[str, Any], read_fd: int, write_fd: int, out_fd: int) 
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         if spec.get("workdir"):  # a fresh filesystem for this one candidate
-            private_scratch(spec["workdir"], int(spec["memory_mb"]))  # False: a swept dir
+            got = prepare_runner(spec["workdir"], int(spec["memory_mb"]), got)
+        reset_process_state(spec["state"])
+        spec["got"] = sorted(got)
         _run_one(spec, Link(read_fd, write_fd, trusted=False))
     except BaseException:  # noqa: BLE001 - nothing may escape a forked child
         status = 70
+        try:  # the sandbox's own failure: its cause goes to the program's output
+            traceback.print_exc()
+        except Exception:  # noqa: BLE001
+            pass
     finally:
         try:
             sys.stdout.flush()
@@ -170,28 +198,38 @@ def runner_main(spec: dict[str, Any], read_fd: int, write_fd: int, out_fd: int) 
 
 
 def zygote_main(sock: socket.socket, preload: list[str]) -> NoReturn:
-    """Fork runners on request: each request is JSON + 3 fds (read, write, output)."""
+    """Fork runners on request: each request is JSON + 4 fds (read, write, output, the
+    seccomp supervisor's socket)."""
     status = 0
     try:
         set_process_name("atlas-zygote")
-        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # runners are reaped automatically
+        # runners are reaped automatically, also once their namespace's first process (which
+        # forked them) has exited and they were reparented here
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+        state = process_state()  # before any runner: what each runner starts from
         for module in ["numpy", *preload]:
             try:
                 __import__(module)
             except ImportError:
                 pass
         while True:
-            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 4)
             if not msg:
                 break
-            spec = json.loads(msg)
+            spec = dict(json.loads(msg), state=state)
+            report_r, report_w = os.pipe()
             pid = os.fork()
             if pid == 0:
                 sock.close()
-                runner_main(spec, *fds)
+                os.close(report_r)
+                runner_main(spec, *fds, report_w)
+            os.close(report_w)
             for fd in fds:
                 os.close(fd)
-            sock.send(json.dumps({"pid": pid}).encode())
+            with os.fdopen(report_r, "rb") as fh:
+                reported = fh.read(32)
+            sock.send(json.dumps({"pid": int(reported) if reported else pid}).encode())
     except BaseException:  # noqa: BLE001
         status = 70
     finally:

@@ -36,6 +36,7 @@ from atlas.sandbox.candidate import CandidateError
 from atlas.sandbox.isolation import harden_worker, set_process_name
 from atlas.sandbox.link import Link, RunnerFailed
 from atlas.sandbox.runner import load_factory, zygote_main
+from atlas.sandbox.seccomp import Supervisor
 from atlas.types import Evaluation, FailureKind
 
 
@@ -79,6 +80,7 @@ class Runner:
     out_r: int
     sink: OutputSink
     workdir: str = ""
+    supervisor: Supervisor | None = None
 
     def kill(self) -> None:
         try:
@@ -206,8 +208,11 @@ class Worker:
         public = getattr(self.scorer, "public_config", None)
         self.spec = {"factory": init["runner_factory"],
                      "config": public() if callable(public) else {}}
+        self.audit = bool(init.get("audit"))
+        self.calls: dict[str, int] = {}
         self.spec.update(memory_mb=self.memory_mb, timeout_s=self.timeout_s,
-                         hide=list(init.get("hide") or []), readable=init.get("readable"))
+                         hide=list(init.get("hide") or []), readable=init.get("readable"),
+                         syscalls=list(init.get("syscalls") or []), audit=self.audit)
         shared = getattr(self.scorer, "shared_dirs", None)
         self.frozen = Frozen(shared() if callable(shared) else [])
         self.spare: Runner | None = None
@@ -221,9 +226,10 @@ class Worker:
         to_r, to_w = os.pipe()
         from_r, from_w = os.pipe()
         out_r, out_w = os.pipe()
+        sup_ours, sup_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             socket.send_fds(self.zygote, [json.dumps({**self.spec, "workdir": workdir}).encode()],
-                            [to_r, from_w, out_w])
+                            [to_r, from_w, out_w, sup_theirs.fileno()])
             reply = self.zygote.recv(1 << 16)
             if not reply:  # the sandbox broke, not the task: the program is not scored
                 raise RunnerFailed(FailureKind.KILLED, "the sandbox zygote died")
@@ -231,8 +237,10 @@ class Worker:
         finally:
             for fd in (to_r, from_w, out_w):
                 os.close(fd)
+            sup_theirs.close()
         return Runner(pid, Link(from_r, to_w, trusted=True), out_r,
-                      OutputSink(out_r, self.max_output), workdir)
+                      OutputSink(out_r, self.max_output), workdir,
+                      Supervisor(sup_ours, audit=self.audit))
 
     def _start(self, runner: Runner, code: str, context: dict[str, Any]) -> None:
         """Wait for ``runner`` to be ready and hand it the program."""
@@ -242,6 +250,9 @@ class Worker:
     def _end(self, runner: Runner, ours: set[str]) -> str:
         """Kill ``runner`` and wipe everything it could have left; its output."""
         runner.kill()
+        if runner.supervisor is not None:
+            for name, count in runner.supervisor.finish().items():
+                self.calls[name] = self.calls.get(name, 0) + count
         output = runner.sink.text()
         try:
             os.close(runner.out_r)
@@ -260,6 +271,7 @@ class Worker:
         # (kept by the sweep of the scratch) goes too, where Landlock is missing
         ours = {os.path.join(self.base, n) for n in os.listdir(self.base)}
         outputs: list[str] = []
+        self.calls = {}
 
         def fresh() -> Link:
             """End the candidate's runner and start the same program in a new one that knows
@@ -298,6 +310,15 @@ class Worker:
             ev = Evaluation.failure(FailureKind.TASK_ERROR, scorer_bug(exc, self.scorer))
         finally:
             outputs.append(self._end(runner, ours))
+        if self.audit:  # the calls the runner made, as metrics: what the audit command prints
+            ev.metrics.update({f"syscall:{k}": float(v) for k, v in self.calls.items()})
+        elif self.calls:  # the candidate's fault, whatever it scored: the task names the fix
+            names = ", ".join(sorted(self.calls))
+            ev = Evaluation.failure(
+                FailureKind.BLOCKED, f"the program made system call(s) the sandbox does not "
+                f"allow: {names} (they failed with EPERM). A task that needs one lists it in "
+                f"Task.syscalls; python -m atlas.sandbox audit task=<name> prints what a "
+                f"runner calls")
         return ev, "".join(outputs)
 
     def serve(self) -> None:

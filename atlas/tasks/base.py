@@ -99,6 +99,10 @@ class Task(ABC):
     score_range: tuple[float, float] = (-math.inf, math.inf)
     #: whether the sandbox worker may fork after building the evaluator
     fork_safe: bool = True
+    #: system calls this task's runner needs beyond the sandbox's allow-list
+    #: (``atlas.sandbox.seccomp.ALLOWED``); ``python -m atlas.sandbox audit task=<name>``
+    #: prints what the runner calls, ``python -m atlas.tasks check`` checks the names
+    syscalls: tuple[str, ...] = ()
     #: the score's name in reports and figures
     score_label: str = "score"
     #: tags for task-specific supporter rules (see the class docstring)

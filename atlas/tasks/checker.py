@@ -134,6 +134,14 @@ def check_task(task: Task, *, secrets: int = SECRETS, max_spread: float = MAX_SP
     report.add("quality metrics declared", (len(names) == len(set(names))) if names else None,
                f"{names}" if names else "none: the Policy Inspector compares no metric; "
                "declare QualityMetric(name, 'max' | 'min') for each quality the scorer reports")
+    try:
+        from atlas.sandbox.seccomp import check_extra_syscalls
+
+        extra = check_extra_syscalls(task.syscalls, f"{type(task).__name__}.syscalls")
+        report.add("syscalls", True, f"{list(extra)} beyond the sandbox's allow-list"
+                   if extra else "the sandbox's allow-list")
+    except ValueError as exc:
+        report.add("syscalls", False, str(exc))
     lo, hi = task.score_range
     declared = not (lo == -math.inf and hi == math.inf)
     report.add("score_range declared", True if declared else None,

@@ -1,6 +1,6 @@
-# expect: ok
+# expect: blocked
 # Bypasses the Python guard through numpy's ctypes: only the seccomp filter stops the forks
-# (each fork returns -1), so the program goes on and returns a valid arm.
+# (each fork returns -1, and the program is failed as blocked, naming fork/clone).
 import numpy as np
 
 libc = np.ctypeslib.ctypes.CDLL(None)

@@ -162,9 +162,8 @@ class PinnEvaluator:
 
         Returns the message for ``load``: the training export (value and gradient at the
         training points) and, for ``score=paper``, the loss alone at the validation points,
-        plus ``candidate_export_s``."""
+        which the scorer times itself (``candidate_export_s``)."""
         jax, jnp = self.jax, self.jnp
-        t0 = time.perf_counter()
         try:
             fn = load_candidate(code, ENTRY_POINT, {"jnp": jnp, "jax": jax, "math": math})
         except CandidateError:
@@ -174,7 +173,6 @@ class PinnEvaluator:
         out: dict[str, Any] = {"train": loss_export.export_loss(fn, self.signature(), True)}
         if self.cfg.score == "paper":
             out["val"] = loss_export.export_loss(fn, self.signature(True), False)
-        out["candidate_export_s"] = time.perf_counter() - t0
         return out
 
     def load(self, exported: Any) -> tuple[Callable, Callable | None, float]:
@@ -255,17 +253,18 @@ class PinnEvaluator:
         return params, train_stats, metrics
 
     def score_exported(self, exported: Any, context: dict[str, Any],
-                       secret_key: int | None = None, start: float | None = None
-                       ) -> Evaluation:
-        """Load, train, validate and score a runner's exports (trusted side)."""
+                       secret_key: int | None = None, start: float | None = None,
+                       export_s: float | None = None) -> Evaluation:
+        """Load, train, validate and score a runner's exports (trusted side). ``export_s``
+        is the export's duration as this side measured it: nothing the runner sends becomes
+        a metric."""
         start = time.perf_counter() if start is None else start
         loss_grad, own_fn, compile_s = self.load(exported)
         params, train_stats, metrics = self.train_exported(loss_grad, context)
         nu_value = _viscosity(context, self.cfg)
         val_metrics, vecs, extras = self.validation(params, nu_value, train_stats, secret_key)
         metrics.update(val_metrics, viscosity=nu_value, candidate_compile_s=compile_s)
-        export_s = exported.get("candidate_export_s")
-        if isinstance(export_s, (int, float)) and math.isfinite(export_s):
+        if export_s is not None:
             metrics["candidate_export_s"] = float(export_s)
         if own_fn is not None:  # score=paper: the candidate's own loss on validation points
             try:
@@ -287,7 +286,9 @@ class PinnEvaluator:
         """Export and score in this process: for trusted code only (tests, benchmarks); the
         sandbox splits this between the runner (``export``) and the scorer (the rest)."""
         start = time.perf_counter()
-        return self.score_exported(self.export(code), context, start=start)
+        exported = self.export(code)
+        return self.score_exported(exported, context, start=start,
+                                   export_s=time.perf_counter() - start)
 
     def validation(self, params: list, nu_value: float, train_stats: np.ndarray,
                    secret_key: int | None = None

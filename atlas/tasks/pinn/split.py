@@ -16,7 +16,6 @@ run's secret, computes the validation losses and the relative L2 against Cole-Ho
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from typing import Any
@@ -42,11 +41,13 @@ class PinnScorer:
         return {**self.cfg.to_dict(), "compilation_cache_dir": None}
 
     def score(self, code: str, context: dict[str, Any], link: Link) -> Evaluation:
+        sent = time.perf_counter()  # the worker has just handed the runner the program
         reply = link.recv()
         start = time.perf_counter()
-        # the regime's hidden points: from the secret and the viscosity, never the code
+        # the regime's hidden points: from the secret and the viscosity, never the code; the
+        # export's time from this side's clock (a runner's number is never a metric)
         return self.evaluator.score_exported(reply.get("export"), context, self.secret_key,
-                                             start=start)
+                                             start=start, export_s=start - sent)
 
 
 def make_scorer(config: dict[str, Any], secret: str | None = None) -> PinnScorer:
@@ -68,11 +69,7 @@ class PinnExporter:
         self.evaluator.export(SEED_PROGRAM)
 
     def __call__(self, code: str, context: dict[str, Any], link: Link) -> None:
-        exported = self.evaluator.export(code)
-        seconds = exported.get("candidate_export_s")
-        if not (isinstance(seconds, float) and math.isfinite(seconds)):
-            exported.pop("candidate_export_s", None)
-        link.send({"export": exported})
+        link.send({"export": self.evaluator.export(code)})
 
 
 def make_runner(config: dict[str, Any]) -> Any:
