@@ -345,6 +345,7 @@ class EvolutionLoop:
         meta = {"task": self.task.name, "method": self.settings.method.name,
                 "seed": self.settings.run.seed, "model": self.settings.model.source, "isolation": self.sandbox.isolation,
                 "isolation_reason": self.sandbox.isolation_reason,
+                "isolation_gaps": self.sandbox.isolation_gaps,
                 "dtype": self.precision.dtype, "dtype_reason": self.precision.reason,
                 "wall_seconds": wall, "score_label": self.task.score_label,
                 "supporters": self.supporters.stats() if self.supporters else None}
