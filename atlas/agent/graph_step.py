@@ -21,6 +21,7 @@ new merged weights into them, so a captured graph replays with the new policy.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -62,7 +63,13 @@ def llama_parts(model: nn.Module) -> dict[str, Any] | None:
     attn = getattr(base.config, "_attn_implementation", "sdpa")
     if attn not in ("sdpa", "eager"):
         return None
-    return {"embed": core.embed_tokens, "layers": list(core.layers[: base.config.num_hidden_layers]),
+    layers = list(core.layers[: base.config.num_hidden_layers])
+    params = inspect.signature(layers[0].forward).parameters
+    cache_kw = next((n for n in ("cache", "past_key_values", "past_key_value") if n in params),
+                    None)  # the name changed across transformers versions
+    if cache_kw is None:
+        return None
+    return {"embed": core.embed_tokens, "layers": layers, "cache_kw": cache_kw,
             "norm": core.norm, "rotary": core.rotary_emb, "lm_head": base.lm_head}
 
 
@@ -162,8 +169,8 @@ class DecodeStep:
         embeddings = p["rotary"](hidden, position_ids=self.pos)
         mask = self.valid[:, None, None, :]
         for layer in p["layers"]:
-            out = layer(hidden, attention_mask=mask, position_ids=self.pos, cache=self.cache,
-                        use_cache=True, position_embeddings=embeddings)
+            out = layer(hidden, attention_mask=mask, position_ids=self.pos, use_cache=True,
+                        position_embeddings=embeddings, **{p["cache_kw"]: self.cache})
             hidden = out[0] if isinstance(out, tuple) else out
         hidden = p["norm"](hidden)
         self.logits.copy_(p["lm_head"](hidden[:, -1]).float())

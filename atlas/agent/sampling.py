@@ -10,6 +10,7 @@ Tokens/s counts only real generated tokens.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -72,15 +73,27 @@ class SampleStats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
-    def event(self) -> dict:
-        """The fields a round event records about its sampler."""
-        return {"path": self.path, "fallback": self.fallback, "device": self.device,
-                "rows": self.rows, "prompt_tokens": self.prompt_tokens,
-                "new_tokens": self.new_tokens, "steps": self.steps,
-                "prefill_s": round(self.prefill_seconds, 4),
-                "decode_s": round(self.decode_seconds, 4),
-                "setup_s": round(self.setup_seconds, 4),
-                "tok_s": round(self.tokens_per_second, 2)}
+    def add_to(self, event: dict | None) -> dict:
+        """A round event's ``sampler`` fields with this call added (a round that decodes its
+        islands one by one makes several calls): which path ran (and why another did not),
+        where, rows, prompt and generated tokens, steps, set-up, prefill and decode seconds,
+        generated tokens per second of prefill + decode."""
+        e = dict(event or {"path": "", "fallback": "", "device": self.device, "calls": 0,
+                           "rows": 0, "prompt_tokens": 0, "new_tokens": 0, "steps": 0,
+                           "setup_s": 0.0, "prefill_s": 0.0, "decode_s": 0.0, "tok_s": 0.0})
+        paths = [p for p in (e["path"].split("+") if e["path"] else []) if p]
+        e["path"] = "+".join(paths + ([self.path] if self.path not in paths else []))
+        e["fallback"] = e["fallback"] or self.fallback
+        e["calls"] += 1
+        for key, value in (("rows", self.rows), ("prompt_tokens", self.prompt_tokens),
+                           ("new_tokens", self.new_tokens), ("steps", self.steps)):
+            e[key] += value
+        for key, value in (("setup_s", self.setup_seconds), ("prefill_s", self.prefill_seconds),
+                           ("decode_s", self.decode_seconds)):
+            e[key] = round(e[key] + value, 4)
+        seconds = e["prefill_s"] + e["decode_s"]
+        e["tok_s"] = round(e["new_tokens"] / seconds, 2) if seconds > 0 else 0.0
+        return e
 
 
 class _BufferLayer(DynamicLayer):
@@ -566,7 +579,8 @@ def _graph_loop(model, tokenizer: PreTrainedTokenizerBase, parts: dict, pre: _Pr
                 entry["graph"] = capture(step)
             except Exception as e:  # noqa: BLE001 - any capture failure: run eager, say why
                 entry["error"] = f"CUDA graph capture failed ({type(e).__name__}: {e})"[:300]
-                torch.cuda.synchronize(device)
+                with contextlib.suppress(Exception):
+                    torch.cuda.synchronize(device)
     step, graph = entry["step"], entry["graph"]
     stats.fallback = stats.fallback or entry["error"]
     stats.path = "cuda-graph" if graph is not None else "graph"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHES = {"agent": "atlas.bench.agent", "dpo": "atlas.bench.dpo", "gate": "atlas.bench.gate",
+BENCHES = {"accept": "atlas.bench.accept", "agent": "atlas.bench.agent", "dpo": "atlas.bench.dpo", "gate": "atlas.bench.gate",
            "paper": "atlas.bench.paper", "pinn": "atlas.bench.pinn",
            "sampler": "atlas.bench.sampler",
            "supporters": "atlas.bench.supporters"}
