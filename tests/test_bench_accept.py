@@ -58,5 +58,18 @@ def test_accept_runs_every_part_at_toy_size_on_the_cpu(tmp_path: Path):
     result = accept.main(["--device", "cpu", "--json", str(tmp_path / "out.json"),
                           "--budget-s", "1200"])
     assert {p: e["status"] for p, e in result["parts"].items()} == dict.fromkeys(
-        ("agent", "dpo", "main", "paper", "parity", "gate"), "ok")
+        ("agent", "decode", "dpo", "main", "paper", "parity", "gate"), "ok")
+    assert set(result["parts"]["decode"]["values"].values()) == {1.0}  # tiny fp32: exact
     assert all(t["verdict"] in ("pass", "fail") for t in result["targets"])
+
+
+def test_decode_bench_finds_the_paths_agree_on_the_tiny_fp32_model(tmp_path: Path):
+    from atlas.bench import decode
+
+    out = decode.main(["--model", "tiny", "--device", "cpu", "--max-new-tokens", "8",
+                       "--threads", "1", "--json", str(tmp_path / "d.json")])
+    assert [p["path"] for p in out["paths"].values()] == ["compact", "graph"]
+    assert out["agreement"] == {"compact vs graph": {"rows_identical": 1.0,
+                                                     "positions_agree": 1.0}}
+    assert decode.agreement(["abc", "xy"], ["abd", "xy"]) == {"rows_identical": 0.5,
+                                                              "positions_agree": 0.8}

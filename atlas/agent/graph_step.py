@@ -162,7 +162,7 @@ class DecodeStep:
         tok = torch.where(self.done, self.eos0, tok)  # a finished row keeps decoding EOS
         self.cut.add_((cut & ~self.done).long())
         self.tokens.index_copy_(1, self.step.view(1), tok[:, None])
-        self.done.logical_or_(torch.isin(tok, self.eos))
+        self.done.logical_or_((tok[:, None] == self.eos[None, :]).any(-1))  # isin may sync
         self.valid.index_fill_(1, self.slot.view(1), True)
         p = self.parts
         hidden = p["embed"](tok[:, None])

@@ -560,8 +560,10 @@ def _graph_loop(model, tokenizer: PreTrainedTokenizerBase, parts: dict, pre: _Pr
     if cuda:
         capacity = -(-capacity // CUDA_BUCKET) * CUDA_BUCKET
     shapes = [(k.shape[1], v.shape[-1], k.shape[-1]) for k, v in zip(pre.keys, pre.values)]
+    # a graph reads weights by address: one moved or reallocated (a phase that took the model
+    # off the device and back) makes a new key, so nothing replays over freed memory
     key = (total, capacity, max_new_tokens, float(top_p), tuple(eos_ids), pre.keys[0].dtype,
-           tuple(shapes))
+           tuple(shapes), hash(tuple(p.data_ptr() for p in model.parameters())))
     held: dict = model.__dict__.setdefault(_STEPS_ATTR, {}) if cuda else {}
     if fresh_weights:
         held.clear()  # new weight buffers: graphs captured against the old ones are stale

