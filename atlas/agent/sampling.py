@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
@@ -601,14 +602,30 @@ def _graph_loop(model, tokenizer: PreTrainedTokenizerBase, parts: dict, pre: _Pr
     generated: list[list[int]] = [[] for _ in range(total)]
     finish = ["length"] * total
     open_rows = list(range(total))
-    done_step = 0
-    while done_step < max_new_tokens and open_rows:
+    # the host reads chunk k while the device runs chunk k + 1: each chunk's tokens are copied
+    # out right after its steps, so waiting for that copy never waits for the next chunk
+    host = torch.empty((total, max_new_tokens), dtype=torch.long, pin_memory=cuda)
+
+    def launch(start: int) -> tuple[int, int, Any]:
         if threads is not None:
             _set_threads(threads, stats)
-        n = min(CHECK_EVERY, max_new_tokens - done_step)
+        n = min(CHECK_EVERY, max_new_tokens - start)
         for _ in range(n):
             run()
-        toks = step.tokens[:, done_step:done_step + n].tolist()  # the one host look
+        host[:, start:start + n].copy_(step.tokens[:, start:start + n], non_blocking=cuda)
+        event = torch.cuda.Event() if cuda else None
+        if event is not None:
+            event.record()
+        return start, n, event
+
+    chunk = launch(0)
+    while chunk is not None:
+        start, n, event = chunk
+        following = start + n
+        chunk = launch(following) if following < max_new_tokens and open_rows else None
+        if event is not None:
+            event.synchronize()
+        toks = host[:, start:start + n].tolist()
         stopped = []
         for i in range(n):
             still = []
@@ -625,9 +642,12 @@ def _graph_loop(model, tokenizer: PreTrainedTokenizerBase, parts: dict, pre: _Pr
                 if on_done is not None:
                     on_done(r, _final_text(tokenizer, generated[r], finish[r], stop))
             open_rows = still
-        done_step += n
-        if stopped and open_rows:
+        if not open_rows:
+            break  # a chunk launched meanwhile is dropped unread
+        if stopped:
             step.done[torch.tensor(stopped, device=device)] = True  # between steps: no sync
+    if cuda:
+        torch.cuda.synchronize(device)
     stats.steps = max(len(g) for g in generated)
     stats.nucleus_cut = int(step.cut.sum())
     stats.decode_seconds = time.perf_counter() - t0
