@@ -6,7 +6,10 @@ machine (printed first) with the same prompts and seeds:
 
 - ``islands one by one, peft layers``: the sampler as it was, LoRA through peft;
 - ``islands one by one, merged copy``: LoRA folded into a weight copy (``merged_lora``);
-- ``islands in one batch, merged copy``: the run's default (``explore.batch_islands``);
+- ``islands in one batch, merged copy``: the run's default on the CPU (``explore.batch_islands``,
+  the ``compact`` decode path: finished rows leave the batch);
+- ``islands in one batch, graph step``: the ``graph`` decode path (``atlas.agent.graph_step``:
+  fixed batch shape, the host looks every 8 steps), the default on CUDA (a CUDA graph there);
 - ``islands in one batch, in-place merge``: peft's ``merge_adapter`` before decoding and
   ``unmerge_adapter`` after, the alternative to a copy; its merge/unmerge seconds and the
   largest change it leaves in the base weights are printed.
@@ -99,8 +102,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             tokens, seconds = tokens + st.new_tokens, seconds + st.seconds
         return int(tokens), seconds
 
-    def batched(pack: bool) -> tuple[int, float]:
-        _, st = sample_requests(model, tok, requests, pack=pack, **kw)
+    def batched(pack: bool, path: str = "compact") -> tuple[int, float]:
+        _, st = sample_requests(model, tok, requests, pack=pack, path=path, **kw)
         return st.new_tokens, st.seconds
 
     inplace: dict[str, float] = {}
@@ -130,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows = [("islands one by one, peft layers", lambda: one_by_one(False)),
             ("islands one by one, merged copy", lambda: one_by_one(True)),
             ("islands in one batch, merged copy", lambda: batched(True)),
+            ("islands in one batch, graph step", lambda: batched(True, "graph")),
             ("islands in one batch, in-place merge", batched_inplace)]
     out: dict[str, Any] = {"machine": device_line(info), "rows": {}}
     first = None
