@@ -510,3 +510,24 @@ def test_unknown_decode_path_is_named(agent):
     with pytest.raises(ValueError, match=r"path='fast' must be one of auto, compact, graph"):
         sample(agent.model, agent.tokenizer, ["x"], 1, temperature=0.0, top_p=1.0,
                max_new_tokens=2, path="fast")
+
+
+def test_a_failing_graph_step_falls_back_to_compact_and_says_why(agent, monkeypatch):
+    """The run goes on: the call decodes on the compact path with the same random streams,
+    the stats name the failure, and later calls on that model skip the graph path."""
+    from atlas.agent import graph_step
+    from atlas.agent.sampling import sample_requests
+
+    requests, kw = _islands(agent), {"top_p": 0.9, "max_new_tokens": 8}
+    compact = sample_requests(agent.model, agent.tokenizer, requests, path="compact", **kw)[0]
+
+    def broken(self):
+        raise RuntimeError("no kernel for this")
+
+    monkeypatch.setattr(graph_step.DecodeStep, "__call__", broken)
+    out, st = sample_requests(agent.model, agent.tokenizer, requests, path="graph", **kw)
+    assert out == compact and st.path == "compact"
+    assert st.fallback == "graph path failed (RuntimeError: no kernel for this)"
+    monkeypatch.undo()
+    again = sample_requests(agent.model, agent.tokenizer, requests, path="graph", **kw)[1]
+    assert again.path == "compact" and again.fallback == st.fallback

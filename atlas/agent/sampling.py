@@ -353,7 +353,9 @@ def _decode(model, tokenizer: PreTrainedTokenizerBase, requests: list[Request],
         from atlas.agent.graph_step import llama_parts
 
         parts = llama_parts(model)
-        if parts is None:
+        if model.__dict__.get(_BROKEN_ATTR):
+            parts, stats.fallback = None, model.__dict__[_BROKEN_ATTR]
+        elif parts is None:
             stats.fallback = "graph: not a Llama-style decoder with sdpa/eager attention"
         elif not eos_ids:
             parts, stats.fallback = None, "graph: the tokenizer has no EOS token"
@@ -362,32 +364,51 @@ def _decode(model, tokenizer: PreTrainedTokenizerBase, requests: list[Request],
     stats.device = str(device)
     with _restore_threads(threads_before):
         _set_threads(threads, stats)
-        if parts is None:
-            stats.path = "compact"
+        result = None
+        if parts is not None:
+            from atlas.agent.graph_step import static_weights
+
+            states = [g.get_state() for g in gens]
+            reported: list[int] = []
+
+            def report(row: int, text: str) -> None:
+                reported.append(row)
+                if on_done is not None:
+                    on_done(row, text)
+
+            t0 = time.perf_counter()
+            try:
+                with static_weights(model) as (allocated, _):
+                    stats.merged = True
+                    stats.setup_seconds = time.perf_counter() - t0
+                    prefilled = _prefilled(model, tokenizer, requests, streams, counts, device,
+                                           stats)
+                    table = uniforms if uniforms is not None else _stream_table(
+                        gens, counts, streams, stream_temp, max_new_tokens, device)
+                    result = _graph_loop(
+                        model, tokenizer, parts, prefilled, max_new_tokens, top_p, stop,
+                        report, threads, stats, row_temp, eos_ids, table.to(device),
+                        fresh_weights=allocated > 0)
+            except Exception as e:  # noqa: BLE001 - the run goes on, compact, and says why
+                if reported or isinstance(e, (KeyboardInterrupt, MemoryError)):
+                    raise  # rows were already handed on: a second decode would repeat them
+                why = f"graph path failed ({type(e).__name__}: {e})"[:300]
+                model.__dict__[_BROKEN_ATTR] = why  # not tried again in this process
+                model.__dict__.pop(_STEPS_ATTR, None)
+                stats.fallback = why
+                for g, state in zip(gens, states):
+                    g.set_state(state)
+        if result is None:
+            stats.path, stats.merged = "compact", False
             with packed_linears(model, enabled=pack) as stats.packed, \
                     merged_lora(model, enabled=pack) as stats.merged:
                 prefilled = _prefilled(model, tokenizer, requests, streams, counts, device,
                                        stats)
-                generated, finish = _compact_loop(
+                result = _compact_loop(
                     model, tokenizer, prefilled, max_new_tokens, top_p, stop, on_done,
                     threads, stats, gens, row_stream, row_temp, stream_temp, eos_ids,
                     uniforms)
-        else:
-            from atlas.agent.graph_step import static_weights
-
-            t0 = time.perf_counter()
-            with static_weights(model) as (allocated, _):
-                stats.merged = True
-                stats.setup_seconds = time.perf_counter() - t0
-                prefilled = _prefilled(model, tokenizer, requests, streams, counts, device,
-                                       stats)
-                if uniforms is None:
-                    uniforms = _stream_table(gens, counts, streams, stream_temp,
-                                             max_new_tokens, device)
-                generated, finish = _graph_loop(
-                    model, tokenizer, parts, prefilled, max_new_tokens, top_p, stop,
-                    on_done, threads, stats, row_temp, eos_ids, uniforms.to(device),
-                    fresh_weights=allocated > 0)
+        generated, finish = result
 
     stats.finish = finish
     stats.new_tokens = sum(len(g) for g in generated)
@@ -539,6 +560,7 @@ def _stream_table(gens: list[torch.Generator], counts: list[int], streams: list[
 
 
 _STEPS_ATTR = "_atlas_decode_steps"
+_BROKEN_ATTR = "_atlas_graph_failed"  # why the graph path failed on this model (then compact)
 CUDA_BUCKET = 256  # CUDA: cache capacity rounded up to this, so one graph serves many calls
 
 
