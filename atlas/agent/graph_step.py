@@ -30,7 +30,6 @@ import torch
 from torch import nn
 
 CHECK_EVERY = 8  # decode steps between the host's looks at EOS and stop strings
-NUCLEUS_K = 1024  # top-k searched for the nucleus when the vocabulary is larger (CPU only)
 _WEIGHTS_ATTR = "_atlas_static_weight"
 #: how the CPU runs a ``DecodeStep`` (``step`` itself, eagerly, unless a test sets it, e.g. to
 #: ``torch.compile(step.__call__, fullgraph=True)``); CUDA always captures ``step``
@@ -74,29 +73,24 @@ def llama_parts(model: nn.Module) -> dict[str, Any] | None:
 
 
 def pick_tokens(logits: torch.Tensor, scale: torch.Tensor, greedy: torch.Tensor, top_p: float,
-                u: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+                u: torch.Tensor) -> torch.Tensor:
     """``sampling.next_tokens`` without a host sync: greedy rows (``greedy``) take the argmax,
-    the others nucleus-sample with their uniform ``u`` ([rows, 1]) over the top ``k`` tokens
-    (``k`` = the vocabulary: exactly ``next_tokens``). Returns the tokens and, per row,
-    whether its nucleus did not fit in ``k`` (then it was drawn from the top ``k``)."""
+    the others nucleus-sample with their uniform ``u`` ([rows, 1]). The nucleus comes from a
+    full sort (``next_tokens`` tries a top-k first, which needs a look at the values): the
+    same tokens, whatever the nucleus's size."""
     probs = torch.softmax(logits.float() / scale, dim=-1)
     if top_p >= 1.0:
         cdf = probs.cumsum(dim=-1)
         picked = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=probs.shape[-1] - 1)
         picked = picked.squeeze(1)
-        cut = torch.zeros_like(greedy)
     else:
-        if k >= probs.shape[-1]:
-            vals, idx = probs.sort(dim=-1, descending=True)
-        else:
-            vals, idx = probs.topk(k, dim=-1, sorted=True)
+        vals, idx = probs.sort(dim=-1, descending=True)
         cum = vals.cumsum(dim=-1)
-        cut = cum[:, -1] < top_p
         vals = vals * ((cum - vals) < top_p)
         cdf = vals.cumsum(dim=-1)
         choice = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=vals.shape[-1] - 1)
         picked = idx.gather(1, choice).squeeze(1)
-    return torch.where(greedy, logits.argmax(dim=-1), picked), cut & ~greedy
+    return torch.where(greedy, logits.argmax(dim=-1), picked)
 
 
 class DecodeStep:
@@ -111,7 +105,6 @@ class DecodeStep:
                  vocab: int, eos: list[int], top_p: float, device: torch.device) -> None:
         self.parts, self.top_p = parts, float(top_p)
         self.rows, self.capacity, self.steps = rows, capacity, steps
-        self.k = vocab if device.type == "cuda" or vocab <= NUCLEUS_K else NUCLEUS_K
         dev = {"device": device}
         self.keys = [torch.zeros((rows, h, capacity, d), dtype=kv_dtype, **dev)
                      for h, _, d in layers_kv]
@@ -128,7 +121,6 @@ class DecodeStep:
         self.scale = torch.ones((rows, 1), dtype=torch.float32, **dev)
         self.greedy = torch.zeros(rows, dtype=torch.bool, **dev)
         self.done = torch.zeros(rows, dtype=torch.bool, **dev)
-        self.cut = torch.zeros(rows, dtype=torch.long, **dev)  # steps whose nucleus was cut
         self.eos = torch.tensor(eos, dtype=torch.long, **dev)
         self.eos0 = torch.full((rows,), eos[0], dtype=torch.long, **dev)
 
@@ -150,7 +142,6 @@ class DecodeStep:
         self.greedy.copy_(temps[:, 0] <= 0)
         self.scale.copy_(torch.where(temps > 0, temps, torch.ones_like(temps)))
         self.done.zero_()
-        self.cut.zero_()
         self.tokens.zero_()
         self.step.fill_(0)
         self.slot.fill_(width)
@@ -158,9 +149,8 @@ class DecodeStep:
     def __call__(self) -> None:
         """Sample one token per row from ``logits``, record it, and run the model on it."""
         u = self.uniforms.index_select(1, self.step.view(1))
-        tok, cut = pick_tokens(self.logits, self.scale, self.greedy, self.top_p, u, self.k)
+        tok = pick_tokens(self.logits, self.scale, self.greedy, self.top_p, u)
         tok = torch.where(self.done, self.eos0, tok)  # a finished row keeps decoding EOS
-        self.cut.add_((cut & ~self.done).long())
         self.tokens.index_copy_(1, self.step.view(1), tok[:, None])
         self.done.logical_or_((tok[:, None] == self.eos[None, :]).any(-1))  # isin may sync
         self.valid.index_fill_(1, self.slot.view(1), True)

@@ -61,7 +61,6 @@ class SampleStats:
     device: str = ""  # where the model decoded
     path: str = ""  # "compact" (rows leave the batch) | "graph" (fixed shape) | "cuda-graph"
     fallback: str = ""  # why the path asked for did not run (then ``path`` says what did)
-    nucleus_cut: int = 0  # graph path: row-steps whose nucleus exceeded its top-k (drawn there)
     setup_seconds: float = 0.0  # one-off: weight buffers refreshed, CUDA graph captured
     finish: list[str] = field(default_factory=list)  # per row: "eos" | "stop" | "length"
     threads: list[int] = field(default_factory=list)  # torch threads used, each time they changed
@@ -671,7 +670,6 @@ def _graph_loop(model, tokenizer: PreTrainedTokenizerBase, parts: dict, pre: _Pr
     if cuda:
         torch.cuda.synchronize(device)
     stats.steps = max(len(g) for g in generated)
-    stats.nucleus_cut = int(step.cut.sum())
     stats.decode_seconds = time.perf_counter() - t0
     return generated, finish
 

@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         out, st = sample_requests(agent.model, agent.tokenizer, requests, path=path, **kw)
         texts[name] = [t for group in out for t in group]
         paths[name] = {"path": st.path, "fallback": st.fallback, "tok_s": st.tokens_per_second,
-                       "setup_s": st.setup_seconds, "nucleus_cut": st.nucleus_cut}
+                       "setup_s": st.setup_seconds}
         print(f"  {name}: ran {st.path}{' (' + st.fallback + ')' if st.fallback else ''}, "
               f"{st.new_tokens} tokens", flush=True)
 
