@@ -624,29 +624,30 @@ def _graph_loop(model, tokenizer: PreTrainedTokenizerBase, parts: dict, pre: _Pr
     finish = ["length"] * total
     open_rows = list(range(total))
     # the host reads chunk k while the device runs chunk k + 1: each chunk's tokens are copied
-    # out right after its steps, so waiting for that copy never waits for the next chunk
-    host = torch.empty((total, max_new_tokens), dtype=torch.long, pin_memory=cuda)
+    # out right after its steps (into contiguous pinned memory, so the copy is asynchronous),
+    # and waiting for that copy never waits for the next chunk
 
-    def launch(start: int) -> tuple[int, int, Any]:
+    def launch(start: int) -> tuple[int, int, Any, torch.Tensor]:
         if threads is not None:
             _set_threads(threads, stats)
         n = min(CHECK_EVERY, max_new_tokens - start)
         for _ in range(n):
             run()
-        host[:, start:start + n].copy_(step.tokens[:, start:start + n], non_blocking=cuda)
+        host = torch.empty((total, n), dtype=torch.long, pin_memory=cuda)
+        host.copy_(step.tokens[:, start:start + n], non_blocking=cuda)
         event = torch.cuda.Event() if cuda else None
         if event is not None:
             event.record()
-        return start, n, event
+        return start, n, event, host
 
     chunk = launch(0)
     while chunk is not None:
-        start, n, event = chunk
+        start, n, event, host = chunk
         following = start + n
         chunk = launch(following) if following < max_new_tokens and open_rows else None
         if event is not None:
             event.synchronize()
-        toks = host[:, start:start + n].tolist()
+        toks = host.tolist()
         stopped = []
         for i in range(n):
             still = []
