@@ -269,7 +269,8 @@ class EvolutionLoop:
                         "generate": stats.generation_s, "evaluate_wait": stats.evaluate_wait_s},
             "agent_threads": stats.agent_threads, "device": stats.device,
             "attention": self.agent.attention, "batched_islands": stats.batched_islands,
-            "scored_while_generating": stats.scored_while_generating}
+            "scored_while_generating": stats.scored_while_generating,
+            "sampler": stats.sampler}
 
     def _explore_support(self, islands: list[int], r: int, phase: int,
                          round_programs: list[Program], last: bool) -> list[Program]:

@@ -380,3 +380,154 @@ def test_agent_stops_when_its_model_left_the_run_device(agent):
     with pytest.raises(RuntimeError, match=r"round 3: the agent's model is on cpu but the run "
                                            r"put it on cuda:0"):
         agent.check_device("round 3")
+
+
+# ---------------------------------------------------------------- the graph-ready decode step
+def _finishing(agent: ResearchAgent) -> list[str]:
+    """Make rows end at different steps: several EOS ids and frequent stop strings."""
+    ids = agent.tokenizer.encode("etaoin")
+    agent.model.generation_config.eos_token_id = [agent.tokenizer.eos_token_id, *ids[:3]]
+    return ["sh", "r", "d"]
+
+
+def _islands(agent: ResearchAgent):
+    from atlas.agent.sampling import Request
+
+    return [Request(_prompt(agent, "a"), 3, 0.7, 11),
+            Request(_prompt(agent, "a much longer prompt, so the batch is padded"), 2, 1.3, 12),
+            Request(_prompt(agent, "greedy"), 2, 0.0, 13)]
+
+
+@pytest.mark.parametrize("top_p", [0.9, 1.0])
+def test_graph_step_gives_the_compact_tokens_for_the_same_uniforms(agent, top_p):
+    """Fixed batch shape, finished rows masked, EOS and stop strings read every few steps:
+    token for token what the compact loop gives for the same uniforms (tiny fp32 model,
+    padded batch, islands with their own temperatures, a greedy one among them)."""
+    from atlas.agent.sampling import sample_requests
+
+    _perturb(agent, POLICY, seed=5, scale=0.5)
+    stop, requests = _finishing(agent), _islands(agent)
+    n = 40
+    uniforms = torch.rand((7, n), generator=torch.Generator().manual_seed(3))
+    out, stats = {}, {}
+    for path in ("compact", "graph"):
+        seen: dict[int, str] = {}
+        out[path], stats[path] = sample_requests(
+            agent.model, agent.tokenizer, requests, top_p=top_p, max_new_tokens=n, stop=stop,
+            uniforms=uniforms, path=path, on_done=lambda row, text, s=seen: s.update({row: text}))
+        stats[path].seen = seen
+    c, g = stats["compact"], stats["graph"]
+    assert (c.path, g.path) == ("compact", "graph") and not g.fallback
+    assert out["graph"] == out["compact"]
+    assert g.finish == c.finish and g.new_tokens == c.new_tokens and g.steps == c.steps
+    assert {"eos", "stop"} <= set(c.finish)  # rows really ended early, both ways
+    assert g.seen == c.seen and len(c.seen) >= 3
+    assert len(set(out["compact"][0])) > 1 and out["compact"][2][0] == out["compact"][2][1]
+
+
+def test_graph_step_follows_each_stream_until_a_row_ends(agent):
+    """Without a uniform table the graph path draws each stream's uniforms up front in step
+    order: until a row ends early (then the compact path's later rows of that stream draw
+    one uniform fewer), the very tokens of the compact path (``sample`` and
+    ``sample_requests``, greedy and sampled)."""
+    from atlas.agent.sampling import sample_requests
+
+    prompts = [_prompt(agent, "x"), _prompt(agent, "a longer, padded prompt")]
+    kw = {"top_p": 0.95, "max_new_tokens": 16}
+    for temperature in (0.0, 0.8):
+        a = sample(agent.model, agent.tokenizer, prompts, 3, temperature=temperature, seed=4,
+                   path="compact", **kw)[0]
+        b, st = sample(agent.model, agent.tokenizer, prompts, 3, temperature=temperature,
+                       seed=4, path="graph", **kw)
+        assert a == b and st.path == "graph" and st.finish == ["length"] * 6
+    requests = _islands(agent)
+    assert (sample_requests(agent.model, agent.tokenizer, requests, path="compact", **kw)[0]
+            == sample_requests(agent.model, agent.tokenizer, requests, path="graph", **kw)[0])
+
+
+def test_the_step_cuda_captures_compiles_as_one_graph_without_a_break(agent, monkeypatch):
+    """``DecodeStep.__call__``, the callable ``graph_step.capture`` records on CUDA, traced by
+    Dynamo with ``fullgraph=True`` over a whole padded decode: one graph, no break, no
+    recompilation between steps, and the eager tokens."""
+    from torch._dynamo.utils import counters
+
+    from atlas.agent import graph_step
+    from atlas.agent.sampling import sample_requests
+
+    _perturb(agent, POLICY, seed=5, scale=0.5)
+    requests, kw = _islands(agent), {"top_p": 0.9, "max_new_tokens": 12}
+    eager = sample_requests(agent.model, agent.tokenizer, requests, path="graph", **kw)[0]
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(graph_step, "CPU_RUNNER", lambda step: torch.compile(
+        step.__call__, fullgraph=True, backend="eager"))
+    compiled, st = sample_requests(agent.model, agent.tokenizer, requests, path="graph", **kw)
+    assert compiled == eager and st.steps == 12
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["graph_break"] and counters["stats"]["calls_captured"] >= 1
+    torch._dynamo.reset()
+
+
+def test_graph_step_runs_a_new_adapter_without_new_buffers(agent):
+    """A phase boundary refreshes the merged weight buffers in place (what a captured CUDA
+    graph reads), and the graph path then samples the new policy, as the compact one does."""
+    from atlas.agent.graph_step import _WEIGHTS_ATTR
+    from atlas.agent.sampling import sample_requests
+
+    uniforms = torch.rand((7, 12), generator=torch.Generator().manual_seed(3))
+    requests = _islands(agent)
+    kw = {"top_p": 0.9, "max_new_tokens": 12, "uniforms": uniforms}
+    first = sample_requests(agent.model, agent.tokenizer, requests, path="graph", **kw)[0]
+    buffers = {id(m): m.__dict__[_WEIGHTS_ATTR] for m in agent.model.modules()
+               if _WEIGHTS_ATTR in m.__dict__}
+    ptrs = {k: b.data_ptr() for k, b in buffers.items()}
+    _perturb(agent, POLICY, seed=9, scale=0.5)  # the phase's new policy
+    second = sample_requests(agent.model, agent.tokenizer, requests, path="graph", **kw)[0]
+    assert second != first
+    assert second == sample_requests(agent.model, agent.tokenizer, requests, path="compact",
+                                     **kw)[0]
+    assert buffers and all(m.__dict__[_WEIGHTS_ATTR].data_ptr() == ptrs[id(m)]
+                           for m in agent.model.modules() if id(m) in buffers)
+    assert not any("forward" in m.__dict__ for m in agent.model.modules())
+
+
+def test_default_sampling_leaves_bf16_base_weights_bit_identical():
+    """No default path changes the base weights, in any dtype (an in-place merge would)."""
+    agent = ResearchAgent(model_settings(dtype="bfloat16"), seed=0)
+    _perturb(agent, POLICY, seed=1, scale=0.5)
+    before = {n: p.detach().clone() for n, p in agent.model.named_parameters()
+              if "lora_" not in n}
+    for path in ("compact", "graph"):
+        agent.decode_path = path
+        agent.generate([_prompt(agent)], 2, temperature=0.8, top_p=0.9, max_new_tokens=6,
+                       seed=1)
+        assert agent.last_stats.path == path
+    assert all(torch.equal(p, before[n]) for n, p in agent.model.named_parameters()
+               if n in before)
+
+
+def test_unknown_decode_path_is_named(agent):
+    with pytest.raises(ValueError, match=r"path='fast' must be one of auto, compact, graph"):
+        sample(agent.model, agent.tokenizer, ["x"], 1, temperature=0.0, top_p=1.0,
+               max_new_tokens=2, path="fast")
+
+
+def test_a_failing_graph_step_falls_back_to_compact_and_says_why(agent, monkeypatch):
+    """The run goes on: the call decodes on the compact path with the same random streams,
+    the stats name the failure, and later calls on that model skip the graph path."""
+    from atlas.agent import graph_step
+    from atlas.agent.sampling import sample_requests
+
+    requests, kw = _islands(agent), {"top_p": 0.9, "max_new_tokens": 8}
+    compact = sample_requests(agent.model, agent.tokenizer, requests, path="compact", **kw)[0]
+
+    def broken(self):
+        raise RuntimeError("no kernel for this")
+
+    monkeypatch.setattr(graph_step.DecodeStep, "__call__", broken)
+    out, st = sample_requests(agent.model, agent.tokenizer, requests, path="graph", **kw)
+    assert out == compact and st.path == "compact"
+    assert st.fallback == "graph path failed (RuntimeError: no kernel for this)"
+    monkeypatch.undo()
+    again = sample_requests(agent.model, agent.tokenizer, requests, path="graph", **kw)[1]
+    assert again.path == "compact" and again.fallback == st.fallback

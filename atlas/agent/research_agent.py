@@ -89,6 +89,9 @@ class ResearchAgent:
         self.model.eval()
         self.attention = choose_attention(self.device)
         self.last_stats: SampleStats | None = None
+        #: ``sampling``'s decode path: auto (a CUDA graph on CUDA, compact rows on the CPU),
+        #: compact or graph; each call's ``last_stats.path`` says which one ran
+        self.decode_path = "auto"
         # generate(on_done=...) reports each finished row while the others decode
         self.streams_results = True
         # torch threads to generate with, polled while sampling (the run sets it to the cores
@@ -125,7 +128,7 @@ class ResearchAgent:
             texts, self.last_stats = sample(
                 self.model, self.tokenizer, prompts, num_samples, temperature=temperature,
                 top_p=top_p, max_new_tokens=max_new_tokens, stop=stop, seed=seed,
-                threads=self.thread_budget, on_done=on_done)
+                threads=self.thread_budget, on_done=on_done, path=self.decode_path)
         return texts
 
     def generate_batch(self, requests: list[Request], *, top_p: float, max_new_tokens: int,
@@ -137,7 +140,7 @@ class ResearchAgent:
             texts, self.last_stats = sample_requests(
                 self.model, self.tokenizer, requests, top_p=top_p,
                 max_new_tokens=max_new_tokens, stop=stop, threads=self.thread_budget,
-                on_done=on_done)
+                on_done=on_done, path=self.decode_path)
         return texts
 
     @contextmanager

@@ -10,10 +10,12 @@ Tokens/s counts only real generated tokens.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
@@ -57,6 +59,9 @@ class SampleStats:
     packed: bool = False  # bf16 CPU linear layers ran on oneDNN-packed weights
     merged: bool = False  # LoRA layers ran as one linear layer over a merged weight copy
     device: str = ""  # where the model decoded
+    path: str = ""  # "compact" (rows leave the batch) | "graph" (fixed shape) | "cuda-graph"
+    fallback: str = ""  # why the path asked for did not run (then ``path`` says what did)
+    setup_seconds: float = 0.0  # one-off: weight buffers refreshed, CUDA graph captured
     finish: list[str] = field(default_factory=list)  # per row: "eos" | "stop" | "length"
     threads: list[int] = field(default_factory=list)  # torch threads used, each time they changed
 
@@ -67,6 +72,28 @@ class SampleStats:
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def add_to(self, event: dict | None) -> dict:
+        """A round event's ``sampler`` fields with this call added (a round that decodes its
+        islands one by one makes several calls): which path ran (and why another did not),
+        where, rows, prompt and generated tokens, steps, set-up, prefill and decode seconds,
+        generated tokens per second of prefill + decode."""
+        e = dict(event or {"path": "", "fallback": "", "device": self.device, "calls": 0,
+                           "rows": 0, "prompt_tokens": 0, "new_tokens": 0, "steps": 0,
+                           "setup_s": 0.0, "prefill_s": 0.0, "decode_s": 0.0, "tok_s": 0.0})
+        paths = [p for p in (e["path"].split("+") if e["path"] else []) if p]
+        e["path"] = "+".join(paths + ([self.path] if self.path not in paths else []))
+        e["fallback"] = e["fallback"] or self.fallback
+        e["calls"] += 1
+        for key, value in (("rows", self.rows), ("prompt_tokens", self.prompt_tokens),
+                           ("new_tokens", self.new_tokens), ("steps", self.steps)):
+            e[key] += value
+        for key, value in (("setup_s", self.setup_seconds), ("prefill_s", self.prefill_seconds),
+                           ("decode_s", self.decode_seconds)):
+            e[key] = round(e[key] + value, 4)
+        seconds = e["prefill_s"] + e["decode_s"]
+        e["tok_s"] = round(e["new_tokens"] / seconds, 2) if seconds > 0 else 0.0
+        return e
 
 
 class _BufferLayer(DynamicLayer):
@@ -213,8 +240,8 @@ def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], nu
            *, temperature: float, top_p: float, max_new_tokens: int,
            stop: Sequence[str] | None = None, seed: int | None = None,
            pack: bool = True, threads: Callable[[], int] | None = None,
-           on_done: Callable[[int, str], None] | None = None
-           ) -> tuple[list[list[str]], SampleStats]:
+           on_done: Callable[[int, str], None] | None = None, path: str = "auto",
+           uniforms: torch.Tensor | None = None) -> tuple[list[list[str]], SampleStats]:
     """Sample ``num_samples`` completions for each prompt; returns texts and ``SampleStats``.
 
     Completions are the generated text only, cut before the first stop string (EOS removed).
@@ -226,20 +253,25 @@ def sample(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], nu
     text (row = prompt index * num_samples + sample index), so a caller can start scoring it
     while the other rows still decode; rows cut by ``max_new_tokens`` are only returned.
     ``pack``: decode through inference layers (LoRA merged into a weight copy; bf16 CPU
-    weights oneDNN-packed); False runs peft's layers as training does.
+    weights oneDNN-packed); False runs peft's layers as training does (compact path only).
+    ``path``: ``compact`` (finished rows leave the batch; a host look each step), ``graph``
+    (``atlas.agent.graph_step``: fixed shape, a CUDA graph on CUDA) or ``auto`` (graph on
+    CUDA, compact on the CPU). ``uniforms``: a [rows, max_new_tokens] table, row r's uniform
+    at step s, used instead of the random stream (both paths give the same tokens for it).
     """
     validate_sampling(num_samples, temperature, top_p, max_new_tokens)
     requests = [Request(p, int(num_samples), float(temperature)) for p in prompts]
     return _decode(model, tokenizer, requests, [0] * len(requests), [seed], top_p=top_p,
                    max_new_tokens=max_new_tokens, stop=stop, pack=pack, threads=threads,
-                   on_done=on_done)
+                   on_done=on_done, path=path, uniforms=uniforms)
 
 
 @torch.inference_mode()
 def sample_requests(model, tokenizer: PreTrainedTokenizerBase, requests: Sequence[Request], *,
                     top_p: float, max_new_tokens: int, stop: Sequence[str] | None = None,
                     pack: bool = True, threads: Callable[[], int] | None = None,
-                    on_done: Callable[[int, str], None] | None = None
+                    on_done: Callable[[int, str], None] | None = None, path: str = "auto",
+                    uniforms: torch.Tensor | None = None
                     ) -> tuple[list[list[str]], SampleStats]:
     """Decode several requests (e.g. the islands of a round) as one batch.
 
@@ -250,6 +282,7 @@ def sample_requests(model, tokenizer: PreTrainedTokenizerBase, requests: Sequenc
     call with that request alone, and a token drawn at a near-tie can differ. On one machine
     the same requests in the same order give the same output. Rows are request-major;
     ``on_done``'s row counts across requests (request j's rows follow request j-1's).
+    ``path``, ``uniforms``: as in ``sample``.
     """
     if not requests:
         return [], SampleStats()
@@ -257,7 +290,8 @@ def sample_requests(model, tokenizer: PreTrainedTokenizerBase, requests: Sequenc
         validate_sampling(r.num_samples, r.temperature, top_p, max_new_tokens)
     return _decode(model, tokenizer, list(requests), list(range(len(requests))),
                    [r.seed for r in requests], top_p=top_p, max_new_tokens=max_new_tokens,
-                   stop=stop, pack=pack, threads=threads, on_done=on_done)
+                   stop=stop, pack=pack, threads=threads, on_done=on_done, path=path,
+                   uniforms=uniforms)
 
 
 def _prefill(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
@@ -277,21 +311,30 @@ def _prefill(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
     return out.past_key_values, out.logits[:, -1].float(), mask
 
 
+PATHS = ("auto", "compact", "graph")
+
+
 def _decode(model, tokenizer: PreTrainedTokenizerBase, requests: list[Request],
             streams: list[int], seeds: list[int | None], *, top_p: float, max_new_tokens: int,
             stop: Sequence[str] | None, pack: bool, threads: Callable[[], int] | None,
-            on_done: Callable[[int, str], None] | None) -> tuple[list[list[str]], SampleStats]:
+            on_done: Callable[[int, str], None] | None, path: str = "auto",
+            uniforms: torch.Tensor | None = None) -> tuple[list[list[str]], SampleStats]:
     """The decode loop shared by ``sample`` and ``sample_requests``.
 
     ``streams[j]``: the random stream request j draws from (``seeds[stream]`` seeds it).
     Rows are request-major; a stream's rows are contiguous, so drawing each stream's
     uniforms for its live rows in stream order lines them up with the live batch.
     """
+    if path not in PATHS:
+        raise ValueError(f"path={path!r} must be one of {', '.join(PATHS)}")
     stop = [s for s in (stop or []) if s]
     counts = [r.num_samples for r in requests]
     total = sum(counts)
     stats = SampleStats(prompts=len(requests), rows=total)
     device = next(model.parameters()).device
+    if uniforms is not None and tuple(uniforms.shape) != (total, max_new_tokens):
+        raise ValueError(f"uniforms has shape {tuple(uniforms.shape)}; it must be "
+                         f"(rows, max_new_tokens) = ({total}, {max_new_tokens})")
     gens = []
     for seed in seeds:
         if seed is None:
@@ -302,111 +345,334 @@ def _decode(model, tokenizer: PreTrainedTokenizerBase, requests: list[Request],
     row_temp = torch.tensor([r.temperature for r in requests for _ in range(r.num_samples)],
                             dtype=torch.float32, device=device)
     stream_temp = {streams[j]: r.temperature for j, r in enumerate(requests)}
-    one_temp = len(set(stream_temp.values())) == 1
-    eos = torch.tensor(_eos_ids(model, tokenizer), device=device)
-    window = max((len(s) for s in stop), default=0) + 4  # tokens of tail text to scan
+    eos_ids = _eos_ids(model, tokenizer)
+    want = path if path != "auto" else ("graph" if device.type == "cuda" else "compact")
+    parts = None
+    if want == "graph":
+        from atlas.agent.graph_step import llama_parts
+
+        parts = llama_parts(model)
+        if model.__dict__.get(_BROKEN_ATTR):
+            parts, stats.fallback = None, model.__dict__[_BROKEN_ATTR]
+        elif parts is None:
+            stats.fallback = "graph: not a Llama-style decoder with sdpa/eager attention"
+        elif not eos_ids:
+            parts, stats.fallback = None, "graph: the tokenizer has no EOS token"
 
     threads_before = torch.get_num_threads()
     stats.device = str(device)
-    with packed_linears(model, enabled=pack) as stats.packed, \
-            merged_lora(model, enabled=pack) as stats.merged, _restore_threads(threads_before):
+    with _restore_threads(threads_before):
         _set_threads(threads, stats)
-        t0 = time.perf_counter()
-        # one prefill for requests that share a stream (``sample``'s prompts: one padded
-        # batch); one per request otherwise
-        groups: list[list[int]] = []
-        for j in range(len(requests)):
-            if groups and streams[groups[-1][0]] == streams[j] and len(set(streams)) == 1:
-                groups[-1].append(j)
-            else:
-                groups.append([j])
-        parts = [_prefill(model, tokenizer, [requests[j].prompt for j in g], device)
-                 for g in groups]
-        width = max(m.shape[1] for _, _, m in parts)
-        capacity = width + max_new_tokens
-        stats.prompt_tokens = int(sum(m.sum() for _, _, m in parts))
-        layers = []
-        for li in range(len(parts[0][0].layers)):
-            ks, vs = [], []
-            for (cache, _, m), g in zip(parts, groups):
-                reps = torch.tensor([counts[j] for j in g], device=device)
-                k = cache.layers[li].keys.repeat_interleave(reps, dim=0)
-                v = cache.layers[li].values.repeat_interleave(reps, dim=0)
-                pad = width - m.shape[1]
-                if pad:
-                    k = torch.nn.functional.pad(k, (0, 0, pad, 0))
-                    v = torch.nn.functional.pad(v, (0, 0, pad, 0))
-                ks.append(k)
-                vs.append(v)
-            layers.append(_BufferLayer(torch.cat(ks), torch.cat(vs), capacity))
-        cache = DynamicCache()
-        cache.layers = layers
-        masks = []
-        for (_, _, m), g in zip(parts, groups):
-            reps = torch.tensor([counts[j] for j in g], device=device)
-            masks.append(torch.nn.functional.pad(m, (width - m.shape[1], 0))
-                         .repeat_interleave(reps, dim=0))
-        prompt_mask = torch.cat(masks)
-        padded = bool((prompt_mask == 0).any())
-        mask_buf = torch.ones((total, capacity), dtype=prompt_mask.dtype, device=device)
-        mask_buf[:, :width] = prompt_mask
-        logits = torch.cat([lg.repeat_interleave(torch.tensor([counts[j] for j in g],
-                                                              device=device), dim=0)
-                            for (_, lg, _), g in zip(parts, groups)])
-        next_pos = prompt_mask.sum(-1, keepdim=True)
-        stats.prefill_seconds = time.perf_counter() - t0
+        result = None
+        if parts is not None:
+            from atlas.agent.graph_step import static_weights
 
-        t0 = time.perf_counter()
-        rows = torch.arange(total, device=device)  # original row of each live batch row
-        live_stream, live_temp = row_stream, row_temp
-        generated: list[list[int]] = [[] for _ in range(total)]
-        finish = ["length"] * total
-        for step in range(max_new_tokens):
-            if threads is not None and step % THREAD_POLL == 0:
-                _set_threads(threads, stats)
-            if len(gens) == 1:
-                tok = next_tokens(logits, stream_temp[0] if one_temp else live_temp, top_p,
-                                  gens[0])
-            else:
-                tok = next_tokens(logits, stream_temp[0] if one_temp else live_temp, top_p,
-                                  None, u=_uniforms(gens, live_stream, stream_temp, device))
-            done = torch.isin(tok, eos)
-            stats.steps += 1
-            live_rows, toks, dones = rows.tolist(), tok.tolist(), done.tolist()
-            stats.new_tokens += len(toks)
-            for j, (r, t, d) in enumerate(zip(live_rows, toks, dones)):
-                generated[r].append(t)
-                if d:
-                    finish[r] = "eos"
-                elif stop and _cut_at_stop(tokenizer.decode(generated[r][-window:]), stop)[1]:
-                    finish[r], dones[j] = "stop", True
-                if dones[j] and on_done is not None:
-                    on_done(r, _final_text(tokenizer, generated[r], finish[r], stop))
-            if step == max_new_tokens - 1:
-                break
-            if any(dones):
-                keep = torch.tensor([j for j, d in enumerate(dones) if not d], device=device)
-                if keep.numel() == 0:
-                    break
-                rows, tok, next_pos = rows[keep], tok[keep], next_pos[keep]
-                live_stream, live_temp = live_stream[keep], live_temp[keep]
-                mask_buf = mask_buf[keep]
-                for layer in cache.layers:
-                    layer.batch_select_indices(keep)
-            length = cache.layers[0].length + 1
-            out = model(input_ids=tok[:, None],
-                        attention_mask=mask_buf[:, :length] if padded else None,
-                        position_ids=next_pos, past_key_values=cache, use_cache=True)
-            next_pos = next_pos + 1
-            logits = out.logits[:, -1]
-        stats.decode_seconds = time.perf_counter() - t0
+            states = [g.get_state() for g in gens]
+            reported: list[int] = []
+
+            def report(row: int, text: str) -> None:
+                reported.append(row)
+                if on_done is not None:
+                    on_done(row, text)
+
+            t0 = time.perf_counter()
+            try:
+                with static_weights(model) as (allocated, _):
+                    stats.merged = True
+                    stats.setup_seconds = time.perf_counter() - t0
+                    prefilled = _prefilled(model, tokenizer, requests, streams, counts, device,
+                                           stats)
+                    table = uniforms if uniforms is not None else _stream_table(
+                        gens, counts, streams, stream_temp, max_new_tokens, device)
+                    result = _graph_loop(
+                        model, tokenizer, parts, prefilled, max_new_tokens, top_p, stop,
+                        report, threads, stats, row_temp, eos_ids, table.to(device),
+                        fresh_weights=allocated > 0)
+            except Exception as e:  # noqa: BLE001 - the run goes on, compact, and says why
+                if reported or isinstance(e, (KeyboardInterrupt, MemoryError)):
+                    raise  # rows were already handed on: a second decode would repeat them
+                why = f"graph path failed ({type(e).__name__}: {e})"[:300]
+                model.__dict__[_BROKEN_ATTR] = why  # not tried again in this process
+                model.__dict__.pop(_STEPS_ATTR, None)
+                stats.fallback = why
+                for g, state in zip(gens, states):
+                    g.set_state(state)
+        if result is None:
+            stats.path, stats.merged = "compact", False
+            with packed_linears(model, enabled=pack) as stats.packed, \
+                    merged_lora(model, enabled=pack) as stats.merged:
+                prefilled = _prefilled(model, tokenizer, requests, streams, counts, device,
+                                       stats)
+                result = _compact_loop(
+                    model, tokenizer, prefilled, max_new_tokens, top_p, stop, on_done,
+                    threads, stats, gens, row_stream, row_temp, stream_temp, eos_ids,
+                    uniforms)
+        generated, finish = result
 
     stats.finish = finish
+    stats.new_tokens = sum(len(g) for g in generated)
     texts = [_final_text(tokenizer, toks, finish[r], stop) for r, toks in enumerate(generated)]
     bounds = [0]
     for n in counts:
         bounds.append(bounds[-1] + n)
     return [texts[bounds[j]:bounds[j + 1]] for j in range(len(requests))], stats
+
+
+@dataclass
+class _Prefilled:
+    """The prompts' KV (padded to one width, one row per sample), mask and last logits."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    prompt_mask: torch.Tensor
+    logits: torch.Tensor
+
+
+def _prefilled(model, tokenizer: PreTrainedTokenizerBase, requests: list[Request],
+               streams: list[int], counts: list[int], device: torch.device,
+               stats: SampleStats) -> _Prefilled:
+    t0 = time.perf_counter()
+    # one prefill for requests that share a stream (``sample``'s prompts: one padded
+    # batch); one per request otherwise
+    groups: list[list[int]] = []
+    for j in range(len(requests)):
+        if groups and streams[groups[-1][0]] == streams[j] and len(set(streams)) == 1:
+            groups[-1].append(j)
+        else:
+            groups.append([j])
+    parts = [_prefill(model, tokenizer, [requests[j].prompt for j in g], device)
+             for g in groups]
+    width = max(m.shape[1] for _, _, m in parts)
+    stats.prompt_tokens = int(sum(m.sum() for _, _, m in parts))
+    reps = [torch.tensor([counts[j] for j in g], device=device) for g in groups]
+    keys, values = [], []
+    for li in range(len(parts[0][0].layers)):
+        ks, vs = [], []
+        for (cache, _, m), rep in zip(parts, reps):
+            k = cache.layers[li].keys.repeat_interleave(rep, dim=0)
+            v = cache.layers[li].values.repeat_interleave(rep, dim=0)
+            pad = width - m.shape[1]
+            if pad:
+                k = torch.nn.functional.pad(k, (0, 0, pad, 0))
+                v = torch.nn.functional.pad(v, (0, 0, pad, 0))
+            ks.append(k)
+            vs.append(v)
+        keys.append(torch.cat(ks))
+        values.append(torch.cat(vs))
+    mask = torch.cat([torch.nn.functional.pad(m, (width - m.shape[1], 0))
+                      .repeat_interleave(rep, dim=0) for (_, _, m), rep in zip(parts, reps)])
+    logits = torch.cat([lg.repeat_interleave(rep, dim=0) for (_, lg, _), rep in zip(parts, reps)])
+    stats.prefill_seconds = time.perf_counter() - t0
+    return _Prefilled(keys, values, mask, logits)
+
+
+def _compact_loop(model, tokenizer: PreTrainedTokenizerBase, pre: _Prefilled,
+                  max_new_tokens: int, top_p: float, stop: list[str],
+                  on_done: Callable[[int, str], None] | None,
+                  threads: Callable[[], int] | None, stats: SampleStats,
+                  gens: list[torch.Generator], row_stream: torch.Tensor,
+                  row_temp: torch.Tensor, stream_temp: dict[int, float], eos_ids: list[int],
+                  uniforms: torch.Tensor | None) -> tuple[list[list[int]], list[str]]:
+    """Finished rows leave the batch (``index_select``); the host reads tokens each step."""
+    device = pre.logits.device
+    total, width = pre.prompt_mask.shape
+    capacity = width + max_new_tokens
+    cache = DynamicCache()
+    cache.layers = [_BufferLayer(k, v, capacity) for k, v in zip(pre.keys, pre.values)]
+    padded = bool((pre.prompt_mask == 0).any())
+    mask_buf = torch.ones((total, capacity), dtype=pre.prompt_mask.dtype, device=device)
+    mask_buf[:, :width] = pre.prompt_mask
+    logits = pre.logits
+    next_pos = pre.prompt_mask.sum(-1, keepdim=True)
+    one_temp = len(set(stream_temp.values())) == 1
+    eos = torch.tensor(eos_ids, device=device)
+    window = max((len(s) for s in stop), default=0) + 4  # tokens of tail text to scan
+    if uniforms is not None:
+        uniforms = uniforms.to(device=device, dtype=torch.float32)
+
+    t0 = time.perf_counter()
+    rows = torch.arange(total, device=device)  # original row of each live batch row
+    live_stream, live_temp = row_stream, row_temp
+    generated: list[list[int]] = [[] for _ in range(total)]
+    finish = ["length"] * total
+    for step in range(max_new_tokens):
+        if threads is not None and step % THREAD_POLL == 0:
+            _set_threads(threads, stats)
+        temp = stream_temp[0] if one_temp else live_temp
+        if uniforms is not None:
+            tok = next_tokens(logits, temp, top_p, None, u=uniforms[rows, step][:, None])
+        elif len(gens) == 1:
+            tok = next_tokens(logits, temp, top_p, gens[0])
+        else:
+            tok = next_tokens(logits, temp, top_p, None,
+                              u=_uniforms(gens, live_stream, stream_temp, device))
+        done = torch.isin(tok, eos)
+        stats.steps += 1
+        live_rows, toks, dones = rows.tolist(), tok.tolist(), done.tolist()
+        for j, (r, t, d) in enumerate(zip(live_rows, toks, dones)):
+            generated[r].append(t)
+            if d:
+                finish[r] = "eos"
+            elif stop and _cut_at_stop(tokenizer.decode(generated[r][-window:]), stop)[1]:
+                finish[r], dones[j] = "stop", True
+            if dones[j] and on_done is not None:
+                on_done(r, _final_text(tokenizer, generated[r], finish[r], stop))
+        if step == max_new_tokens - 1:
+            break
+        if any(dones):
+            keep = torch.tensor([j for j, d in enumerate(dones) if not d], device=device)
+            if keep.numel() == 0:
+                break
+            rows, tok, next_pos = rows[keep], tok[keep], next_pos[keep]
+            live_stream, live_temp = live_stream[keep], live_temp[keep]
+            mask_buf = mask_buf[keep]
+            for layer in cache.layers:
+                layer.batch_select_indices(keep)
+        length = cache.layers[0].length + 1
+        out = model(input_ids=tok[:, None],
+                    attention_mask=mask_buf[:, :length] if padded else None,
+                    position_ids=next_pos, past_key_values=cache, use_cache=True)
+        next_pos = next_pos + 1
+        logits = out.logits[:, -1]
+    stats.decode_seconds = time.perf_counter() - t0
+    return generated, finish
+
+
+def _stream_table(gens: list[torch.Generator], counts: list[int], streams: list[int],
+                  stream_temp: dict[int, float], max_new_tokens: int,
+                  device: torch.device) -> torch.Tensor:
+    """The graph path's uniforms: each stream draws a (steps, its rows) block up front, so
+    until a row finishes a row gets the uniform the compact path would draw for it."""
+    blocks, order = [], []
+    for j, n in enumerate(counts):
+        if order and order[-1][0] == streams[j]:
+            order[-1][1] += n
+        else:
+            order.append([streams[j], n])
+    for stream, n in order:
+        if stream_temp[stream] > 0:
+            blocks.append(torch.rand((max_new_tokens, n), generator=gens[stream],
+                                     device=device).T)
+        else:
+            blocks.append(torch.zeros((n, max_new_tokens), device=device))
+    return torch.cat(blocks).contiguous()
+
+
+_STEPS_ATTR = "_atlas_decode_steps"
+_BROKEN_ATTR = "_atlas_graph_failed"  # why the graph path failed on this model (then compact)
+CUDA_BUCKET = 256  # CUDA: cache capacity rounded up to this, so one graph serves many calls
+
+
+def _graph_loop(model, tokenizer: PreTrainedTokenizerBase, parts: dict, pre: _Prefilled,
+                max_new_tokens: int, top_p: float, stop: list[str],
+                on_done: Callable[[int, str], None] | None,
+                threads: Callable[[], int] | None, stats: SampleStats,
+                row_temp: torch.Tensor, eos_ids: list[int], uniforms: torch.Tensor,
+                fresh_weights: bool) -> tuple[list[list[int]], list[str]]:
+    """Fixed-shape steps (``graph_step.DecodeStep``), a CUDA graph on CUDA; the host reads
+    tokens and ``done`` every ``CHECK_EVERY`` steps and tells finished rows apart exactly as
+    the compact loop does (EOS, then a stop string in the row's tail text)."""
+    from atlas.agent import graph_step
+    from atlas.agent.graph_step import CHECK_EVERY, DecodeStep, capture
+
+    device = pre.logits.device
+    total, width = pre.prompt_mask.shape
+    cuda = device.type == "cuda"
+    capacity = width + max_new_tokens
+    if cuda:
+        capacity = -(-capacity // CUDA_BUCKET) * CUDA_BUCKET
+    shapes = [(k.shape[1], v.shape[-1], k.shape[-1]) for k, v in zip(pre.keys, pre.values)]
+    # a graph reads weights by address: one moved or reallocated (a phase that took the model
+    # off the device and back) makes a new key, so nothing replays over freed memory
+    key = (total, capacity, max_new_tokens, float(top_p), tuple(eos_ids), pre.keys[0].dtype,
+           tuple(shapes), hash(tuple(p.data_ptr() for p in model.parameters())))
+    held: dict = model.__dict__.setdefault(_STEPS_ATTR, {}) if cuda else {}
+    if fresh_weights:
+        held.clear()  # new weight buffers: graphs captured against the old ones are stale
+    t0 = time.perf_counter()
+    entry = held.get(key)
+    if entry is None:
+        step = DecodeStep(parts, total, capacity, max_new_tokens, shapes, pre.keys[0].dtype,
+                          pre.logits.shape[-1], eos_ids, top_p, device)
+        entry = {"step": step, "graph": None, "error": ""}
+        held.clear()  # one shape held at a time: its KV buffers are the big part
+        if cuda:
+            held[key] = entry
+            try:
+                step.load(pre.keys, pre.values, pre.prompt_mask, pre.logits, row_temp, uniforms)
+                entry["graph"] = capture(step)
+            except Exception as e:  # noqa: BLE001 - any capture failure: run eager, say why
+                entry["error"] = f"CUDA graph capture failed ({type(e).__name__}: {e})"[:300]
+                with contextlib.suppress(Exception):
+                    torch.cuda.synchronize(device)
+    step, graph = entry["step"], entry["graph"]
+    stats.fallback = stats.fallback or entry["error"]
+    stats.path = "cuda-graph" if graph is not None else "graph"
+    step.load(pre.keys, pre.values, pre.prompt_mask, pre.logits, row_temp, uniforms)
+    if cuda:
+        torch.cuda.synchronize(device)
+    stats.setup_seconds += time.perf_counter() - t0
+    if graph is not None:
+        run = graph.replay
+    else:
+        run = graph_step.CPU_RUNNER(step) if graph_step.CPU_RUNNER and not cuda else step
+
+    t0 = time.perf_counter()
+    window = max((len(s) for s in stop), default=0) + 4
+    eos = set(eos_ids)
+    generated: list[list[int]] = [[] for _ in range(total)]
+    finish = ["length"] * total
+    open_rows = list(range(total))
+    # the host reads chunk k while the device runs chunk k + 1: each chunk's tokens are copied
+    # out right after its steps (into contiguous pinned memory, so the copy is asynchronous),
+    # and waiting for that copy never waits for the next chunk
+
+    def launch(start: int) -> tuple[int, int, Any, torch.Tensor]:
+        if threads is not None:
+            _set_threads(threads, stats)
+        n = min(CHECK_EVERY, max_new_tokens - start)
+        for _ in range(n):
+            run()
+        host = torch.empty((total, n), dtype=torch.long, pin_memory=cuda)
+        host.copy_(step.tokens[:, start:start + n], non_blocking=cuda)
+        event = torch.cuda.Event() if cuda else None
+        if event is not None:
+            event.record()
+        return start, n, event, host
+
+    chunk = launch(0)
+    while chunk is not None:
+        start, n, event, host = chunk
+        following = start + n
+        chunk = launch(following) if following < max_new_tokens and open_rows else None
+        if event is not None:
+            event.synchronize()
+        toks = host.tolist()
+        stopped = []
+        for i in range(n):
+            still = []
+            for r in open_rows:
+                generated[r].append(toks[r][i])
+                if toks[r][i] in eos:
+                    finish[r] = "eos"
+                elif stop and _cut_at_stop(tokenizer.decode(generated[r][-window:]), stop)[1]:
+                    finish[r] = "stop"
+                    stopped.append(r)
+                else:
+                    still.append(r)
+                    continue
+                if on_done is not None:
+                    on_done(r, _final_text(tokenizer, generated[r], finish[r], stop))
+            open_rows = still
+        if not open_rows:
+            break  # a chunk launched meanwhile is dropped unread
+        if stopped:
+            step.done[torch.tensor(stopped, device=device)] = True  # between steps: no sync
+    if cuda:
+        torch.cuda.synchronize(device)
+    stats.steps = max(len(g) for g in generated)
+    stats.decode_seconds = time.perf_counter() - t0
+    return generated, finish
 
 
 def _uniforms(gens: list[torch.Generator], live_stream: torch.Tensor,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHES = {"agent": "atlas.bench.agent", "dpo": "atlas.bench.dpo", "gate": "atlas.bench.gate",
-           "paper": "atlas.bench.paper", "pinn": "atlas.bench.pinn",
+BENCHES = {"accept": "atlas.bench.accept", "agent": "atlas.bench.agent",
+           "decode": "atlas.bench.decode", "dpo": "atlas.bench.dpo", "gate": "atlas.bench.gate",
+           "paper": "atlas.bench.paper",
+           "parity": "atlas.bench.parity", "pinn": "atlas.bench.pinn",
            "sampler": "atlas.bench.sampler",
            "supporters": "atlas.bench.supporters"}
 

@@ -120,7 +120,8 @@ def sampler_row(agent, prompt: str, batch: int, args: argparse.Namespace,
                            max_new_tokens=args.max_new_tokens, seed=args.seed, pack=pack)
     return {"tokens": st.new_tokens, "seconds": st.seconds, "tokens_per_s": st.tokens_per_second,
             "prefill_s": st.prefill_seconds, "decode_s": st.decode_seconds, "steps": st.steps,
-            "packed": st.packed}
+            "packed": st.packed, "decode_path": st.path, "fallback": st.fallback,
+            "setup_s": st.setup_seconds}
 
 
 def decode_floor(agent, prompt: str, batch: int, tokens: int, args: argparse.Namespace

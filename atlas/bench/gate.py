@@ -179,7 +179,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.max_length:
         dpo = dataclasses.replace(dpo, max_length=args.max_length)
         gate = dataclasses.replace(gate, max_length=args.max_length)
-    agent = ResearchAgent(ModelConfig.from_cfg(model_cfg), seed=0)
+    from atlas.bench.machine import resolve_bench_device
+
+    agent = ResearchAgent(ModelConfig.from_cfg(model_cfg),
+                          device=resolve_bench_device(getattr(args, "device", "cpu")), seed=0)
     start = {POLICY: get_adapter_state(agent.model, POLICY), REF: get_adapter_state(agent.model, REF)}
     programs = load_programs([Path(p) for p in args.programs])
     # select_top_k only: the recorded programs keep the clusters their runs assigned
@@ -356,6 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m atlas.bench gate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2", help="conf/model/<name>.yaml: smollm2 or tiny")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | auto (CUDA when present)")
     ap.add_argument("--programs", nargs="+", default=[str(p) for p in DATA],
                     help="runs' programs.jsonl (default: the EvoTune and ATLAS bandit "
                          "runs, seed 0)")

@@ -6,7 +6,10 @@ machine (printed first) with the same prompts and seeds:
 
 - ``islands one by one, peft layers``: the sampler as it was, LoRA through peft;
 - ``islands one by one, merged copy``: LoRA folded into a weight copy (``merged_lora``);
-- ``islands in one batch, merged copy``: the run's default (``explore.batch_islands``);
+- ``islands in one batch, merged copy``: the run's default on the CPU (``explore.batch_islands``,
+  the ``compact`` decode path: finished rows leave the batch);
+- ``islands in one batch, graph step``: the ``graph`` decode path (``atlas.agent.graph_step``:
+  fixed batch shape, the host looks every 8 steps), the default on CUDA (a CUDA graph there);
 - ``islands in one batch, in-place merge``: peft's ``merge_adapter`` before decoding and
   ``unmerge_adapter`` after, the alternative to a copy; its merge/unmerge seconds and the
   largest change it leaves in the base weights are printed.
@@ -99,15 +102,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             tokens, seconds = tokens + st.new_tokens, seconds + st.seconds
         return int(tokens), seconds
 
-    def batched(pack: bool) -> tuple[int, float]:
-        _, st = sample_requests(model, tok, requests, pack=pack, **kw)
+    def batched(pack: bool, path: str = "compact") -> tuple[int, float]:
+        _, st = sample_requests(model, tok, requests, pack=pack, path=path, **kw)
         return st.new_tokens, st.seconds
 
     inplace: dict[str, float] = {}
 
+    def base_weights() -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in model.named_parameters()
+                if "base_layer.weight" in n}
+
+    def drift(before: dict[str, torch.Tensor]) -> float:
+        return max(float((p.detach().float() - before[n].float()).abs().max())
+                   for n, p in model.named_parameters() if n in before)
+
     def batched_inplace() -> tuple[int, float]:
-        before = {n: p.detach().clone() for n, p in model.named_parameters()
-                  if "base_layer.weight" in n}
+        before = base_weights()
         t0 = time.perf_counter()
         model.merge_adapter()
         merge_s = time.perf_counter() - t0
@@ -117,17 +127,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             t0 = time.perf_counter()
             model.unmerge_adapter()
             inplace["merge_unmerge_s"] = merge_s + time.perf_counter() - t0
-        inplace["drift"] = max(float((p.detach() - before[n]).abs().max())
-                               for n, p in model.named_parameters() if n in before)
+        inplace["drift"] = drift(before)
         return result
 
     rows = [("islands one by one, peft layers", lambda: one_by_one(False)),
             ("islands one by one, merged copy", lambda: one_by_one(True)),
             ("islands in one batch, merged copy", lambda: batched(True)),
+            ("islands in one batch, graph step", lambda: batched(True, "graph")),
             ("islands in one batch, in-place merge", batched_inplace)]
     out: dict[str, Any] = {"machine": device_line(info), "rows": {}}
     first = None
     torch.manual_seed(args.seed)
+    untouched = base_weights()
     for name, run in rows:
         best = None
         for _ in range(max(1, args.repeats)):
@@ -135,6 +146,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             best = (tokens, seconds) if best is None or seconds < best[1] else best
         tokens, seconds = best
         first = first or seconds
+        if name == "islands in one batch, merged copy":
+            out["copy_drift"] = drift(untouched)  # the default path: must stay 0 in any dtype
         out["rows"][name] = {"tokens": tokens, "seconds": seconds,
                              "tok_s": tokens / seconds, "speedup": first / seconds}
         print(f"  {name:<40} {seconds:8.2f} s  {tokens:5d} tok  {tokens / seconds:8.1f} "
@@ -149,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out["inplace"] = inplace
     print(f"  merged copy: built in {out['copy_build_s']:.3f} s a phase; in-place merge + "
           f"unmerge: {inplace['merge_unmerge_s']:.3f} s a phase, largest change it leaves in a "
-          f"base weight: {inplace['drift']:.3g}")
+          f"base weight: {inplace['drift']:.3g} (merged copy: {out['copy_drift']:.3g})")
     return out
 
 

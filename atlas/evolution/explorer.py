@@ -120,6 +120,7 @@ class RoundStats:
     device: str | None = None
     batched_islands: bool = False
     wall_s: float = 0.0
+    sampler: dict | None = None  # ``SampleStats.add_to`` over the round's decode calls
 
 
 @dataclasses.dataclass
@@ -284,6 +285,8 @@ class Explorer:
             t0 = time.perf_counter()
             finished = self._generate(plans, context)
             stats.generation_s += time.perf_counter() - t0
+            if hasattr(getattr(self.agent, "last_stats", None), "add_to"):
+                stats.sampler = self.agent.last_stats.add_to(stats.sampler)
             for plan, (completions, early) in zip(plans, finished):
                 stats.scored_while_generating += len(early)
                 for row, completion in enumerate(completions):

