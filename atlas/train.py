@@ -50,6 +50,10 @@ def summary(results: dict[str, Any]) -> str:
         f"  candidates {results['candidates']} of budget {fmt(results.get('candidate_budget'))} "
         f"{results.get('candidates_by_source') or ''}, wall {results['wall_seconds']:.0f} s",
     ]
+    if results.get("supporter_calls"):
+        lines.append("  supporters " + "; ".join(
+            f"{role} {c['answered']} answered, {c['invalid']} invalid, {c['fell_back']} fell back"
+            for role, c in results["supporter_calls"].items()))
     if results.get("isolation"):
         reason = results.get("isolation_reason")
         lines.append(f"  sandbox isolation {results['isolation']}"
@@ -87,6 +91,10 @@ def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     with locked(run_dir):
         prepare(cfg, run_dir)  # not another configuration's run
         check_device(settings.run.device)
+        if settings.supporters:  # a dead supporter server is a finding, before anything loads
+            from atlas.supporters.health import check_supporters
+
+            check_supporters(settings.supporters)
         from atlas.loop import EvolutionLoop
 
         logger = make_logger(cfg, run_dir)
