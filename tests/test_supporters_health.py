@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from atlas.supporters import build_supporters
-from atlas.supporters.health import check_supporters, found_down, probe
 from atlas.supporters.config import role_configs
+from atlas.supporters.health import check_supporters, found_down, probe
 from tests.test_supporters import ScriptedServer, _strat_req
 
 ROOT = Path(__file__).resolve().parents[1]
