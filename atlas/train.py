@@ -179,10 +179,11 @@ def hoist_multirun_flag(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     from atlas.compose import searchpath_problem
-    from atlas.config import override_problem
+    from atlas.config import group_problem, override_problem
 
-    # Hydra would say only "Could not find", or suggest `+field=` for a mistyped field
-    if problem := searchpath_problem(sys.argv[1:]) or override_problem(sys.argv[1:]):
+    # Hydra would say only "Could not find", or suggest `+field=` for a mistyped field or group
+    if problem := (searchpath_problem(sys.argv[1:]) or group_problem(sys.argv[1:])
+                   or override_problem(sys.argv[1:])):
         sys.exit(problem)
     sys.argv = hoist_multirun_flag(sys.argv)
     main()
