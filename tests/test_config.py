@@ -122,7 +122,7 @@ def test_legitimate_additions_still_validate(overrides: list[str]) -> None:
     validate(compose_cfg(["experiment=test", *overrides]))
 
 
-def test_name_or_path_is_rejected_when_the_source_ignores_it(tmp_path: Path) -> None:
+def test_name_or_path_is_rejected_when_the_source_ignores_it(tmp_path) -> None:
     cfg = compose_cfg(["experiment=test", "model.name_or_path=/models/llama"])
     with pytest.raises(ConfigError, match=r"model\.name_or_path='/models/llama' is ignored with "
                                           r"model\.source=tiny; set model\.source=hf"):
