@@ -39,6 +39,7 @@ from atlas.config import Settings
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.explorer import Explorer, regime_key, score_seed
 from atlas.fine_tuning import FineTuner, adapter_snapshot
+from atlas.provenance import provenance
 from atlas.results import summarise
 from atlas.sandbox import Sandbox
 from atlas.sandbox.secret import run_secret, sweep_secret_file
@@ -347,7 +348,8 @@ class EvolutionLoop:
                 "isolation_reason": self.sandbox.isolation_reason,
                 "dtype": self.precision.dtype, "dtype_reason": self.precision.reason,
                 "wall_seconds": wall, "score_label": self.task.score_label,
-                "supporters": self.supporters.stats() if self.supporters else None}
+                "supporters": self.supporters.stats() if self.supporters else None,
+                "provenance": provenance(self.agent.device, self.precision.dtype)}
         results = summarise(self.run_dir, meta)
         self.telemetry.event("end", results=results)
         write_text_atomic(self.run_dir / "results.json", dumps(results) + "\n")

@@ -102,6 +102,11 @@ def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         try:
             loop = EvolutionLoop(settings, OmegaConf.to_container(cfg, resolve=True), run_dir,
                                  logger)
+            if callable(getattr(logger, "log_hyperparams", None)):  # the W&B config too
+                from atlas.provenance import provenance
+
+                logger.log_hyperparams(
+                    {"provenance": provenance(loop.agent.device, loop.precision.dtype)})
             try:
                 results = loop.run()
                 status = "success"
@@ -186,4 +191,9 @@ if __name__ == "__main__":
                    or override_problem(sys.argv[1:])):
         sys.exit(problem)
     sys.argv = hoist_multirun_flag(sys.argv)
+    if sys.argv[1:2] in (["-m"], ["--multirun"]):  # every job checked before any is launched
+        from atlas.sweep import check_sweep
+
+        if problem := check_sweep(sys.argv[2:]):
+            sys.exit(problem)
     main()
