@@ -153,3 +153,23 @@ def test_a_saved_model_folder_is_valid(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(b"")
     assert folder_problem(tmp_path, "model.name_or_path") is None
+
+
+def test_changed_config_hint_names_hydra_run_dir_when_it_is_given(tmp_path):
+    """With hydra.run.dir on the command line, name=<new> would not change the folder: the
+    refusal says to pick another hydra.run.dir instead."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from tests.conftest import compose_cfg
+
+    run = tmp_path / "run"  # a checkpointed run folder made with dpo.beta=0.1
+    (run / "checkpoint").mkdir(parents=True)
+    (run / "checkpoint" / "state.pt").write_bytes(b"")
+    cfg = OmegaConf.to_container(compose_cfg(["experiment=test"], run_dir=run), resolve=True)
+    (run / "events.jsonl").write_text(json.dumps({"event": "config", "config": cfg}) + "\n")
+    proc, _ = _train(tmp_path, "experiment=test", "dpo.beta=0.2", f"run_dir={run}")
+    line = _one_line(proc)
+    assert "(dpo.beta: 0.1 -> 0.2" in line
+    assert "add another hydra.run.dir=<dir> for a new run folder" in line and "name=" not in line

@@ -491,3 +491,21 @@ def test_provenance_of_this_process() -> None:
     assert (rec["device"], rec["dtype"], rec["gpu"]) == ("cpu", "float32", None)
     assert rec["cpu"] and (rec["git_commit"] is None or len(rec["git_commit"]) == 40)
     assert rec["git_dirty"] in (True, False, None)
+
+
+def test_notebook_finds_the_readmes_outputs_folder(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ATLAS_RUNS the notebook reads multirun/ and outputs/ (the README's first
+    command writes a single run there), from the repository root or notebooks/."""
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    (src,) = [c.source for c in nb.cells if "def default_runs" in c.source]
+    namespace: dict[str, Any] = {}
+    exec(src.split("RUNS =")[0].replace("from atlas import report", ""), namespace)  # noqa: S102
+    (tmp_path / "outputs" / "cpu").mkdir(parents=True)
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    assert namespace["default_runs"]() == str(tmp_path / "outputs")
+    (tmp_path / "multirun").mkdir()
+    assert namespace["default_runs"]() == f"{tmp_path / 'multirun'}:{tmp_path / 'outputs'}"
