@@ -72,6 +72,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     full disk stop the run with the checkpoint of its last finished round.
     """
     _, sweep = command_line()
+    from atlas.quiet import install
+
+    install()  # library warnings a user cannot act on (atlas/quiet.py lists them)
     with stop_on_signals():
         try:
             return _run(cfg, Path(cfg.run_dir))
