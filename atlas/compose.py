@@ -13,7 +13,7 @@ from typing import Any
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
-_PKG = re.compile(r"pkg://([A-Za-z_][\w.]*)")
+_PKG = re.compile(r"pkg\\?://([A-Za-z_][\w.]*)")  # pkg\:// : as a sweep's jobs carry it
 
 
 def searchpath_problem(overrides: list[str]) -> str | None:

@@ -168,7 +168,8 @@ def _searchpath_folders(overrides: Sequence[str]) -> list[Path]:
         key, _, value = item.partition("=")
         if key.lstrip("+~") != "hydra.searchpath":
             continue
-        for scheme, where in re.findall(r"(pkg|file)://([^,\]\s'\"]+)", value):
+        # a sweep's job overrides come back from Hydra's parser escaped (pkg\://)
+        for scheme, where in re.findall(r"(pkg|file)\\?://([^,\]\s'\"]+)", value):
             if scheme == "file":
                 out.append(Path(where))
                 continue

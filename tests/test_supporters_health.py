@@ -131,6 +131,11 @@ def test_fallback_runs_on_the_rules_and_counts_the_calls(tmp_path):
         assert calls[role]["fell_back"] == stats[role]["fallbacks"]["breaker_open"]
     assert "supporters exploration 0 answered, 0 invalid, " \
            f"{calls['exploration']['fell_back']} fell back" in proc.stdout
+    # every run records where it came from (atlas/provenance.py): the tiny model, on the CPU
+    prov = results["provenance"]
+    assert (prov["device"], prov["dtype"]) == ("cpu", "float32")
+    assert prov["versions"]["torch"] and "jax" in prov["versions"] and prov["cpu"]
+    assert len(prov["git_commit"]) == 40 and isinstance(prov["git_dirty"], bool)
     log = proc.stdout + proc.stderr
     warned = [x for x in log.splitlines() if "cannot be reached" in x]
     assert len(warned) == 1 + 3, log[-3000:]  # the health line, one per role's breaker

@@ -443,3 +443,14 @@ def test_the_documented_slurm_preset_runs_a_two_job_sweep(slurm_cluster: None,
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = sorted((tmp_path / "multirun" / "test").glob("*_s[01]"))
     assert [json.loads((r / "results.json").read_text())["seed"] for r in runs] == [0, 1]
+
+
+def test_a_sweep_of_an_external_task_is_validated_with_its_search_path(tmp_path: Path) -> None:
+    """The jobs' overrides come back from Hydra's parser escaped (`pkg\\://`): the task's
+    config folder is still found, so job 2's seed is the first problem."""
+    env = {**_env(), "PYTHONPATH": str(ROOT / "tests" / "external_task")}
+    proc = subprocess.run([sys.executable, "-m", "atlas.train", "-m", "experiment=test",
+                           "task=linefit", "hydra.searchpath=[pkg://linefit.conf]", "seed=0,-1"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.strip().startswith(
+        "sweep job 2 of 2 (seed=-1): seed=-1 is outside"), proc.stderr[-2000:]
