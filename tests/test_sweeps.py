@@ -422,7 +422,7 @@ def test_a_busy_cluster_is_not_an_error(slurm_cluster: None) -> None:
 
     (cpus, _), *_ = sorted(slurm_nodes(), reverse=True)
     job = subprocess.run(["sbatch", "--parsable", "-p", "debug", "-c", str(cpus), "--mem=100M",
-                          "--wrap", "sleep 60"], capture_output=True, text=True, timeout=30,
+                          "-o", "/dev/null", "--wrap", "sleep 60"], capture_output=True, text=True, timeout=30,
                          check=True).stdout.strip()
     try:
         _wait_for(lambda: _job_info(job).get("JobState") == "RUNNING", 60, "the blocking job")
