@@ -105,12 +105,12 @@ def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         try:
             loop = EvolutionLoop(settings, OmegaConf.to_container(cfg, resolve=True), run_dir,
                                  logger)
-            if callable(getattr(logger, "log_hyperparams", None)):  # the W&B config too
-                from atlas.provenance import provenance
-
-                logger.log_hyperparams(
-                    {"provenance": provenance(loop.agent.device, loop.precision.dtype)})
             try:
+                if callable(getattr(logger, "log_hyperparams", None)):  # the W&B config too
+                    from atlas.provenance import provenance
+
+                    logger.log_hyperparams(
+                        {"provenance": provenance(loop.agent.device, loop.precision.dtype)})
                 results = loop.run()
                 status = "success"
             finally:
