@@ -197,7 +197,7 @@ def group_problem(overrides: Sequence[str]) -> str | None:
     if any(o.startswith(("--config-dir", "-cd", "--config-path", "-cp")) for o in overrides):
         return None
     known = groups()
-    top = [k for k in OmegaConf.load(CONF / "train.yaml") if k not in ("defaults", "hydra")]
+    top = [str(k) for k in schema()]  # train.yaml's fields and those experiment/* adds
     extra = _searchpath_folders(overrides)
     for item in overrides:
         key, eq, value = item.partition("=")
@@ -211,6 +211,7 @@ def group_problem(overrides: Sequence[str]) -> str | None:
             return (f"{key} is neither a config group nor a field"
                     + (f"; did you mean {close[0]}={value}?" if close else "")
                     + f" (groups: {', '.join(sorted(known))})")
+        value = value.strip("'\"")
         if any(c in value for c in "()[]{}$*") or value in ("null", ""):
             continue
         options = set(known[key])

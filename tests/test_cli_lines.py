@@ -41,6 +41,8 @@ def _one_line(proc: subprocess.CompletedProcess) -> str:
 CASES = {
     "group name": (["methd=atlas"], ["methd is neither a config group nor a field",
                                      "did you mean method=atlas?"]),
+    "top-level field": (["sed=3"], ["sed is neither a config group nor a field",
+                                    "did you mean seed=3?"]),
     "group option": (["method=atlass"], ["method=atlass: no option conf/method/atlass.yaml",
                                          "did you mean method=atlas?"]),
     "option in a sweep list": (["-m", "method=atlas,evodpoo"],
