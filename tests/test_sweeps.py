@@ -124,7 +124,7 @@ def test_slurm_preset_composes_and_is_overridable() -> None:
             "hydra.launcher.max_num_timeout=5", "hydra.launcher.setup=[module load cuda]"])
     lb, lo = base.hydra.launcher, over.hydra.launcher
     assert lb._target_.endswith("SlurmLauncher")
-    assert (lb.timeout_min, lb.cpus_per_task, lb.mem_gb, lb.gpus_per_node) == (240, 4, 16, None)
+    assert (lb.timeout_min, lb.cpus_per_task, lb.mem_gb, lb.gpus_per_node) == (240, 2, 8, None)
     assert (lb.signal_delay_s, lb.max_num_timeout, lb.array_parallelism) == (120, 3, 16)
     assert lb.additional_parameters.requeue is True
     assert list(lb.setup) == ["export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK"]
