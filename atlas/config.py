@@ -334,13 +334,13 @@ def check_noop(method: MethodConfig, explore: ExploreConfig,
     patches = roles is not None and bool(getattr(roles.get("exploration"), "max_patches", 0)) \
         and bool(getattr(roles.get("exploration"), "as_preferences", False))
     if explore.samples_per_prompt == 1:
-        msg = ("explore.samples_per_prompt=1: a preference pair needs two completions of one "
-               "prompt, so the agent's own programs build no pair")
-        if not patches:
-            raise ConfigError(f"{msg} and {name} would never train; set "
-                              f"explore.samples_per_prompt >= 2")
-        log.warning("%s; only the exploration supporter's patches (supporter_vs_agent) train "
-                    "%s", msg, name)
+        # a warning, not a refusal: a prompt names no island, so two islands (or rounds) with
+        # the same parents show the same prompt and their completions can still pair
+        log.warning("explore.samples_per_prompt=1: a preference pair needs two completions of "
+                    "one prompt, so %s trains only on %s; set explore.samples_per_prompt >= 2",
+                    name, "the exploration supporter's patches (supporter_vs_agent) and prompts "
+                    "that happen to repeat" if patches else "prompts that happen to repeat "
+                    "(two islands or rounds with the same parents)")
     if method.gate and explore.islands_per_round * explore.phase_every < 2:
         log.warning("explore.islands_per_round=%d x explore.phase_every=%d gives each phase one "
                     "prompt: the gate holds none out and rejects every phase, so %s's reference "

@@ -57,13 +57,6 @@ CASES = {
                              ["explore.phase_every=5 > explore.rounds=4",
                               "method=evodpo would never train",
                               "set explore.phase_every <= explore.rounds"]),
-    "one sample per prompt": (["experiment=test", "explore.samples_per_prompt=1"],
-                              ["explore.samples_per_prompt=1", "would never train",
-                               "explore.samples_per_prompt >= 2"]),
-    "one sample, atlas without patches": (
-        ["experiment=test", "method=atlas", "explore.samples_per_prompt=1",
-         "supporters.exploration.max_patches=0"],
-        ["method=atlas would never train"]),
     "a cap of zero pairs": (["experiment=test", "dpo.max_pairs=0"],
                             ["dpo.max_pairs must be >= 1, got 0"]),
 }
@@ -80,14 +73,21 @@ def test_each_mistake_is_one_line(case, tmp_path):
     assert not (tmp_path / "run" / "events.jsonl").exists()
 
 
-def test_one_sample_per_prompt_warns_for_atlas_with_patches(caplog):
-    """ATLAS's supporter patches still make supporter_vs_agent pairs: a warning, not a stop."""
+@pytest.mark.parametrize("method,why", [
+    ("evodpo", "trains only on prompts that happen to repeat"),
+    ("atlas", "trains only on the exploration supporter's patches (supporter_vs_agent)"),
+])
+def test_one_sample_per_prompt_warns(method, why, caplog):
+    """A pair needs two completions of one prompt: with one sample a prompt, only prompts that
+    repeat (two islands or rounds with the same parents; a prompt names no island) and, for
+    ATLAS, the supporter's patches can pair. A warning: the run still trains on those."""
     from atlas.config import validate
     from tests.conftest import compose_cfg
 
-    validate(compose_cfg(["experiment=test", "method=atlas", "explore.samples_per_prompt=1"]), [])
-    assert any("only the exploration supporter's patches" in r.getMessage()
-               for r in caplog.records)
+    validate(compose_cfg(["experiment=test", f"method={method}",
+                          "explore.samples_per_prompt=1"]), [])
+    warned = [r.getMessage() for r in caplog.records if "samples_per_prompt=1" in r.getMessage()]
+    assert len(warned) == 1 and why in warned[0] and "explore.samples_per_prompt >= 2" in warned[0]
 
 
 def test_one_prompt_per_phase_warns_for_a_gated_method(caplog):
