@@ -167,7 +167,7 @@ def new_folder_hint() -> str:
         return "name=<new>"
     given = {o.split("=", 1)[0].lstrip("+~") for o in hc.overrides.hydra}
     key = "hydra.sweep.dir" if hc.mode == RunMode.MULTIRUN else "hydra.run.dir"
-    return f"another {key}=<dir>" if key in given else "name=<new>"
+    return f"{key}=<another dir>" if key in given else "name=<new>"
 
 
 def holds_run(run_dir: Path) -> bool:

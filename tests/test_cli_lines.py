@@ -174,7 +174,7 @@ def test_changed_config_hint_names_hydra_run_dir_when_it_is_given(tmp_path):
     proc, _ = _train(tmp_path, "experiment=test", "dpo.beta=0.2", f"run_dir={run}")
     line = _one_line(proc)
     assert "(dpo.beta: 0.1 -> 0.2" in line
-    assert "add another hydra.run.dir=<dir> for a new run folder" in line and "name=" not in line
+    assert "add hydra.run.dir=<another dir> for a new run folder" in line and "name=" not in line
 
 
 def test_smollm2_without_its_wheel_is_found_at_validation(monkeypatch):
