@@ -13,7 +13,7 @@ from typing import Any
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
-_PKG = re.compile(r"pkg://([A-Za-z_][\w.]*)")
+_PKG = re.compile(r"pkg\\?://([A-Za-z_][\w.]*)")  # pkg\:// : as a sweep's jobs carry it
 
 
 def searchpath_problem(overrides: list[str]) -> str | None:
@@ -44,9 +44,10 @@ def compose(overrides: list[str]) -> Any:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from atlas.config import override_problem
+    from atlas.config import group_problem, override_problem
 
-    problem = searchpath_problem(overrides) or override_problem(overrides)
+    problem = (searchpath_problem(overrides) or group_problem(overrides)
+               or override_problem(overrides))
     if problem:
         raise ValueError(problem)
     try:

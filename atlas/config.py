@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # validation imports atlas.dpo.config on first use (no torch 
 log = logging.getLogger("atlas.config")
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+SEED_MAX = 2**32 - 1
 # sub-trees whose keys are validated by their consumer, not by the YAML schema
 _OPEN = frozenset({"dpo.bounds"})  # any DPO knob; DPOConfig checks the names
 _ROLE_BLOCKS = ("exploration", "strategist", "inspector")  # may repeat any supporters key
@@ -150,6 +151,86 @@ def override_problem(overrides: Sequence[str]) -> str | None:
     return None
 
 
+# -- group names and options, before Hydra ------------------------------------------------------
+def groups(conf: Path = CONF) -> dict[str, list[str]]:
+    """``{group: [option, ...]}`` of ``conf/`` (Hydra's own groups left out)."""
+    return {d.name: sorted(p.stem for p in d.glob("*.yaml"))
+            for d in sorted(conf.iterdir()) if d.is_dir() and d.name != "hydra"}
+
+
+def _searchpath_folders(overrides: Sequence[str]) -> list[Path]:
+    """The folders a ``hydra.searchpath=[...]`` override adds (``pkg://`` and ``file://``)."""
+    import importlib.util
+    import re
+
+    out: list[Path] = []
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key.lstrip("+~") != "hydra.searchpath":
+            continue
+        # a sweep's job overrides come back from Hydra's parser escaped (pkg\://)
+        for scheme, where in re.findall(r"(pkg|file)\\?://([^,\]\s'\"]+)", value):
+            if scheme == "file":
+                out.append(Path(where))
+                continue
+            top, _, rest = where.partition(".")
+            try:
+                spec = importlib.util.find_spec(top)
+            except (ImportError, ValueError):
+                spec = None
+            if spec is not None and spec.submodule_search_locations:
+                out += [Path(loc, *rest.split(".")) if rest else Path(loc)
+                        for loc in spec.submodule_search_locations]
+    return out
+
+
+def group_problem(overrides: Sequence[str]) -> str | None:
+    """One line naming a mistyped group (``methd=atlas``) or option (``method=atlass``,
+    ``task=mytask`` without the ``hydra.searchpath`` that holds it), with the closest known
+    name; None when every ``group=option`` is known.
+
+    Why before Hydra: it suggests ``+methd=atlas`` (a key nothing reads) for the first and
+    prints a many-line listing for the others. Sweep lists (``method=atlas,evodpo``) are
+    checked value by value; sweep functions (``range(...)``), interpolations and
+    ``--config-dir`` (options Hydra finds elsewhere) are left to Hydra.
+    """
+    if any(o.startswith(("--config-dir", "-cd", "--config-path", "-cp")) for o in overrides):
+        return None
+    known = groups()
+    top = [str(k) for k in schema()]  # train.yaml's fields and those experiment/* adds
+    extra = _searchpath_folders(overrides)
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        if not eq or key[:1] in "+~" or "." in key or "/" in key or key.startswith("-"):
+            continue
+        if key not in known:
+            if key in top:
+                continue
+            names = sorted([*known, *top])
+            close = difflib.get_close_matches(key, names, n=1)
+            return (f"{key} is neither a config group nor a field"
+                    + (f"; did you mean {close[0]}={value}?" if close else "")
+                    + f" (groups: {', '.join(sorted(known))})")
+        value = value.strip("'\"")
+        if any(c in value for c in "()[]{}$*") or value in ("null", ""):
+            continue
+        options = set(known[key])
+        for folder in extra:
+            options |= {p.stem for p in (folder / key).glob("*.yaml")}
+        for option in value.split(","):
+            if option in options:
+                continue
+            close = difflib.get_close_matches(option, sorted(options), n=1)
+            msg = (f"{key}={option}: no option conf/{key}/{option}.yaml"
+                   + (f"; did you mean {key}={close[0]}?" if close else "")
+                   + f" (options: {', '.join(sorted(options))})")
+            if key == "task" and not close:
+                msg += ("; a task from your own package needs its config folder on the search "
+                        "path, e.g. 'hydra.searchpath=[pkg://mypkg.conf]' (docs/tasks.md)")
+            return msg
+    return None
+
+
 # -- fields the chosen options ignore ------------------------------------------------------------
 def check_ignored(cfg: DictConfig) -> None:
     """Settings nothing reads under the chosen options: an error where a value was clearly
@@ -236,6 +317,38 @@ def check_files(cfg: DictConfig) -> None:
         raise ConfigError(missing_secret_message(source))
 
 
+# -- settings that leave a method without its mechanism -------------------------------------------
+def check_noop(method: MethodConfig, explore: ExploreConfig,
+               roles: Mapping[str, RoleConfig] | None) -> None:
+    """Refuse (or, where part of the mechanism remains, warn about) settings under which the
+    method would run without what makes it that method; docs/cli.md lists each with its test.
+
+    Every method fine-tunes on preference pairs between phases, so a run without a phase, or
+    whose phases can build no pair, is a sampling run that reports itself as the method.
+    """
+    name = f"method={method.name}"
+    if explore.phase_every > explore.rounds:
+        raise ConfigError(
+            f"explore.phase_every={explore.phase_every} > explore.rounds={explore.rounds}: the "
+            f"run would end before its first fine-tuning phase, so {name} would never train; "
+            f"set explore.phase_every <= explore.rounds")
+    patches = roles is not None and bool(getattr(roles.get("exploration"), "max_patches", 0)) \
+        and bool(getattr(roles.get("exploration"), "as_preferences", False))
+    if explore.samples_per_prompt == 1:
+        # a warning, not a refusal: a prompt names no island, so two islands (or rounds) with
+        # the same parents show the same prompt and their completions can still pair
+        log.warning("explore.samples_per_prompt=1: a preference pair needs two completions of "
+                    "one prompt, so %s trains only on %s; set explore.samples_per_prompt >= 2",
+                    name, "the exploration supporter's patches (supporter_vs_agent) and prompts "
+                    "that happen to repeat" if patches else "prompts that happen to repeat "
+                    "(two islands or rounds with the same parents)")
+    if method.gate and explore.islands_per_round * explore.phase_every < 2:
+        log.warning("explore.islands_per_round=%d x explore.phase_every=%d gives each phase one "
+                    "prompt: the gate holds none out and rejects every phase, so %s's reference "
+                    "is never promoted; raise either to 2", explore.islands_per_round,
+                    explore.phase_every, name)
+
+
 def check_device(device: str) -> None:
     """``device=cuda`` needs a GPU torch can see: checked right after validation (it imports
     torch), before anything is built."""
@@ -317,6 +430,9 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
         overrides, sweep = command_line()
     check_known_keys(cfg)
     run = _build(RunConfig.from_top, cfg)
+    if not 0 <= run.seed <= SEED_MAX:  # numpy's seed range: past it a traceback 17 s later
+        raise ConfigError(f"seed={run.seed} is outside 0..{SEED_MAX} (the range numpy and torch "
+                          f"seed with); use a seed in that range")
     try:  # a built-in name or a `_target_` Task subclass, built once: it checks its fields
         task_class(OmegaConf.to_container(cfg.task, resolve=False))
         task = make_task(**OmegaConf.to_container(cfg.task, resolve=True))
@@ -340,5 +456,10 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
     check_ignored(cfg)
     check_ignored_overrides(cfg, overrides or [], sweep=sweep)
     check_files(cfg)
+    check_noop(method, explore, roles)
+    from atlas.agent.availability import model_problem  # no torch; bounded by the hub probe
+
+    if problem := model_problem(model):
+        raise ConfigError(problem)
     return Settings(run=run, method=method, model=model, explore=explore, sandbox=sandbox,
                     dpo=dpo, gate=gate, supporters=roles, logger=logger, task=task)

@@ -50,10 +50,14 @@ def wandb_logger(run_dir: Path, run_config: Mapping[str, Any], name: str = "wand
     # the run folder fixes the W&B run id, so a resumed job continues its W&B run
     run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
     method = (run_config.get("method") or {}).get("name")
-    return WandbLogger(project=project, entity=entity, group=group or _sweep_group(),
-                       name=run_dir.name, save_dir=str(run_dir), job_type=method,
-                       config=dict(run_config), id=run_id, resume="allow",
-                       offline=os.environ["WANDB_MODE"] == "offline")
+    logger = WandbLogger(project=project, entity=entity, group=group or _sweep_group(),
+                         name=run_dir.name, save_dir=str(run_dir), job_type=method,
+                         config=dict(run_config), id=run_id, resume="allow",
+                         offline=os.environ["WANDB_MODE"] == "offline")
+    # Lightning passes anonymous=None to wandb.init, which then prints that the (removed)
+    # setting has no effect: leave it unset
+    logger._wandb_init.pop("anonymous", None)
+    return logger
 
 
 def make_logger(cfg: DictConfig, run_dir: Path) -> Any:

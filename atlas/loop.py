@@ -39,7 +39,9 @@ from atlas.config import Settings
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.explorer import Explorer, regime_key, score_seed
 from atlas.fine_tuning import FineTuner, adapter_snapshot
+from atlas.provenance import provenance
 from atlas.results import summarise
+from atlas.runfolder import new_folder_hint
 from atlas.sandbox import Sandbox
 from atlas.sandbox.secret import run_secret, sweep_secret_file
 from atlas.supporters import make_supporters
@@ -184,7 +186,8 @@ class EvolutionLoop:
         rounds, every = ex.rounds, ex.phase_every
         state = checkpoint.load(self.run_dir) if resume else None
         if state is not None and state.get("finished") and (self.run_dir / "results.json").exists():
-            log.info("%s already holds a finished run; set name=<new> for a new one", self.run_dir)
+            log.info("%s already holds a finished run; set %s for a new one", self.run_dir,
+                     new_folder_hint())
             return json.loads((self.run_dir / "results.json").read_text())
         if state is None and not resume and (self.run_dir / "results.json").exists():
             log.warning("resume=false: overwriting the run in %s", self.run_dir)
@@ -349,7 +352,8 @@ class EvolutionLoop:
                 "isolation_gaps": self.sandbox.isolation_gaps,
                 "dtype": self.precision.dtype, "dtype_reason": self.precision.reason,
                 "wall_seconds": wall, "score_label": self.task.score_label,
-                "supporters": self.supporters.stats() if self.supporters else None}
+                "supporters": self.supporters.stats() if self.supporters else None,
+                "provenance": provenance(self.agent.device, self.precision.dtype)}
         results = summarise(self.run_dir, meta)
         self.telemetry.event("end", results=results)
         write_text_atomic(self.run_dir / "results.json", dumps(results) + "\n")

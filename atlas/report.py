@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from atlas import stats
-from atlas.results import KNOBS, summarise
+from atlas.provenance import differences, flat
+from atlas.results import KNOBS, round_regimes, summarise
 from atlas.telemetry import EVENTS, PROGRAMS, dumps, read_jsonl
 
 METHOD_ORDER = ("evotune", "evodpo", "atlas")
@@ -53,10 +54,37 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     end = next((e for e in reversed(events) if e["event"] == "end"), None)
     meta["wall_seconds"] = end["results"].get("wall_seconds") if end else None
     meta["complete"] = end is not None
+    meta["provenance"] = end["results"].get("provenance") if end else None
     out = summarise(run_dir, meta)
-    out["valid_by_phase"] = valid_by_phase(read_jsonl(run_dir / PROGRAMS))
+    programs = read_jsonl(run_dir / PROGRAMS)
+    out["valid_by_phase"] = valid_by_phase(programs)
     out["phase_log"] = phase_log(events)
+    regimes = round_regimes(programs, out["rounds"])
+    out["regime_changes"] = [r for r in range(1, len(regimes)) if regimes[r] != regimes[r - 1]]
     return out
+
+
+def provenance_lines(runs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(one line per arm with its runs' provenance, one warning per table whose runs differ
+    in any provenance field). Why warn: runs on another commit, dirty tree, library version,
+    machine, dtype or device compare less well than the table's columns suggest."""
+    shown, warnings = [], []
+    for (task, method), rs in _group(runs).items():
+        records = [r.get("provenance") for r in rs]
+        fields: dict[str, list[Any]] = {}
+        for rec in records:
+            for k, v in flat(rec).items():
+                if v not in fields.setdefault(k, []):
+                    fields[k].append(v)
+        text = ", ".join(f"{k}={'/'.join(map(str, v))}" for k, v in fields.items()) \
+            or "no provenance recorded (a run from before it was recorded, or unfinished)"
+        shown.append(f"{task} {method}: {text}")
+    for task in sorted({r["task"] for r in runs}):
+        diff = differences([r.get("provenance") for r in runs if r["task"] == task])
+        if diff:
+            warnings.append(f"warning: the runs of task {task}'s tables differ in " + "; ".join(
+                f"{k} ({', '.join(map(str, v))})" for k, v in diff.items()))
+    return shown, warnings
 
 
 def phase_log(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -365,14 +393,24 @@ def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]
           ""]
     for table in tables:
         md += [_markdown(*table), ""]
-    md += [f"![{f.stem}]({f.name})" for f in figures if f.parent.resolve() == out_dir.resolve()]
+    shown, warnings = provenance_lines(runs)
+    md += ["**Provenance per arm**", "", *(f"- {x}" for x in shown + warnings), ""]
+    changes = {t: sorted({c for r in runs if r["task"] == t for c in r.get("regime_changes") or []})
+               for t in {r["task"] for r in runs}}
+    for f in figures:
+        if f.parent.resolve() == out_dir.resolve():
+            md.append(f"![{f.stem}]({f.name})")
+            task = f.stem.removeprefix("figure2_")
+            if changes.get(task):
+                md += ["", figure2_caption(changes[task]), ""]
     (out_dir / "report.md").write_text("\n".join(md) + "\n")
     written.append(out_dir / "report.md")
     keep = ("task", "method", "seed", "complete", "wall_seconds", "score_label", "candidates",
             "initial_score", "final_score", "improvement_pct", "final_agent",
             "improvement_agent_pct", "valid_rate", "valid_by_phase", "best_by_round",
             "best_by_round_agent", "phases", "phases_trained", "promotions", "accept_rate",
-            "interventions", "pair_kinds", "candidates_by_source", "phase_log")
+            "interventions", "pair_kinds", "candidates_by_source", "phase_log", "provenance",
+            "regime_changes", "supporter_calls")
     doc = {"runs": [{k: r.get(k) for k in keep} | {"run": Path(r["run_dir"]).name} for r in runs],
            "means": study_means(runs), "paired": study_paired(runs), "valid_by_phase": study_valid(runs)}
     (out_dir / "report.json").write_text(dumps(doc) + "\n")
@@ -397,7 +435,12 @@ def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     """Best-so-far score per round, one PNG per task with two panels: the best of any source
     (agent, supporter, seed) and the agent's own programs (and the seed). Each method: the
     mean over seeds and its 95% t band. A score labelled "-X" that is never positive is drawn
-    as X on a log axis (lower is better), e.g. PINN's "-validation loss"."""
+    as X on a log axis (lower is better), e.g. PINN's "-validation loss".
+
+    A round where the task's equation changed (PINN's viscosity stepping to the shock
+    regime) is marked with a dashed vertical line and the caption says so: the best so far
+    is taken on each round's own equation, so the curve may jump there while Table 2,
+    which compares initial and final on the last equation, reports a gain."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -415,7 +458,9 @@ def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         values = [v for rs in methods.values() for r in rs for v in r["best_by_round"]
                   if v is not None]
         negated = label.startswith("-") and bool(values) and max(values) < 0
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+        changes = sorted({c for rs in methods.values() for r in rs
+                          for c in r.get("regime_changes") or []})
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.6 if changes else 4), sharey=True)
         for ax, key, who in ((axes[0], "best_by_round", "any source"),
                              (axes[1], "best_by_round_agent", "agent only")):
             for ci, method in enumerate(_methods(methods)):
@@ -437,6 +482,9 @@ def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
                 if negated:  # a band reaching <= 0 cannot be drawn on the log axis
                     lo = np.where(lo > 0, lo, np.nan)
                 ax.fill_between(x, lo, hi, alpha=0.2, color=color, linewidth=0)
+            for i, c in enumerate(changes):  # between round c-1 and c
+                ax.axvline(c - 0.5, color="0.4", linestyle="--", linewidth=1,
+                           label="equation changes" if i == 0 else None)
             ax.set_title(f"{task}: best so far, {who}")
             ax.set_xlabel("round")
             ax.legend(fontsize=8)
@@ -446,12 +494,25 @@ def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         else:
             axes[0].set_ylabel(f"best {label} (higher is better)")
         fig.suptitle(f"Figure 2: {task}, mean over seeds with 95% t band")
-        fig.tight_layout()
+        if changes:
+            fig.text(0.5, 0.01, figure2_caption(changes), ha="center", va="bottom", fontsize=8,
+                     wrap=True)
+            fig.tight_layout(rect=(0, 0.08, 1, 1))
+        else:
+            fig.tight_layout()
         path = out_dir / f"figure2_{task}.png"
         fig.savefig(path, dpi=120)
         plt.close(fig)
         written.append(path)
     return written
+
+
+def figure2_caption(changes: list[int]) -> str:
+    """The caption line of a Figure 2 with regime changes (also in report.md)."""
+    rounds = ", ".join(str(c) for c in changes)
+    return (f"Dashed lines: the task's equation changed at round {rounds}. Each round's best is "
+            f"scored on that round's equation, so the curve may jump there; Table 2 compares "
+            f"initial and final on the last equation (the seed re-scored on it).")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -483,6 +544,10 @@ def main(argv: list[str] | None = None) -> None:
     print(table3(runs, per_trial=True), end="\n\n")
     for table in study_tables(runs):
         print(_text(*table), end="\n\n")
+    shown, warnings = provenance_lines(runs)
+    print("Provenance per arm:\n" + "\n".join(shown), end="\n\n")
+    for line in warnings:
+        print(line, file=sys.stderr)
     out = args.out or args.dirs[0]
     figures = figure2(runs, out)
     for path in figures + write_outputs(runs, out, figures):

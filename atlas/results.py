@@ -224,4 +224,15 @@ def summarise(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
         "reference_log": [phase_line(e) for e in phases],
         "interventions": interventions,
         "intervention_rates": {k: rate(v, len(trained)) for k, v in interventions.items()},
+        "supporter_calls": supporter_calls(meta.get("supporters")),
     }
+
+
+def supporter_calls(stats: dict[str, Any] | None) -> dict[str, dict[str, int]] | None:
+    """Per supporter role: calls ``answered``, ``invalid`` and ``fell_back`` (no answer from
+    its server), from the roles' counters; None when the method ran no supporters."""
+    if not stats:
+        return None
+    from atlas.supporters.base import call_counts
+
+    return {role: call_counts(s) for role, s in stats.items()}

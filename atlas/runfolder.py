@@ -95,7 +95,9 @@ def locked(run_dir: Path) -> Iterator[Path]:
             raise RunFolderError(
                 f"run folder {run_dir} is in use by {who}, which is running this run; wait for "
                 f"it to finish or {stop} and re-run to resume, or choose another run folder "
-                f"with name=<new> (hydra.sweep.dir=<dir> under -m)") from None
+                f"with {new_folder_hint()}"
+                f"{' (hydra.sweep.dir=<dir> under -m)' if 'name=' in new_folder_hint() else ''}"
+                ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
         try:
@@ -152,6 +154,22 @@ def _resolved(cfg: DictConfig) -> dict[str, Any]:
     return json.loads(dumps(OmegaConf.to_container(cfg, resolve=True)))
 
 
+def new_folder_hint() -> str:
+    """How to get a new run folder on this command line: ``name=<new>``, unless the command
+    line gives the folder itself (``hydra.run.dir=``, or ``hydra.sweep.dir=`` under ``-m``),
+    where ``name`` changes nothing."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+    except (ImportError, ValueError):
+        return "name=<new>"
+    given = {o.split("=", 1)[0].lstrip("+~") for o in hc.overrides.hydra}
+    key = "hydra.sweep.dir" if hc.mode == RunMode.MULTIRUN else "hydra.run.dir"
+    return f"{key}=<another dir>" if key in given else "name=<new>"
+
+
 def holds_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a checkpointed run that ``resume=true`` would continue."""
     return (Path(run_dir) / "checkpoint" / "state.pt").exists()
@@ -173,8 +191,8 @@ def check_same_config(cfg: DictConfig, run_dir: Path) -> None:
     more = f" and {len(diff) - _SHOWN} more" if len(diff) > _SHOWN else ""
     raise RunFolderError(
         f"{run_dir} holds a run made with another configuration ({shown}{more}); re-run with "
-        f"its settings to continue it, add name=<new> for a new run folder, or resume=false to "
-        f"overwrite it")
+        f"its settings to continue it, add {new_folder_hint()} for a new run folder, or "
+        f"resume=false to overwrite it")
 
 
 def record_config(cfg: DictConfig, run_dir: Path) -> None:

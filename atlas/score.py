@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                              "viscosity); default 0, the seed's")
     parser.add_argument("--workers", type=int, default=1, help="sandbox workers (default 1)")
     parser.add_argument("--json", action="store_true", help="one JSON object per program")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # flags before, between or after the files
     overrides, files = split_args(args.items)
     try:
         if not files:

@@ -78,6 +78,10 @@ def summary(results: dict[str, Any]) -> str:
         f"{results.get('candidates_by_source') or ''}, wall {results['wall_seconds']:.0f} s",
     ]
     lines += ["  " + phase_text(p) for p in results.get("reference_log") or []]
+    if results.get("supporter_calls"):
+        lines.append("  supporters " + "; ".join(
+            f"{role} {c['answered']} answered, {c['invalid']} invalid, {c['fell_back']} fell back"
+            for role, c in results["supporter_calls"].items()))
     if results.get("isolation"):
         reason = results.get("isolation_reason")
         lines.append(f"  sandbox isolation {results['isolation']}"
@@ -96,6 +100,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     full disk stop the run with the checkpoint of its last finished round.
     """
     _, sweep = command_line()
+    from atlas.quiet import install
+
+    install()  # library warnings a user cannot act on (atlas/quiet.py lists them)
     with stop_on_signals():
         try:
             return _run(cfg, Path(cfg.run_dir))
@@ -115,6 +122,10 @@ def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     with locked(run_dir):
         prepare(cfg, run_dir)  # not another configuration's run
         check_device(settings.run.device)
+        if settings.supporters:  # a dead supporter server is a finding, before anything loads
+            from atlas.supporters.health import check_supporters
+
+            check_supporters(settings.supporters)
         from atlas.loop import EvolutionLoop
 
         logger = make_logger(cfg, run_dir)
@@ -123,6 +134,11 @@ def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             loop = EvolutionLoop(settings, OmegaConf.to_container(cfg, resolve=True), run_dir,
                                  logger)
             try:
+                if callable(getattr(logger, "log_hyperparams", None)):  # the W&B config too
+                    from atlas.provenance import provenance
+
+                    logger.log_hyperparams(
+                        {"provenance": provenance(loop.agent.device, loop.precision.dtype)})
                 results = loop.run()
                 status = "success"
             finally:
@@ -199,10 +215,16 @@ def hoist_multirun_flag(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     from atlas.compose import searchpath_problem
-    from atlas.config import override_problem
+    from atlas.config import group_problem, override_problem
 
-    # Hydra would say only "Could not find", or suggest `+field=` for a mistyped field
-    if problem := searchpath_problem(sys.argv[1:]) or override_problem(sys.argv[1:]):
+    # Hydra would say only "Could not find", or suggest `+field=` for a mistyped field or group
+    if problem := (searchpath_problem(sys.argv[1:]) or group_problem(sys.argv[1:])
+                   or override_problem(sys.argv[1:])):
         sys.exit(problem)
     sys.argv = hoist_multirun_flag(sys.argv)
+    if sys.argv[1:2] in (["-m"], ["--multirun"]):  # every job checked before any is launched
+        from atlas.sweep import check_sweep
+
+        if problem := check_sweep(sys.argv[2:]):
+            sys.exit(problem)
     main()

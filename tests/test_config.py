@@ -122,12 +122,14 @@ def test_legitimate_additions_still_validate(overrides: list[str]) -> None:
     validate(compose_cfg(["experiment=test", *overrides]))
 
 
-def test_name_or_path_is_rejected_when_the_source_ignores_it() -> None:
+def test_name_or_path_is_rejected_when_the_source_ignores_it(tmp_path) -> None:
     cfg = compose_cfg(["experiment=test", "model.name_or_path=/models/llama"])
     with pytest.raises(ConfigError, match=r"model\.name_or_path='/models/llama' is ignored with "
                                           r"model\.source=tiny; set model\.source=hf"):
         validate(cfg)
-    validate(compose_cfg(["experiment=test", "model.source=hf", "model.name_or_path=/tmp"]))
+    (tmp_path / "config.json").write_text("{}")  # a saved model folder (availability.py)
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    validate(compose_cfg(["experiment=test", "model.source=hf", f"model.name_or_path={tmp_path}"]))
 
 
 def test_dpo_knob_outside_its_bounds_fails_at_start() -> None:

@@ -444,3 +444,100 @@ def test_each_phase_says_what_the_reference_did():
         line = phase_line(event)
         assert line["outcome"] == outcome and line["trained"] == (outcome != "skipped")
         assert text in phase_text(line), phase_text(line)
+# -- Figure 2's regime marks and the runs' provenance ---------------------------------------
+
+def _with(run: Path, regimes: dict[int, str] | None = None,
+          provenance: dict[str, Any] | None = None) -> Path:
+    """Give a hand-written run per-round equations (``Program.regime``) and/or a provenance
+    record in its end event."""
+    if regimes:
+        programs = read_jsonl(run / PROGRAMS)
+        for p in programs:
+            p["regime"] = regimes.get(p["round"], regimes[0])
+        (run / PROGRAMS).write_text("".join(json.dumps(p) + "\n" for p in programs))
+    if provenance:
+        events = read_jsonl(run / EVENTS)
+        events[-1]["results"]["provenance"] = provenance
+        (run / EVENTS).write_text("".join(json.dumps(e) + "\n" for e in events))
+    return run
+
+
+def _png_height(path: Path) -> int:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    return int.from_bytes(data[20:24], "big")
+
+
+def test_figure2_marks_the_rounds_where_the_equation_changed(tmp_path: Path) -> None:
+    """PINN's viscosity steps at round 2: the loss rises there while Table 2 (on the last
+    equation) reports a gain; the figure marks the change and its caption says so."""
+    root = tmp_path / "runs"
+    for seed in (0, 1):
+        _with(write_run(root, "pinn", "atlas", seed, -0.105, [[-0.1], [-0.18], [-0.15]],
+                        [_trained(1, [], True)]),
+              regimes={0: '{"nu": 0.01}', 1: '{"nu": 0.01}', 2: '{"nu": 0.001}',
+                       3: '{"nu": 0.001}'})
+    flat_root = tmp_path / "flat"
+    write_run(flat_root, "pinn", "atlas", 0, -0.105, [[-0.1], [-0.09]], [_trained(1, [], True)])
+    out, out_flat = tmp_path / "out", tmp_path / "out_flat"
+    _cli("atlas.report", str(root), "--out", str(out))
+    _cli("atlas.report", str(flat_root), "--out", str(out_flat))
+    report = json.loads((out / "report.json").read_text())
+    assert {r["run"]: r["regime_changes"] for r in report["runs"]} == \
+        {"pinn_atlas_s0": [2], "pinn_atlas_s1": [2]}
+    md = (out / "report.md").read_text()
+    assert "Dashed lines: the task's equation changed at round 2." in md
+    assert "equation changed" not in (out_flat / "report.md").read_text()
+    # the caption's strip makes the marked figure taller (4.6 in against 4 in at 120 dpi)
+    assert _png_height(out / "figure2_pinn.png") == 552
+    assert _png_height(out_flat / "figure2_pinn.png") == 480
+
+
+def test_report_shows_provenance_per_arm_and_warns_when_runs_differ(tmp_path: Path) -> None:
+    base = {"git_commit": "abc", "git_dirty": False, "cpu": "EPYC", "gpu": None,
+            "device": "cpu", "dtype": "float32",
+            "versions": {"torch": "2.13.0", "transformers": "5.1", "peft": "0.18",
+                         "lightning": "2.6", "jax": None}}
+    root = tmp_path / "runs"
+    _with(write_run(root, "bandit", "atlas", 0, -0.6, [[-0.5]], [_trained(1, [], True)]),
+          provenance=base)
+    _with(write_run(root, "bandit", "evotune", 0, -0.6, [[-0.5]], [_trained(1, [], None)]),
+          provenance={**base, "versions": {**base["versions"], "torch": "2.12.0"}})
+    proc = _cli("atlas.report", str(root), "--out", str(tmp_path / "out"))
+    assert "bandit atlas: git_commit=abc, git_dirty=False" in proc.stdout
+    assert "versions.torch=2.13.0" in proc.stdout and "versions.torch=2.12.0" in proc.stdout
+    warns = [x for x in proc.stderr.splitlines() if x.startswith("warning: the runs of task bandit")]
+    assert len(warns) == 1 and "versions.torch (2.13.0, 2.12.0)" in warns[0]
+    assert "dtype" not in warns[0]  # only the fields that differ
+    _with(write_run(tmp_path / "same", "bandit", "atlas", 1, -0.6, [[-0.5]], []), provenance=base)
+    _with(write_run(tmp_path / "same", "bandit", "evotune", 1, -0.6, [[-0.5]], []),
+          provenance=base)
+    assert "warning" not in _cli("atlas.report", str(tmp_path / "same")).stderr
+
+
+def test_provenance_of_this_process() -> None:
+    from atlas.provenance import LIBRARIES, provenance
+
+    rec = provenance("cpu", "float32")
+    assert set(rec["versions"]) == set(LIBRARIES) and rec["versions"]["torch"]
+    assert (rec["device"], rec["dtype"], rec["gpu"]) == ("cpu", "float32", None)
+    assert rec["cpu"] and (rec["git_commit"] is None or len(rec["git_commit"]) == 40)
+    assert rec["git_dirty"] in (True, False, None)
+
+
+def test_notebook_finds_the_readmes_outputs_folder(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ATLAS_RUNS the notebook reads multirun/ and outputs/ (the README's first
+    command writes a single run there), from the repository root or notebooks/."""
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    (src,) = [c.source for c in nb.cells if "def default_runs" in c.source]
+    namespace: dict[str, Any] = {}
+    exec(src.split("RUNS =")[0].replace("from atlas import report", ""), namespace)  # noqa: S102
+    (tmp_path / "outputs" / "cpu").mkdir(parents=True)
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    assert namespace["default_runs"]() == str(tmp_path / "outputs")
+    (tmp_path / "multirun").mkdir()
+    assert namespace["default_runs"]() == f"{tmp_path / 'multirun'}:{tmp_path / 'outputs'}"

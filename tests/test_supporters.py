@@ -486,6 +486,14 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:  # keep pytest output clean
         pass
 
+    def do_GET(self) -> None:  # noqa: N802 - the start's health request: GET /v1/models
+        payload = b'{"object": "list", "data": [{"id": "scripted", "object": "model"}]}'
+        self.send_response(200 if self.path.endswith("/models") else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
     def do_POST(self) -> None:  # noqa: N802 - http.server API
         srv: ScriptedServer = self.server  # type: ignore[assignment]
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -591,7 +599,7 @@ def test_each_failure_falls_back_to_the_rule_and_is_counted(server):
     s = sup.stats()["strategist"]
     assert s["calls"] == 7 and s["llm_ok"] == 0
     assert s["fallbacks"] == {"prose": 1, "malformed": 2, "out_of_range": 1, "timeout": 1,
-                              "http_error": 1, "unreachable": 1}
+                              "http_error": 1, "unreachable": 1, "breaker_open": 0}
     _assert_counters_add_up(sup.stats())
 
 

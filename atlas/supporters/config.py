@@ -40,8 +40,16 @@ class RoleConfig(BaseModel):
     api_key_env: str = "OPENAI_API_KEY"
     temperature: float = Field(0.7, ge=0.0, le=2.0)
     max_tokens: int = Field(512, ge=16, le=32768)
-    timeout_s: float = Field(60.0, gt=0.0, le=3600.0)
+    timeout_s: float = Field(30.0, gt=0.0, le=3600.0)
     max_retries: int = Field(1, ge=0, le=5)
+    #: a server that does not answer the start's health request: stop the run (one line
+    #: naming the role, URL and fix) or fall back to the embedded rules (atlas/supporters/health.py)
+    on_unreachable: Literal["stop", "fallback"] = "stop"
+    health_timeout_s: float = Field(5.0, gt=0.0, le=120.0)
+    #: this many calls in a row without an answer (unreachable, timeout, HTTP error) open the
+    #: role's circuit breaker: the embedded rules answer for breaker_cooldown_s; 0: never
+    breaker_failures: int = Field(3, ge=0, le=100)
+    breaker_cooldown_s: float = Field(120.0, gt=0.0, le=86400.0)
     #: how the answer's JSON is requested (atlas/supporters/openai_backend.py): auto tries
     #: json_schema (OpenAI/vLLM/Ollama), then json_object_schema (llama-cpp-python), then
     #: text (free text, parsed), remembering per base_url what worked; or pin one mode

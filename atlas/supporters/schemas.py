@@ -19,11 +19,14 @@ from atlas.types import GateDecision, Program
 
 Backend = str  # "embedded" (the rules), "openai" or the import path of a chat backend
 #: why a supporter answer was not used: no connection, no answer in time, an HTTP error
-#: status (unknown model, server error), an unreadable body, numbers out of range, prose
+#: status (unknown model, server error), an unreadable body, numbers out of range, prose,
+#: not asked because the role's circuit breaker is open (atlas/supporters/health.py)
 FallbackCause = Literal["unreachable", "timeout", "http_error", "malformed", "out_of_range",
-                        "prose"]
+                        "prose", "breaker_open"]
 FALLBACK_CAUSES: tuple[str, ...] = ("unreachable", "timeout", "http_error", "malformed",
-                                    "out_of_range", "prose")
+                                    "out_of_range", "prose", "breaker_open")
+#: the causes of an answer the server gave but that could not be used
+INVALID_CAUSES: tuple[str, ...] = ("malformed", "out_of_range", "prose")
 
 RAW_CHARS = 2000  # raw answer text kept in a response record
 

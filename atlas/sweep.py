@@ -1,0 +1,117 @@
+"""A sweep (``python -m atlas.train -m ...``) checked before anything is launched.
+
+Why: ``validate`` runs inside each job, so a bad value in one job of a SLURM sweep showed only
+after the queue wait, and a request no node can meet (the preset's CPUs or memory on a small
+node) left the jobs pending with nothing but ``sacct`` warnings. Here every job's config is
+composed and validated first (the same ``atlas.config.validate`` the job runs), each supporter
+server gets its health request once, and a SLURM request is compared with what ``sinfo`` says
+the partition's nodes have. A busy cluster is not an error: only a node's size is compared.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+#: seconds ``sinfo`` may take (a cluster whose controller is down makes it retry for ~20 s)
+SINFO_TIMEOUT_S = 10.0
+
+
+def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
+    """Each job's overrides, as Hydra's basic sweeper expands them (``seed=0,1`` -> two jobs)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def _describe(job: Sequence[str], swept: set[str]) -> str:
+    return " ".join(o for o in job if o.split("=", 1)[0] in swept) or " ".join(job)
+
+
+def check_sweep(overrides: Sequence[str]) -> str | None:
+    """One line for the first job of the sweep that would fail at start, or for a SLURM request
+    no node can meet; None when every job is valid. Leaves sweeps with another sweeper (their
+    jobs are not known in advance) and ``--config-dir`` runs to Hydra."""
+    if any(o.split("=", 1)[0] == "hydra/sweeper" or o.startswith("-") for o in overrides):
+        return None
+    from atlas.compose import compose
+    from atlas.config import validate
+    from atlas.schema import ConfigError
+
+    try:
+        jobs = sweep_jobs(overrides)
+    except Exception as exc:  # noqa: BLE001 - a grammar error: Hydra's own line says it better
+        return " ".join(str(exc).split()) or None
+    swept = {o.split("=", 1)[0] for o in overrides if "," in o.split("=", 1)[-1]}
+    checked: set[str] = set()
+    for i, job in enumerate(jobs, 1):
+        where = f"sweep job {i} of {len(jobs)} ({_describe(job, swept)})"
+        try:
+            cfg = compose(job)
+            settings = validate(cfg, job, sweep=True)
+            if settings.supporters:
+                urls = {r.base_url for r in settings.supporters.values() if r.backend == "openai"}
+                if urls - checked:
+                    from atlas.supporters.health import check_supporters
+
+                    check_supporters(settings.supporters)
+                    checked |= urls
+        except (ConfigError, ValueError, TypeError) as exc:
+            return f"{where}: {exc}; nothing was launched"
+    if jobs:
+        return launcher_problem(jobs[0])
+    return None
+
+
+def launcher_problem(job: Sequence[str]) -> str | None:
+    """For ``hydra/launcher=slurm``: one line when no node of the partition has the CPUs and
+    memory a job asks for (``sinfo``), naming both fields and the largest node; None otherwise
+    (another launcher, no ``sinfo``, or a request some node meets)."""
+    from hydra import compose, initialize_config_dir
+
+    from atlas.compose import CONF
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=list(job), return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    if "SlurmLauncher" not in str(launcher.get("_target_", "")):
+        return None
+    nodes = slurm_nodes(launcher.get("partition"))
+    if not nodes:
+        return None
+    cpus, mem_gb = launcher.get("cpus_per_task") or 1, launcher.get("mem_gb")
+    tasks = launcher.get("tasks_per_node") or 1
+    need_cpus = int(cpus) * int(tasks)
+    if any(c >= need_cpus and (mem_gb is None or m >= float(mem_gb)) for c, m in nodes):
+        return None
+    big_c, big_m = max(nodes, key=lambda n: (n[0], n[1]))
+    where = f"partition {launcher.partition}" if launcher.get("partition") else "the cluster"
+    return (f"hydra.launcher.cpus_per_task={cpus} and hydra.launcher.mem_gb={mem_gb} fit no node "
+            f"of {where} (sinfo: the largest has {big_c} CPUs and {big_m:.1f} GB), so the jobs "
+            f"would stay pending; lower them, e.g. hydra.launcher.cpus_per_task="
+            f"{min(int(cpus), big_c)} hydra.launcher.mem_gb={min(float(mem_gb or 4), 4.0, big_m):g}"
+            f" (a job's measured needs: docs/cli.md, 'Sweeps'); nothing was submitted")
+
+
+def slurm_nodes(partition: Any = None) -> list[tuple[int, float]]:
+    """``(CPUs, memory GB)`` of each node ``sinfo`` lists (of ``partition`` when given); empty
+    when there is no ``sinfo`` or it does not answer in ``SINFO_TIMEOUT_S``."""
+    if shutil.which("sinfo") is None:
+        return []
+    cmd = ["sinfo", "-h", "-N", "-o", "%c %m"] + (["-p", str(partition)] if partition else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=SINFO_TIMEOUT_S)
+    except (subprocess.TimeoutExpired, OSError):
+        return []
+    nodes = []
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        try:
+            nodes.append((int(parts[0].rstrip("+")), float(parts[1].rstrip("+")) / 1024))
+        except (IndexError, ValueError):
+            continue
+    return nodes
