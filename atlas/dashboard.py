@@ -157,15 +157,6 @@ def panel_keys(workspace: Any) -> list[tuple[str, list[str], str | None]]:
     return out
 
 
-def _default_entity() -> str:
-    import wandb
-
-    entity = wandb.Api().default_entity
-    if not entity:
-        raise SystemExit("atlas.dashboard: no W&B entity: pass --entity, or `wandb login`")
-    return entity
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m atlas.dashboard", description=__doc__.split(
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -184,18 +175,25 @@ def main(argv: list[str] | None = None) -> int:
         print("atlas.dashboard needs wandb-workspaces: pip install 'wandb-workspaces>=0.4.13' "
               "(scripts/setup.sh installs it)", file=sys.stderr)
         return 2
-    entity = args.entity or ("entity" if args.dry else _default_entity())
-    workspace = build_workspace(args.project, entity, args.group, args.name, args.per_run)
     if args.dry:
+        workspace = build_workspace(args.project, args.entity or "entity", args.group,
+                                    args.name, args.per_run)
         spec = workspace._to_model().model_dump(by_alias=True, exclude_none=True, mode="json")
         print(json.dumps(spec, indent=1))
         return 0
-    try:
+    where = f"{args.entity or '<your default entity>'}/{args.project}"
+    try:  # no login, no server, no such project or entity: one line
+        import wandb
+
+        entity = args.entity or wandb.Api().default_entity
+        if not entity:
+            raise ValueError("no default W&B entity; pass --entity")
+        workspace = build_workspace(args.project, entity, args.group, args.name, args.per_run)
         workspace.save()
-    except Exception as exc:  # noqa: BLE001 - no server, no login, no such project
+    except Exception as exc:  # noqa: BLE001
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        print(f"atlas.dashboard: saving to {entity}/{args.project} failed ({first}); "
-              "`wandb login` and `wandb sync` the runs first (docs/dashboard.md)", file=sys.stderr)
+        print(f"atlas.dashboard: saving a workspace to {where} failed ({first}); `wandb login`, "
+              "and `wandb sync` the runs first (docs/dashboard.md)", file=sys.stderr)
         return 1
     print(f"saved: {workspace.url}")
     return 0

@@ -113,3 +113,13 @@ def test_print_writes_the_spec_without_a_server() -> None:
 def test_docs_describe_every_panel() -> None:
     text = (ROOT / "docs" / "dashboard.md").read_text()
     assert [c.title for c in charts() if c.title not in text] == []
+
+
+def test_saving_without_a_login_is_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in sweep_env(tmp_path).items() if k != "WANDB_API_KEY"}
+    env.update(HOME=str(tmp_path), NETRC=str(tmp_path / "netrc"))
+    proc = subprocess.run([sys.executable, "-m", "atlas.dashboard", "--group", "s1"], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 1 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "wandb login" in lines[0] and "Traceback" not in proc.stderr
