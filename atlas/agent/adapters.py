@@ -6,8 +6,12 @@ EvoTune's fixed reference is the base model (adapters disabled); EvoDPO's refere
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -15,6 +19,8 @@ from transformers import PreTrainedModel
 
 POLICY = "policy"
 REF = "ref"
+#: the folders ``export_peft`` writes, one per adapter
+PEFT_FOLDERS = {POLICY: "policy", REF: "reference"}
 
 
 def attach_adapters(model: PreTrainedModel, r: int = 16, alpha: int = 32, dropout: float = 0.0,
@@ -91,3 +97,25 @@ def adapter(model: PeftModel, name: str | None) -> Iterator[PeftModel]:
         yield model
     finally:
         use_adapter(model, previous if isinstance(previous, str) else POLICY)
+
+
+def export_peft(model: PeftModel, folder: str | Path) -> dict[str, Path]:
+    """Write ``policy`` and ``ref`` as plain PEFT adapter folders, ``folder/policy`` and
+    ``folder/reference``: each loads with ``PeftModel.from_pretrained(base_model, path)`` over
+    the base model the run loaded, with no atlas code. An earlier export is replaced."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=folder))
+    try:  # peft writes a non-default adapter to <dir>/<adapter name>
+        model.save_pretrained(str(tmp), selected_adapters=list(PEFT_FOLDERS),
+                              save_embedding_layers=False)
+        out = {}
+        for name, sub in PEFT_FOLDERS.items():
+            dst = folder / sub
+            if dst.exists():
+                shutil.rmtree(dst)
+            os.replace(tmp / name, dst)
+            out[name] = dst
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
