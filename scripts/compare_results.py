@@ -7,7 +7,7 @@ BEFORE / AFTER: a run folder or a ``results.json`` path. Exit status 0 when the 
 fields agree, 1 otherwise (each difference printed as ``path: before != after``).
 
 Ignored: wall-clock timings (any key ``wall_seconds``, ``seconds``, ``seconds_*``, ``*_seconds``,
-``*_ms``) and, in the ``config`` event, the fields that name the run (``run_dir``, ``name``).
+``*_ms``, ``*_s``: the sampler's ``setup_s`` ... ``tok_s``) and, in the ``config`` event, the fields that name the run (``run_dir``, ``name``).
 Everything else, floats included, must be equal exactly: a seeded run is bit-reproducible.
 """
 
@@ -25,7 +25,7 @@ RUN_NAMING = {"run_dir", "name"}  # differ by construction between two run folde
 def wall_clock(key: str) -> bool:
     """A key whose value is a timing, so differs from run to run."""
     return (key in ("wall_seconds", "seconds") or key.startswith("seconds_")
-            or key.endswith("_seconds") or key.endswith("_ms"))
+            or key.endswith("_seconds") or key.endswith("_ms") or key.endswith("_s"))
 
 
 def diff(a: Any, b: Any, path: str = "", ignore: frozenset[str] = frozenset()) -> list[str]:

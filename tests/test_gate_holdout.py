@@ -24,6 +24,7 @@ def test_atlas_run_scores_the_gate_on_prompts_held_out_of_dk(tmp_path: Path) -> 
     cfg = compose_cfg(["experiment=test", "method=atlas", "explore.islands_per_round=2",
                        "explore.samples_per_prompt=2", "method.skip_without_improvement=false",
                        "gate.holdout=0.25", "gate.evidence=holdout",
+                       "gate.min_completions=2",  # decide on this thin G_k: it is the subject
                        "task.timeout_s=60"],  # a loaded shared machine: no spurious timeouts
                       run_dir=tmp_path)
     run(cfg)
@@ -36,12 +37,16 @@ def test_atlas_run_scores_the_gate_on_prompts_held_out_of_dk(tmp_path: Path) -> 
         assert g["gk_prompt_hashes"] and p["dk_prompt_hashes"]
         assert not set(g["gk_prompt_hashes"]) & set(p["dk_prompt_hashes"])
         assert g["gate_prompts"] == len(g["gk_prompt_hashes"]) <= p["held_out_prompts"]
-        # events show c*, S, KL and the bound
+        # events show c*, S, KL and the bound (a G_k below gate.min_completions measures nothing)
         assert g["chosen"] in {c["name"] for c in g["candidates"]}
+        if g["evidence"]["informative_completions"] < cfg.gate.min_completions:
+            assert g["reason"] == "insufficient evidence" and g["gain"] is None
+            continue
         assert {"score", "ref_score", "kl", "lower_bound", "se", "gain_scale", "kl_scale"} <= set(g)
         assert g["epsilon"] == cfg.gate.epsilon == 0.01 and g["confidence"] == 0.9
-        # S's unit and the bound, recorded: a test-sized G_k is too thin for BC
-        assert (g["scale"], g["bound"]) == (cfg.gate.scale, "percentile")
+        # S's unit and the bound, recorded: BC only on a G_k of bc_min_completions or more
+        thin = g["evidence"]["informative_completions"] < cfg.gate.bc_min_completions
+        assert (g["scale"], g["bound"]) == (cfg.gate.scale, "percentile" if thin else "bc")
         if g["accepted"]:
             assert g["lower_bound"] >= g["epsilon"] and g["kl"] <= g["delta"]
 

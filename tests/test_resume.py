@@ -42,7 +42,9 @@ from atlas import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 VOLATILE = frozenset({"seconds", "wall_seconds", "seconds_dpo", "seconds_gate",
-                      "reference_table_seconds", "agent_threads"})
+                      "reference_table_seconds", "agent_threads",
+                      # the round event's sampler timings
+                      "setup_s", "prefill_s", "decode_s", "tok_s"})
 KILL_PHASE = 3  # fast test: phases 1-2 train before the kill, 3-4 after it
 MARKER_ENV = "ATLAS_RESUME_TEST_KILL_MARKER"  # driver: kill once, then leave a marker file
 KILL_PHASE_ENV = "ATLAS_RESUME_TEST_KILL_PHASE"

@@ -358,7 +358,8 @@ def test_score_cli_reports_failures_and_bad_input(tmp_path: Path) -> None:
 def test_score_cli_takes_flags_before_between_and_after_the_files(tmp_path: Path) -> None:
     good = tmp_path / "good.py"
     good.write_text("def priority(item, bins):\n    return -bins\n")
-    secret = str(tmp_path / "s")
+    (tmp_path / "secrets").mkdir()  # a secret's folder is masked whole: not beside good.py
+    secret = str(tmp_path / "secrets" / "s")
     for args in (["--json", "task=binpacking", "task.weibull_items=200", str(good),
                   "--secret-file", secret],
                  ["task=binpacking", "--json", "task.weibull_items=200", "--secret-file", secret,
