@@ -101,10 +101,10 @@ def test_bench_trial_data_holds_the_gate_prompt_out_and_inverts_pairs() -> None:
     rich = bench.trial_data(programs, db, gate, dpo, 1, 12, holdout="richest", gate_completions=8)
     assert len(rich[2]) == 1 and len(rich[1][0].completions) == 8 and len(rich[0]) == 12
     assert not {p.prompt for p in rich[0]} & rich[2]
-    # the buffer (the paper's rule): nothing held out, G_k among the prompts D_k comes from
+    # the buffer (the paper's rule), as a run's phase: nothing held out, D_k from G_k's prompts
     pairs, items, held = bench.trial_data(programs, db, gate, dpo, 0, 24, evidence="buffer")
     assert not held and len(items) == gate.subset_size and len(pairs) == 24
-    assert {it.prompt for it in items} & {p.prompt for p in pairs}
+    assert {p.prompt for p in pairs} <= {it.prompt for it in items}
     # a first phase: one prompt, D_k and G_k both from its 40 completions
     pairs, items, held = bench.trial_data(programs, db, gate, dpo, 0, 24, evidence="first-phase")
     assert len(items) == 1 and len(items[0].completions) == 40 and len(pairs) == 24

@@ -84,10 +84,12 @@ def trial_data(programs: list, db: Any, gate: Any, dpo: Any, seed: int, n_pairs:
     shuffled and cut to ``n_pairs``; G_k (``gate_items``, one item per held-out prompt) keeps
     a seeded random ``gate_completions`` of each held-out prompt's completions (0: all).
     ``holdout``: "loop" (``hold_out_prompts`` with the gate's settings, as a run does) or
-    "richest". ``evidence="buffer"`` (the paper's rule, in-sample): nothing is held out, and
-    G_k is ``gate_prompts`` over the same programs D_k is built from; "first-phase": the
-    buffer of a run's first phase, whose rounds all serve one prompt (every island starts
-    from the seed): D_k and G_k from the prompt with the most completions alone."""
+    "richest". ``evidence="buffer"`` (the paper's rule, in-sample) mirrors a run's phase
+    buffer: ``gate_prompts`` picks G_k's ``subset_size`` prompts and D_k is built from their
+    programs alone, nothing held out (in a run at the default scale G_k covers every prompt
+    of the phase, 3-8 of them); "first-phase": the buffer of a run's first phase, whose rounds
+    all serve one prompt (every island starts from the seed): D_k and G_k from the prompt with
+    the most completions alone."""
     from atlas.evolution.preferences import (
         build_pairs,
         failure_floor,
@@ -105,6 +107,8 @@ def trial_data(programs: list, db: Any, gate: Any, dpo: Any, seed: int, n_pairs:
         evidence = "buffer"
     if evidence == "buffer":
         order = gate_prompts(agent, seed, gate.subset_size)
+        pairable = [p for p in pairable if p.prompt in set(order)]
+        agent = [p for p in pairable if p.source == "agent"]
     elif holdout == "richest":
         order = sorted(held_out_richest(agent))
     else:
@@ -373,8 +377,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--evidence", choices=("holdout", "buffer", "first-phase"),
                     default="holdout",
                     help="G_k as gate.evidence takes it: holdout (prompts held out of D_k, "
-                         "--holdout says which), buffer (the paper's rule: prompts of the "
-                         "programs D_k is built from, in-sample) or first-phase (the buffer of "
+                         "--holdout says which), buffer (the paper's rule: a phase buffer of "
+                         "gate.subset_size prompts, D_k and G_k both from it) or first-phase (the buffer of "
                          "one prompt: a run's first phase)")
     ap.add_argument("--power", default="",
                     help="with --rows: the acceptance rates when each trial's G_k is cut to "
