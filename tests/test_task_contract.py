@@ -83,7 +83,7 @@ def test_task_passes_the_checker(name: str) -> None:
     assert all(c.status == "ok" for c in report.checks
                if c.name != "hidden set large enough"), report.text()
     hidden = by_name["hidden set large enough"]
-    if name == "linefit":  # 4 hidden lines: the minimal example of docs/architecture.md is too small
+    if name == "linefit":  # 4 hidden lines: the minimal example (docs/tasks.md, section 5) is too small
         assert hidden.status == "fail" and "spread" in hidden.detail, report.text()
     else:
         assert hidden.status == "ok", report.text()
