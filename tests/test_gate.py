@@ -461,3 +461,42 @@ def test_gate_rejects_bad_input_with_field_names():
         PolicySpec.of({})
     with pytest.raises(TypeError, match="promote needs"):
         promote(model, {})
+
+
+def test_gate_pass_is_bit_identical_with_packed_weights_and_duplicate_completions(monkeypatch):
+    """The gate's two savings change no number: identical completions run once and are
+    copied back, and on a CPU in bf16 the frozen base weights run pre-packed while peft's
+    LoRA terms stay as they are (a bf16-rounded merged weight would blur the ratios)."""
+    from atlas.agent import fastlinear
+    from atlas.dpo import scoring
+
+    model, tok = tiny_peft()
+    model.to(torch.bfloat16)
+    cand = {k: v.to(torch.bfloat16) for k, v in random_state(model, 1, 0.05).items()}
+    base = ITEMS[:2]
+    twice = [GateItem(it.prompt, list(it.completions) + list(it.completions[:1]),
+                      list(it.scores) + list(it.scores[:1]), it.preferred) for it in base]
+    calls = []
+    real = fastlinear.packed_linears
+
+    def spy(m, enabled=True, merge_lora=True):
+        calls.append(merge_lora)
+        return real(m, enabled=enabled, merge_lora=merge_lora)
+
+    monkeypatch.setattr(scoring, "packed_linears", spy)
+    fast = scoring.gate_pass(model, tok, twice, [PolicySpec.of(cand)], kl_reference=REFERENCE)
+    assert calls == [False]  # the base weights only: LoRA is never merged for the gate
+    monkeypatch.setattr(scoring, "packed_linears",
+                        lambda m, enabled=True, merge_lora=True: real(m, enabled=False))
+    plain = scoring.gate_pass(model, tok, base, [PolicySpec.of(cand)], kl_reference=REFERENCE)
+    if fastlinear.packing_supported():
+        with torch.no_grad(), real(model, merge_lora=False) as active:
+            assert active
+    for i, it in enumerate(base):
+        n = len(it.completions)
+        assert fast.sum_logps[0][i][:n] == plain.sum_logps[0][i]  # bit for bit
+        assert fast.ref_sum_logps[i][:n] == plain.ref_sum_logps[i]
+        assert fast.sum_logps[0][i][n] == plain.sum_logps[0][i][0]  # the duplicate, copied
+        assert fast.mean_logps[0][i][:n] == plain.mean_logps[0][i]
+    assert fast.kl == plain.kl
+    assert all(math.isfinite(x) for row in fast.sum_logps[0] for x in row)

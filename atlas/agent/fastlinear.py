@@ -124,11 +124,15 @@ def _is_lora_linear(module: nn.Module) -> bool:
 
 
 @contextmanager
-def packed_linears(model: nn.Module, enabled: bool = True) -> Iterator[bool]:
+def packed_linears(model: nn.Module, enabled: bool = True, merge_lora: bool = True
+                   ) -> Iterator[bool]:
     """Run bf16 CPU linear layers of ``model`` on packed weights inside the block.
 
-    Yields whether packing is active (False: wrong device/dtype, unsupported build, or
-    ``enabled=False``), so callers can report which path ran. Use only under no_grad.
+    ``merge_lora=False`` packs only the frozen base weights and leaves peft's LoRA terms as
+    they are: outputs bit-identical to the unpatched model (the gate, whose likelihood ratios
+    a bf16-rounded merged weight would blur). Yields whether packing is active (False: wrong
+    device/dtype, unsupported build, or ``enabled=False``), so callers can report which path
+    ran. Use only under no_grad.
     """
     patched: list[nn.Module] = []
     active = enabled and packing_supported()
@@ -137,7 +141,7 @@ def packed_linears(model: nn.Module, enabled: bool = True) -> Iterator[bool]:
         for module in model.modules():
             if "forward" in module.__dict__:  # already patched by an enclosing block
                 continue
-            if _is_lora_linear(module):
+            if _is_lora_linear(module) and merge_lora:
                 w = module.base_layer.weight
                 if w.device.type == "cpu" and w.dtype == torch.bfloat16:
                     module.forward = functools.partial(_lora_forward, module, module.forward)

@@ -25,6 +25,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
+from atlas.agent.fastlinear import packed_linears
 from atlas.dpo.batching import PromptGroup, SharedPromptCollator
 
 
@@ -154,5 +155,6 @@ def pair_logps_table(model: torch.nn.Module, encoded: Sequence[PromptGroup]) -> 
     if not encoded:
         raise ValueError("encoded: the table needs at least one pair")
     batch = SharedPromptCollator(encoded)(range(len(encoded)))
-    flat = torch.cat([group_logps(model, g, "sum") for g in batch["groups"]])
+    with packed_linears(model, merge_lora=False):  # bit-identical, faster on CPU bf16
+        flat = torch.cat([group_logps(model, g, "sum") for g in batch["groups"]])
     return flat[batch["slots"].to(flat.device)]

@@ -22,6 +22,7 @@ from typing import Literal
 import torch
 
 from atlas.agent.adapters import POLICY, REF, adapter, get_adapter_state, set_adapter_state
+from atlas.agent.fastlinear import packed_linears
 from atlas.dpo.prefix import PromptGroup, completion_logits, encode_group
 from atlas.types import GateItem, ReferenceMode
 
@@ -126,8 +127,12 @@ def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[Po
               kl_reference: PolicySpec | None, need_scores: bool = True,
               max_length: int = 768) -> GatePass:
     """Run every policy (and the KL reference) over the gate items, item by item: each item's
-    prompt runs once per policy and its completions after it, one unpadded row each
-    (``atlas.dpo.prefix``); the reference's full-vocabulary log-probs live for one item only."""
+    prompt runs once per policy and each distinct completion after it, one unpadded row each
+    (``atlas.dpo.prefix``); the reference's full-vocabulary log-probs live for one item only.
+
+    Two savings that leave every number bit for bit as it was: a completion written twice
+    (the same program sampled again) runs once, and on a CPU in bf16 the frozen base weights
+    run pre-packed (``packed_linears(merge_lora=False)``: peft's LoRA terms untouched)."""
     check_items(items, need_scores)
     policies = [check_spec(s, f"policies[{i}]") for i, s in enumerate(policies)]
     if kl_reference is not None:
@@ -143,23 +148,27 @@ def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[Po
     was_training = model.training
     model.eval()
     try:
-        for i, item in enumerate(items):
-            texts = list(item.completions) if need_scores else []
-            pref = None
-            if kl_reference is not None:
-                pref = texts.index(item.preferred) if item.preferred in texts else len(texts)
-                if pref == len(texts):
-                    texts.append(item.preferred)
-            group = encode_group(tokenizer, item.prompt, texts, max_length)
-            ref_logsm = None
-            if kl_reference is not None:
-                with _running(model, kl_reference, original):
-                    ref_logsm = _item_pass(model, group, ref_mean[i], pref, ref_total[i])
-            for p, spec in enumerate(policies):
-                with _running(model, spec, original):
-                    logsm = _item_pass(model, group, mean[p][i], pref, total[p][i])
-                if ref_logsm is not None and logsm is not None and logsm.shape[0] > 0:
-                    kl[p][i] = float((logsm.exp() * (logsm - ref_logsm)).sum(-1).mean())
+        with packed_linears(model, merge_lora=False):
+            for i, item in enumerate(items):
+                scored = list(item.completions) if need_scores else []
+                texts = list(dict.fromkeys(scored))  # each distinct completion once
+                slots = [texts.index(t) for t in scored]
+                pref = None
+                if kl_reference is not None:
+                    if item.preferred not in texts:
+                        texts.append(item.preferred)
+                    pref = texts.index(item.preferred)
+                group = encode_group(tokenizer, item.prompt, texts, max_length)
+                ref_logsm = None
+                if kl_reference is not None:
+                    with _running(model, kl_reference, original):
+                        ref_logsm = _item_pass(model, group, slots, ref_mean[i], pref,
+                                               ref_total[i])
+                for p, spec in enumerate(policies):
+                    with _running(model, spec, original):
+                        logsm = _item_pass(model, group, slots, mean[p][i], pref, total[p][i])
+                    if ref_logsm is not None and logsm is not None and logsm.shape[0] > 0:
+                        kl[p][i] = float((logsm.exp() * (logsm - ref_logsm)).sum(-1).mean())
     finally:
         set_adapter_state(model, POLICY, original)
         model.train(was_training)
@@ -169,21 +178,25 @@ def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[Po
                     ref_sum_logps=ref_total if has_ref else None)
 
 
-def _item_pass(model, group: PromptGroup, mean_out: list[float], pref: int | None,
-               sum_out: list[float] | None = None) -> torch.Tensor | None:
-    """One policy over one item: each completion's mean (and, into ``sum_out``, summed)
-    log-prob into ``mean_out`` (those that are the item's completions) and, when ``pref`` is
-    given, the log-softmax over the vocabulary at the preferred completion's tokens (T, V)."""
+def _item_pass(model, group: PromptGroup, slots: list[int], mean_out: list[float],
+               pref: int | None, sum_out: list[float]) -> torch.Tensor | None:
+    """One policy over one item: each scored completion's mean and summed log-prob into
+    ``mean_out`` and ``sum_out`` (completion j is the group's ``slots[j]``) and, when ``pref``
+    is given, the log-softmax over the vocabulary at the preferred completion's tokens (T, V)."""
     pref_logsm = None
-    for j, (logits, ids) in enumerate(completion_logits(model, group)):
+    means: dict[int, float] = {}
+    sums: dict[int, float] = {}
+    needed = set(slots)
+    for k, (logits, ids) in enumerate(completion_logits(model, group)):
         logsm = torch.log_softmax(logits, dim=-1)
-        if j < len(mean_out):
+        if k in needed:
             token_lp = logsm.gather(-1, ids[:, None])
-            mean_out[j] = float(token_lp.mean())
-            if sum_out is not None:
-                sum_out[j] = float(token_lp.double().sum())
-        if j == pref:
+            means[k] = float(token_lp.mean())
+            sums[k] = float(token_lp.double().sum())
+        if k == pref:
             pref_logsm = logsm
+    for j, k in enumerate(slots):
+        mean_out[j], sum_out[j] = means[k], sums[k]
     return pref_logsm
 
 
