@@ -15,7 +15,7 @@ import math
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
@@ -42,8 +42,6 @@ class PhaseResult:
     metrics: dict[str, float]
     history: list[dict]
     optimizer_state: dict | None = None  # AdamW state, for resume (pass back to train_phase)
-    pairs_used: int = 0
-    skipped: list[str] = field(default_factory=list)  # why pairs were dropped, if any
     reference: ReferenceOutcome | None = None  # the reference callback's decision, if attached
 
 
@@ -204,11 +202,8 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     metrics.update(shared_prompt=float(cfg.shared_prompt), recompute=float(recompute),
                    step_gb_estimate=step_gb, reference_table_seconds=module.ref_seconds)
     opt_state = _cpu_state(trainer.optimizers[0].state_dict()) if trainer.optimizers else None
-    skipped = [f"{len(pairs) - len(chosen)} pairs over dpo.max_pairs={cfg.max_pairs}"] \
-        if len(chosen) < len(pairs) else []
     return PhaseResult(candidates=candidates, metrics=metrics, history=history,
-                       optimizer_state=opt_state, pairs_used=len(chosen), skipped=skipped,
-                       reference=outcome)
+                       optimizer_state=opt_state, reference=outcome)
 
 
 def estimate_step_gb(model: Any, batch: dict[str, Any]) -> float:
@@ -239,15 +234,6 @@ def set_checkpointing(model: Any, on: bool) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_disable()
-
-
-def is_checkpointing(model: Any) -> bool:
-    """Whether ``set_checkpointing(model, True)`` is in force."""
-    inner = model.base_model.model if hasattr(model, "base_model") else model
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(inner), name):  # the class: reading a deprecated property warns
-            return bool(getattr(inner, name))
-    return False
 
 
 def _emit(logger: Any, history: list[dict]) -> None:
