@@ -14,8 +14,9 @@ import hashlib
 import logging
 import math
 import time
+from collections.abc import Sequence
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atlas.agent.adapters import get_adapter_state
 from atlas.checkpoint import CheckpointError
@@ -31,6 +32,13 @@ from atlas.supporters import Supporters
 from atlas.supporters import requests as supporter_requests
 from atlas.supporters.schemas import KNOB_FIELDS
 from atlas.types import GateDecision, PhaseRecord, Program, ProgramSource, ReferenceMode
+
+if TYPE_CHECKING:  # annotations only: the run's collaborators, built by EvolutionLoop
+    from atlas.agent.research_agent import ResearchAgent
+    from atlas.dpo.phase import PhaseLogger
+    from atlas.evolution.database import ProgramDatabase
+    from atlas.evolution.explorer import Explorer
+    from atlas.tasks.base import QualityMetric
 
 log = logging.getLogger("atlas.fine_tuning")
 
@@ -55,22 +63,22 @@ def score_stats(programs: list[Program]) -> dict[str, float | None]:
 class FineTuner:
     """Holds what persists across phases: the knobs, optimiser state, gate history."""
 
-    def __init__(self, agent: Any, method: MethodConfig, dpo_cfg: DPOConfig, gate_cfg: GateConfig,
-                 supporters: Supporters | None, task_name: str, seed: int,
-                 explorer: Any = None, quality_metrics: Any = None) -> None:
+    def __init__(self, agent: ResearchAgent, method: MethodConfig, dpo_cfg: DPOConfig,
+                 gate_cfg: GateConfig, supporters: Supporters | None, seed: int, *,
+                 explorer: Explorer | None = None,
+                 quality_metrics: Sequence[QualityMetric] = ()) -> None:
+        """``explorer``: the run's, for ``gate.score_mode=online`` only; ``quality_metrics``:
+        the task's declared ones, the only metrics the Policy Inspector compares."""
         if gate_cfg.score_mode == "online" and explorer is None:
             raise ValueError("gate.score_mode=online samples and scores programs: pass the "
                              "run's Explorer (EvolutionLoop does)")
-        self.explorer = explorer  # only for gate.score_mode=online
-        # the task's declared quality metrics: the only ones the Policy Inspector compares
-        self.quality_metrics = tuple(quality_metrics if quality_metrics is not None else
-                                     getattr(getattr(explorer, "task", None), "quality_metrics", ()))
+        self.explorer = explorer
+        self.quality_metrics = tuple(quality_metrics)
         self.agent = agent
         self.method = method
         self.dpo_cfg = dpo_cfg
         self.gate_cfg = gate_cfg
         self.supporters = supporters
-        self.task_name = task_name
         self.seed = seed
         self.optimizer_state: dict | None = None
         self.history: list[PhaseRecord] = []  # the phases so far, which the strategist reads
@@ -94,7 +102,7 @@ class FineTuner:
 
     # -- the phase ---------------------------------------------------------------------
     def run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
-                  db: Any = None, logger: Any = None) -> PhaseRecord:
+                  db: ProgramDatabase | None = None, logger: PhaseLogger = None) -> PhaseRecord:
         """Run phase ``phase`` on this phase's programs; returns its record (the caller logs
         ``record.to_event()``)."""
         record = self._run_phase(phase, phase_programs, best_before, db, logger)
@@ -102,7 +110,7 @@ class FineTuner:
         return record
 
     def _run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
-                   db: Any, logger: Any) -> PhaseRecord:
+                   db: ProgramDatabase | None, logger: PhaseLogger) -> PhaseRecord:
         t0 = time.time()
         reference = ReferenceMode.parse(self.method.reference)
         adaptive = reference == ReferenceMode.ADAPTIVE

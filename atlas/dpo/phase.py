@@ -14,7 +14,7 @@ import logging
 import math
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,10 @@ from atlas.dpo.module import DPOModule
 from atlas.dpo.prefix import PromptGroup, encode_group
 from atlas.dpo.reference import ReferenceCallback, ReferenceOutcome
 from atlas.types import PolicyCandidate, PreferencePair, ReferenceMode
+
+#: where a phase's per-step DPO records go: a Lightning logger, a callable taking each record,
+#: or nowhere
+PhaseLogger = pl.loggers.Logger | Callable[[dict[str, Any]], Any] | None
 
 
 @dataclass
@@ -112,7 +116,7 @@ def _summary(history: list[dict], steps: int, seconds: float, n_pairs: int) -> d
 
 def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
                 reference: ReferenceMode | str, *,
-                seed: int = 0, logger: Any = None, optimizer_state: dict | None = None,
+                seed: int = 0, logger: PhaseLogger = None, optimizer_state: dict | None = None,
                 reference_callback: ReferenceCallback | None = None) -> PhaseResult:
     """Train the policy adapter on ``pairs`` for ``cfg.epochs`` epochs; return C_k and metrics.
 
@@ -236,7 +240,7 @@ def set_checkpointing(model: Any, on: bool) -> None:
         model.gradient_checkpointing_disable()
 
 
-def _emit(logger: Any, history: list[dict]) -> None:
+def _emit(logger: PhaseLogger, history: list[dict]) -> None:
     """Hand per-step records to the caller's logger.
 
     A Lightning logger is not given to the phase's Trainer: every phase starts a new Trainer
