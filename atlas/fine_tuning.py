@@ -112,7 +112,7 @@ class FineTuner:
     def _run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
                    db: ProgramDatabase | None, logger: PhaseLogger) -> PhaseRecord:
         t0 = time.time()
-        reference = ReferenceMode.parse(self.method.reference)
+        reference = self.method.reference  # a ReferenceMode: MethodConfig parsed it
         adaptive = reference == ReferenceMode.ADAPTIVE
         stats = score_stats([p for p in phase_programs if p.source != ProgramSource.SEED])
         best_now = max((p.score for p in phase_programs if p.passed), default=-math.inf)

@@ -140,8 +140,7 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
     """
     if not isinstance(gate, GateConfig):
         raise TypeError(f"gate must be a GateConfig (GateConfig.from_cfg(cfg.gate)), got {type(gate).__name__}")
-    if reference not in tuple(ReferenceMode):
-        raise ValueError(f"reference must be 'adaptive' or 'fixed' (method.reference), got {reference!r}")
+    reference = ReferenceMode.parse(reference)
     if gate.score_mode == "online" and online_score is None:
         raise ValueError("gate.score_mode=online needs online_score (a sampler and the sandbox: "
                          "the phase loop passes an OnlineInspector); or use gate.score_mode=offline")

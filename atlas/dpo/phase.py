@@ -27,7 +27,6 @@ from atlas.agent.adapters import POLICY, get_adapter_state
 from atlas.dpo.batching import IndexedPairCollator, SharedPromptCollator
 from atlas.dpo.callbacks import PolicySnapshotCallback, snapshot_steps
 from atlas.dpo.config import DPOConfig
-from atlas.dpo.loss import check_reference
 from atlas.dpo.module import DPOModule
 from atlas.dpo.prefix import PromptGroup, encode_group
 from atlas.dpo.reference import ReferenceCallback, ReferenceOutcome
@@ -128,7 +127,7 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     C_k's snapshots and, at the end of the fit, decides and promotes. Without it (EvoTune, or
     a caller that gates by itself) a plain snapshot callback builds C_k.
     """
-    reference = check_reference(reference)
+    reference = ReferenceMode.parse(reference)
     if not isinstance(cfg, DPOConfig):
         raise TypeError(f"cfg must be a DPOConfig (DPOConfig.from_cfg(cfg.dpo)), got {type(cfg).__name__}")
     if not pairs:
