@@ -349,19 +349,6 @@ def check_noop(method: MethodConfig, explore: ExploreConfig,
                     explore.phase_every, name)
 
 
-def check_device(device: str) -> None:
-    """``device=cuda`` needs a GPU torch can see: checked right after validation (it imports
-    torch), before anything is built."""
-    if device != "cuda":
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ConfigError("device=cuda but torch sees no GPU (torch.cuda.is_available() is "
-                          "false); use device=cpu or device=auto, or install a CUDA build of "
-                          "torch on a machine with a GPU")
-
-
 # -- values: every group's schema, built here ------------------------------------------------
 def _build(make: Any, *args: Any) -> Any:
     try:

@@ -32,8 +32,9 @@ import torch
 
 from atlas import checkpoint
 from atlas.agent.adapters import PEFT_FOLDERS, REF, export_peft, set_adapter_state
+from atlas.agent.device import resolve_device
 from atlas.agent.precision import run_precision
-from atlas.agent.research_agent import ResearchAgent, resolve_device
+from atlas.agent.research_agent import ResearchAgent
 from atlas.atomic import write_text_atomic
 from atlas.config import Settings
 from atlas.evolution.database import ProgramDatabase

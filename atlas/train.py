@@ -15,8 +15,9 @@ import hydra
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
+from atlas.agent.device import resolve_device
 from atlas.atomic import disk_full_error
-from atlas.config import check_device, command_line, validate
+from atlas.config import command_line, validate
 from atlas.interrupt import Stopped, stop_on_signals
 from atlas.loggers import finish_logger, make_logger
 from atlas.runfolder import check_writable, holds_run, locked, prepare
@@ -121,7 +122,7 @@ def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     check_writable(run_dir)
     with locked(run_dir):
         prepare(cfg, run_dir)  # not another configuration's run
-        check_device(settings.run.device)
+        resolve_device(settings.run.device)  # device=cuda without a GPU stops here
         if settings.supporters:  # a dead supporter server is a finding, before anything loads
             from atlas.supporters.health import check_supporters
 

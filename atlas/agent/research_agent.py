@@ -15,25 +15,11 @@ from peft import PeftModel
 
 from atlas.agent import adapters
 from atlas.agent.adapters import POLICY, REF, attach_adapters
+from atlas.agent.device import resolve_device
 from atlas.agent.model import load_base_model
 from atlas.agent.precision import Precision, choose_precision
 from atlas.agent.sampling import Request, SampleStats, sample, sample_requests
 from atlas.schema import ModelConfig
-
-
-def resolve_device(device: str) -> str:
-    """``auto`` picks CUDA when present; anything else must be a torch device string, and a
-    CUDA one needs a GPU torch can see."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        kind = torch.device(device).type
-    except RuntimeError as err:
-        raise ValueError(f"device={device!r} is not a torch device; use auto, cpu or cuda") from err
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device} but torch sees no GPU; use device=cpu or install "
-                         "CUDA torch")
-    return device
 
 
 def choose_attention(device: str) -> str:
