@@ -121,7 +121,7 @@ def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     settings = validate(cfg)
     check_writable(run_dir)
     with locked(run_dir):
-        prepare(cfg, run_dir)  # not another configuration's run
+        prepare(cfg, run_dir, resume=settings.run.resume)  # not another configuration's run
         resolve_device(settings.run.device)  # device=cuda without a GPU stops here
         if settings.supporters:  # a dead supporter server is a finding, before anything loads
             from atlas.supporters.health import check_supporters
@@ -129,11 +129,11 @@ def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             check_supporters(settings.supporters)
         from atlas.loop import EvolutionLoop
 
-        logger = make_logger(cfg, run_dir)
+        record = OmegaConf.to_container(cfg, resolve=True)  # the config event, W&B's config
+        logger = make_logger(settings.logger, run_dir, record)
         status = "failed"
         try:
-            loop = EvolutionLoop(settings, OmegaConf.to_container(cfg, resolve=True), run_dir,
-                                 logger)
+            loop = EvolutionLoop(settings, record, run_dir, logger)
             try:
                 if callable(getattr(logger, "log_hyperparams", None)):  # the W&B config too
                     from atlas.provenance import provenance

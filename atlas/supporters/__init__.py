@@ -1,9 +1,10 @@
 """Task-distributed supporters (paper 2.1): exploration, fine-tuning strategy, inspection.
 
 ``make_supporters(role_configs(cfg), seed=...)`` turns the ``supporters`` config group
-into the three roles (a run passes its validated ``Settings.supporters``). Each role runs on the ``embedded`` rules (default, no model) or an
-``openai``-compatible endpoint, and falls back to its rule whenever the model's answer is
-unusable; ``Supporters.stats()`` reports how often that happened.
+into the three roles (a run passes its validated ``Settings.supporters``). Each role runs
+on the ``embedded`` rules (default, no model) or an ``openai``-compatible endpoint, and
+falls back to its rule whenever the model's answer is unusable; ``Supporters.stats()``
+reports how often that happened.
 """
 
 from __future__ import annotations
