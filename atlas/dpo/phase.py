@@ -127,6 +127,42 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     C_k's snapshots and, at the end of the fit, decides and promotes. Without it (EvoTune, or
     a caller that gates by itself) a plain snapshot callback builds C_k.
     """
+    reference = _check_phase_args(pairs, cfg, reference, logger)
+    cfg = cfg.clamped()
+    chosen = select_pairs(pairs, cfg.max_pairs)
+    total_steps = math.ceil(len(chosen) / cfg.batch_size) * cfg.epochs
+    device = next(model.parameters()).device
+    encoded, collate, step_gb = _collation(model, tokenizer, chosen, cfg)
+    recompute = (cfg.gradient_checkpointing is True
+                 or (cfg.gradient_checkpointing == "auto" and step_gb > cfg.memory_budget_gb))
+    module = DPOModule(model, cfg, reference, optimizer_state=optimizer_state, encoded=encoded,
+                       recompute=recompute and cfg.shared_prompt)
+    snaps = reference_callback if reference_callback is not None else PolicySnapshotCallback([])
+    snaps.steps = snapshot_steps(total_steps, cfg.checkpoints)
+    was_training = model.training
+    t0 = time.perf_counter()
+    # the per-row path recomputes through transformers; the shared-prompt path per prompt
+    # group (transformers' checkpointing drops the prompt's KV cache in training)
+    trainer = _fit(model, module, collate, len(chosen), cfg, seed=seed, device=device,
+                   callbacks=[snaps], was_training=was_training,
+                   hf_checkpointing=recompute and not cfg.shared_prompt)
+    outcome = reference_callback.outcome if reference_callback is not None else None
+    # DPO's own time: the reference's decision at the end of the fit is the gate's
+    seconds = time.perf_counter() - t0 - (outcome.seconds if outcome is not None else 0.0)
+    history = module.history
+    _emit(logger, history)
+    candidates = _candidates(model, trainer, snaps, reference_callback)
+    metrics = _summary(history, trainer.global_step, seconds, len(chosen))
+    metrics.update(shared_prompt=float(cfg.shared_prompt), recompute=float(recompute),
+                   step_gb_estimate=step_gb, reference_table_seconds=module.ref_seconds)
+    opt_state = _cpu_state(trainer.optimizers[0].state_dict()) if trainer.optimizers else None
+    return PhaseResult(candidates=candidates, metrics=metrics, history=history,
+                       optimizer_state=opt_state, reference=outcome)
+
+
+def _check_phase_args(pairs: list[PreferencePair], cfg: DPOConfig,
+                      reference: ReferenceMode | str, logger: PhaseLogger) -> ReferenceMode:
+    """``train_phase``'s arguments, each wrong one named; the parsed reference mode."""
     reference = ReferenceMode.parse(reference)
     if not isinstance(cfg, DPOConfig):
         raise TypeError(f"cfg must be a DPOConfig (DPOConfig.from_cfg(cfg.dpo)), got {type(cfg).__name__}")
@@ -135,41 +171,35 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     if logger is not None and not (isinstance(logger, pl.loggers.Logger) or callable(logger)):
         raise TypeError(f"logger must be None, a Lightning logger or a callable taking a dict, "
                         f"got {type(logger).__name__}")
-    cfg = cfg.clamped()
-    chosen = select_pairs(pairs, cfg.max_pairs)
-    steps_per_epoch = math.ceil(len(chosen) / cfg.batch_size)
-    total_steps = steps_per_epoch * cfg.epochs
+    return reference
 
-    device = next(model.parameters()).device
+
+def _collation(model, tokenizer, chosen: list[PreferencePair], cfg: DPOConfig
+               ) -> tuple[list | None, Any, float]:
+    """The batches' collator: shared-prompt groups (encoded once, with the estimate of the
+    largest step any shuffle can make, in GB) or plain pair rows (no estimate: NaN)."""
+    if not cfg.shared_prompt:
+        return None, IndexedPairCollator(tokenizer, cfg.max_length, chosen), math.nan
+    encoded = [encode_group(tokenizer, p.prompt, [p.chosen, p.rejected], cfg.max_length)
+               for p in chosen]
+    collate = SharedPromptCollator(encoded)
+    # the largest step any shuffle can make: the batch_size largest pairs, unshared
+    per_pair = sorted((estimate_step_gb(model, collate([i])) for i in range(len(chosen))),
+                      reverse=True)
+    return encoded, collate, sum(per_pair[:cfg.batch_size])
+
+
+def _fit(model, module: DPOModule, collate: Any, n_pairs: int, cfg: DPOConfig, *, seed: int,
+         device: torch.device, callbacks: list[pl.Callback], was_training: bool,
+         hf_checkpointing: bool) -> pl.Trainer:
+    """One Lightning fit of ``cfg.epochs`` epochs, seeded with ``seed`` under a forked RNG
+    (the caller's global RNG state is left as it was); the model ends where it started."""
     accelerator = "gpu" if device.type == "cuda" else "cpu"
     fork_devices = [device.index or 0] if device.type == "cuda" else []
-    if cfg.shared_prompt:
-        encoded = [encode_group(tokenizer, p.prompt, [p.chosen, p.rejected], cfg.max_length)
-                   for p in chosen]
-        collate: Any = SharedPromptCollator(encoded)
-        # the largest step any shuffle can make: the batch_size largest pairs, unshared
-        per_pair = sorted((estimate_step_gb(model, collate([i])) for i in range(len(chosen))),
-                          reverse=True)
-        step_gb = sum(per_pair[:cfg.batch_size])
-    else:
-        encoded, collate = None, IndexedPairCollator(tokenizer, cfg.max_length, chosen)
-        step_gb = math.nan
-    recompute = (cfg.gradient_checkpointing is True
-                 or (cfg.gradient_checkpointing == "auto" and step_gb > cfg.memory_budget_gb))
-    # the per-row path recomputes through transformers; the shared-prompt path per prompt
-    # group (transformers' checkpointing drops the prompt's KV cache in training)
-    hf_checkpointing = recompute and not cfg.shared_prompt
-    module = DPOModule(model, cfg, reference, optimizer_state=optimizer_state, encoded=encoded,
-                       recompute=recompute and cfg.shared_prompt)
-    snaps = reference_callback if reference_callback is not None else PolicySnapshotCallback([])
-    snaps.steps = snapshot_steps(total_steps, cfg.checkpoints)
-    callbacks: list[pl.Callback] = [snaps]
-    was_training = model.training
-    t0 = time.perf_counter()
     with torch.random.fork_rng(devices=fork_devices), _quiet_lightning():
         torch.manual_seed(seed)
         # a dataset of pair indices: the same shuffle, so the same batches, on either path
-        loader = DataLoader(list(range(len(chosen))), batch_size=cfg.batch_size, shuffle=True,
+        loader = DataLoader(list(range(n_pairs)), batch_size=cfg.batch_size, shuffle=True,
                             collate_fn=collate, generator=torch.Generator().manual_seed(seed))
         trainer = pl.Trainer(
             accelerator=accelerator, devices=[device.index or 0] if accelerator == "gpu" else 1,
@@ -189,24 +219,18 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
             model.train(was_training)
             if next(model.parameters()).device != device:  # never silently elsewhere
                 model.to(device)
-    outcome = reference_callback.outcome if reference_callback is not None else None
-    # DPO's own time: the reference's decision at the end of the fit is the gate's
-    seconds = time.perf_counter() - t0 - (outcome.seconds if outcome is not None else 0.0)
-    history = module.history
-    _emit(logger, history)
+    return trainer
+
+
+def _candidates(model, trainer: pl.Trainer, snaps: PolicySnapshotCallback,
+                reference_callback: ReferenceCallback | None) -> list[PolicyCandidate]:
+    """C_k: the reference callback's, or the snapshots and the phase-final policy."""
     if reference_callback is not None:
-        candidates = list(reference_callback.candidates)
-    else:
-        candidates = [PolicyCandidate(name=f"step_{s}", state=st, step=s)
-                      for s, st in snaps.snapshots]
-        candidates.append(PolicyCandidate(name="final", state=get_adapter_state(model, POLICY),
-                                          step=trainer.global_step))
-    metrics = _summary(history, trainer.global_step, seconds, len(chosen))
-    metrics.update(shared_prompt=float(cfg.shared_prompt), recompute=float(recompute),
-                   step_gb_estimate=step_gb, reference_table_seconds=module.ref_seconds)
-    opt_state = _cpu_state(trainer.optimizers[0].state_dict()) if trainer.optimizers else None
-    return PhaseResult(candidates=candidates, metrics=metrics, history=history,
-                       optimizer_state=opt_state, reference=outcome)
+        return list(reference_callback.candidates)
+    candidates = [PolicyCandidate(name=f"step_{s}", state=st, step=s) for s, st in snaps.snapshots]
+    candidates.append(PolicyCandidate(name="final", state=get_adapter_state(model, POLICY),
+                                      step=trainer.global_step))
+    return candidates
 
 
 def estimate_step_gb(model: Any, batch: dict[str, Any]) -> float:
