@@ -104,14 +104,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from atlas.quiet import install
 
     install()  # library warnings a user cannot act on (atlas/quiet.py lists them)
+    run_dir = Path(cfg.run_dir)  # read before validation: its errors are written there too
     with stop_on_signals():
         try:
-            return _run(cfg, Path(cfg.run_dir))
+            return _run(cfg, run_dir)
         except Stopped as stop:
-            log.warning("%s: stopped; %s", stop.signal_name, _resume_hint(Path(cfg.run_dir)))
+            log.warning("%s: stopped; %s", stop.signal_name, _resume_hint(run_dir))
             raise
         except Exception as exc:
-            err = _one_line(exc, Path(cfg.run_dir), sweep)
+            err = _one_line(exc, run_dir, sweep)
             if err is exc:
                 raise
             raise err from None
