@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from atlas.fields import check_known_fields
 from atlas.knobs import HARD_BOUNDS
+from atlas.loggers import LoggerSpec, logger_spec
 from atlas.loggers import builtin as builtin_logger
 from atlas.schema import (
     ConfigError,
@@ -349,19 +350,6 @@ def check_noop(method: MethodConfig, explore: ExploreConfig,
                     explore.phase_every, name)
 
 
-def check_device(device: str) -> None:
-    """``device=cuda`` needs a GPU torch can see: checked right after validation (it imports
-    torch), before anything is built."""
-    if device != "cuda":
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ConfigError("device=cuda but torch sees no GPU (torch.cuda.is_available() is "
-                          "false); use device=cpu or device=auto, or install a CUDA build of "
-                          "torch on a machine with a GPU")
-
-
 # -- values: every group's schema, built here ------------------------------------------------
 def _build(make: Any, *args: Any) -> Any:
     try:
@@ -412,8 +400,10 @@ class Settings:
     gate: GateConfig
     #: the supporter roles' settings; None when the method runs no supporters
     supporters: Mapping[str, RoleConfig] | None
-    #: None for a logger with its own ``_target_`` (its factory checks its fields)
-    logger: LoggerConfig | None
+    #: the logger to build (``atlas.loggers.make_logger``); None for ``logger=none``. A
+    #: built-in one's fields were checked by ``LoggerConfig``, another ``_target_``'s are
+    #: checked by its factory
+    logger: LoggerSpec | None
     task: Task
 
 
@@ -441,11 +431,11 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
     method = _build(MethodConfig.from_cfg, cfg.method)
     model = _build(ModelConfig.from_cfg, cfg.model)
     sandbox = _build(SandboxConfig.from_cfg, cfg.sandbox)
-    logger = None
     if builtin_logger(cfg.logger):  # else its factory checks its fields
         fields = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=False).items()
                   if k != "_target_"}
-        logger = _build(LoggerConfig.from_cfg, OmegaConf.create(fields))
+        _build(LoggerConfig.from_cfg, OmegaConf.create(fields))
+    logger = _build(logger_spec, OmegaConf.to_container(cfg.logger, resolve=True))
     explore = _build(ExploreConfig.from_cfg, cfg.explore)
     dpo, gate = check_typed_groups(cfg)
     roles = None

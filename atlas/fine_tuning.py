@@ -14,14 +14,15 @@ import hashlib
 import logging
 import math
 import time
+from collections.abc import Sequence
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atlas.agent.adapters import get_adapter_state
 from atlas.checkpoint import CheckpointError
 from atlas.dpo import DPOConfig, GateConfig, train_phase
 from atlas.dpo.gate import INSUFFICIENT
-from atlas.dpo.reference import ReferenceCallback, ReferenceState, no_decision
+from atlas.dpo.reference import ReferenceCallback, ReferenceOutcome, ReferenceState, no_decision
 from atlas.evolution.evidence import HOLDOUT, Evidence, choose_evidence
 from atlas.evolution.online_inspection import OnlineInspector
 from atlas.evolution.preferences import PAIR_KINDS, build_pairs, failure_floor
@@ -30,7 +31,21 @@ from atlas.schema import MethodConfig
 from atlas.supporters import Supporters
 from atlas.supporters import requests as supporter_requests
 from atlas.supporters.schemas import KNOB_FIELDS
-from atlas.types import GateDecision, PhaseRecord, Program, ProgramSource, ReferenceMode
+from atlas.types import (
+    GateDecision,
+    PhaseRecord,
+    PreferencePair,
+    Program,
+    ProgramSource,
+    ReferenceMode,
+)
+
+if TYPE_CHECKING:  # annotations only: the run's collaborators, built by EvolutionLoop
+    from atlas.agent.research_agent import ResearchAgent
+    from atlas.dpo.phase import PhaseLogger
+    from atlas.evolution.database import ProgramDatabase
+    from atlas.evolution.explorer import Explorer
+    from atlas.tasks.base import QualityMetric
 
 log = logging.getLogger("atlas.fine_tuning")
 
@@ -55,22 +70,22 @@ def score_stats(programs: list[Program]) -> dict[str, float | None]:
 class FineTuner:
     """Holds what persists across phases: the knobs, optimiser state, gate history."""
 
-    def __init__(self, agent: Any, method: MethodConfig, dpo_cfg: DPOConfig, gate_cfg: GateConfig,
-                 supporters: Supporters | None, task_name: str, seed: int,
-                 explorer: Any = None, quality_metrics: Any = None) -> None:
+    def __init__(self, agent: ResearchAgent, method: MethodConfig, dpo_cfg: DPOConfig,
+                 gate_cfg: GateConfig, supporters: Supporters | None, seed: int, *,
+                 explorer: Explorer | None = None,
+                 quality_metrics: Sequence[QualityMetric] = ()) -> None:
+        """``explorer``: the run's, for ``gate.score_mode=online`` only; ``quality_metrics``:
+        the task's declared ones, the only metrics the Policy Inspector compares."""
         if gate_cfg.score_mode == "online" and explorer is None:
             raise ValueError("gate.score_mode=online samples and scores programs: pass the "
                              "run's Explorer (EvolutionLoop does)")
-        self.explorer = explorer  # only for gate.score_mode=online
-        # the task's declared quality metrics: the only ones the Policy Inspector compares
-        self.quality_metrics = tuple(quality_metrics if quality_metrics is not None else
-                                     getattr(getattr(explorer, "task", None), "quality_metrics", ()))
+        self.explorer = explorer
+        self.quality_metrics = tuple(quality_metrics)
         self.agent = agent
         self.method = method
         self.dpo_cfg = dpo_cfg
         self.gate_cfg = gate_cfg
         self.supporters = supporters
-        self.task_name = task_name
         self.seed = seed
         self.optimizer_state: dict | None = None
         self.history: list[PhaseRecord] = []  # the phases so far, which the strategist reads
@@ -94,7 +109,7 @@ class FineTuner:
 
     # -- the phase ---------------------------------------------------------------------
     def run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
-                  db: Any = None, logger: Any = None) -> PhaseRecord:
+                  db: ProgramDatabase | None = None, logger: PhaseLogger = None) -> PhaseRecord:
         """Run phase ``phase`` on this phase's programs; returns its record (the caller logs
         ``record.to_event()``)."""
         record = self._run_phase(phase, phase_programs, best_before, db, logger)
@@ -102,59 +117,63 @@ class FineTuner:
         return record
 
     def _run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
-                   db: Any, logger: Any) -> PhaseRecord:
+                   db: ProgramDatabase | None, logger: PhaseLogger) -> PhaseRecord:
+        """The phase as the module docstring reads; the record is built from what each step
+        returns, at the point where the phase ends."""
         t0 = time.time()
-        reference = ReferenceMode.parse(self.method.reference)
-        adaptive = reference == ReferenceMode.ADAPTIVE
-        stats = score_stats([p for p in phase_programs if p.source != ProgramSource.SEED])
-        best_now = max((p.score for p in phase_programs if p.passed), default=-math.inf)
-        improved = best_now > best_before
-        record = PhaseRecord(phase=phase, scores=stats, improved=improved,
-                             best_before=best_before if math.isfinite(best_before) else None,
-                             reference=self.method.reference)
-        if self.method.skip_without_improvement and not improved:
-            return record.skip("no score improvement this phase (paper B.4)")
+        head = self._phase_head(phase, phase_programs, best_before)
+        if self.method.skip_without_improvement and not head["improved"]:
+            return PhaseRecord(**head, skip_reason="no score improvement this phase (paper B.4)")
 
-        record.built = True
-        record.strategist = self._consult_strategist(phase, phase_programs, stats)
-        cfg = self.dpo_cfg
+        strategist = self._consult_strategist(phase, phase_programs, head["scores"])
         # G_k first: when it is held out, D_k never sees its prompts (atlas.evolution.evidence)
-        evidence = choose_evidence(phase_programs, self.gate_cfg, phase_seed(self.seed, phase),
-                                   gated=bool(self.method.gate)) if adaptive else None
+        evidence = self._choose_evidence(phase, phase_programs)
         held = evidence.held if evidence is not None else []
         pairs = build_pairs(db, [p for p in phase_programs if p.prompt not in held],
-                            top_k=cfg.top_k, max_pairs=cfg.max_pairs,
-                            score_threshold=cfg.score_threshold, seed=phase_seed(self.seed, phase))
-        record.pairs = len(pairs)
-        record.pair_prompts = len({p.prompt for p in pairs})
-        record.held_out_prompts = len(held)
-        record.dk_prompt_hashes = sorted({prompt_hash(p.prompt) for p in pairs})
-        record.pair_kinds = {k: sum(1 for p in pairs if p.kind == k) for k in PAIR_KINDS}
-        record.knobs = {k: getattr(cfg, k) for k in KNOB_FIELDS}
+                            top_k=self.dpo_cfg.top_k, max_pairs=self.dpo_cfg.max_pairs,
+                            score_threshold=self.dpo_cfg.score_threshold,
+                            seed=phase_seed(self.seed, phase))
+        built = dict(built=True, strategist=strategist,
+                     **dk_fields(pairs, held, self.dpo_cfg))
         if not pairs:
-            return record.skip("no preference pairs could be built")
+            return PhaseRecord(**head, **built, skip_reason="no preference pairs could be built")
 
         owner = self._reference_owner(phase, phase_programs, evidence) if evidence else None
+        trained, outcome = self._train(phase, pairs, owner, logger)
+        gate = (gate_fields(owner, evidence, outcome)
+                if owner is not None and evidence is not None and outcome is not None else {})
+        return PhaseRecord(**head, **built, **trained, **gate, seconds=time.time() - t0)
+
+    def _phase_head(self, phase: int, programs: list[Program], best_before: float
+                    ) -> dict[str, Any]:
+        """The fields every phase event has: the phase's scores and whether they improved."""
+        best_now = max((p.score for p in programs if p.passed), default=-math.inf)
+        return dict(phase=phase,
+                    scores=score_stats([p for p in programs if p.source != ProgramSource.SEED]),
+                    improved=best_now > best_before,
+                    best_before=best_before if math.isfinite(best_before) else None,
+                    reference=self.method.reference)
+
+    def _choose_evidence(self, phase: int, programs: list[Program]) -> Evidence | None:
+        """G_k, for the adaptive reference only (a fixed reference is never gated)."""
+        if self.method.reference != ReferenceMode.ADAPTIVE:
+            return None
+        return choose_evidence(programs, self.gate_cfg, phase_seed(self.seed, phase),
+                               gated=bool(self.method.gate))
+
+    def _train(self, phase: int, pairs: list[PreferencePair], owner: ReferenceCallback | None,
+               logger: PhaseLogger) -> tuple[dict[str, Any], ReferenceOutcome | None]:
+        """DPO on D_k, with the reference's owner, which decides at the end of the fit: the
+        record's training fields and the owner's outcome (None without an owner)."""
         t1 = time.time()
-        result = train_phase(self.agent.model, self.agent.tokenizer, pairs, cfg, reference,
-                             seed=phase_seed(self.seed, phase), logger=logger,
-                             optimizer_state=self.optimizer_state, reference_callback=owner)
+        result = train_phase(self.agent.model, self.agent.tokenizer, pairs, self.dpo_cfg,
+                             self.method.reference, seed=phase_seed(self.seed, phase),
+                             logger=logger, optimizer_state=self.optimizer_state,
+                             reference_callback=owner)
         self.optimizer_state = getattr(result, "optimizer_state", None)
-        record.dpo = result.metrics
         outcome = result.reference
-        record.seconds_dpo = time.time() - t1 - (outcome.seconds if outcome is not None else 0.0)
-        if owner is not None and outcome is not None:
-            record.gate, record.evidence = outcome.decision, evidence.to_event()
-            record.held_out = evidence.mode == HOLDOUT
-            record.gate_prompts = len(owner.items)
-            record.gk_prompt_hashes = sorted({prompt_hash(it.prompt) for it in owner.items})
-            online = owner.online_score
-            record.online = online.records if online is not None else None
-            record.promoted, record.vetoed = outcome.promoted, outcome.vetoed
-            record.inspector = outcome.verdict
-            record.seconds_gate = outcome.seconds + owner.prepare_seconds
-        record.seconds = time.time() - t0
-        return record
+        seconds_dpo = time.time() - t1 - (outcome.seconds if outcome is not None else 0.0)
+        return dict(dpo=result.metrics, seconds_dpo=seconds_dpo), outcome
 
     def _reference_owner(self, phase: int, programs: list[Program], evidence: Evidence
                          ) -> ReferenceCallback:
@@ -221,6 +240,27 @@ class FineTuner:
 def prompt_hash(prompt: str) -> str:
     """A short stable name of a prompt for events.jsonl (G_k's and D_k's prompts, compared)."""
     return hashlib.sha1(prompt.encode()).hexdigest()[:10]
+
+
+def dk_fields(pairs: list[PreferencePair], held: list[str], cfg: DPOConfig) -> dict[str, Any]:
+    """The record's D_k fields: its pairs, their prompts and kinds, the knobs it trains with."""
+    return dict(pairs=len(pairs), pair_prompts=len({p.prompt for p in pairs}),
+                held_out_prompts=len(held),
+                dk_prompt_hashes=sorted({prompt_hash(p.prompt) for p in pairs}),
+                pair_kinds={k: sum(1 for p in pairs if p.kind == k) for k in PAIR_KINDS},
+                knobs={k: getattr(cfg, k) for k in KNOB_FIELDS})
+
+
+def gate_fields(owner: ReferenceCallback, evidence: Evidence, outcome: ReferenceOutcome
+                ) -> dict[str, Any]:
+    """The record's gate fields: the owner's decision on G_k and the promotion."""
+    online = owner.online_score
+    return dict(gate=outcome.decision, evidence=evidence.to_event(),
+                held_out=evidence.mode == HOLDOUT, gate_prompts=len(owner.items),
+                gk_prompt_hashes=sorted({prompt_hash(it.prompt) for it in owner.items}),
+                online=online.records if online is not None else None,
+                promoted=outcome.promoted, vetoed=outcome.vetoed, inspector=outcome.verdict,
+                seconds_gate=outcome.seconds + owner.prepare_seconds)
 
 
 def adapter_snapshot(agent: Any) -> dict[str, Any]:

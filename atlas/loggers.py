@@ -22,12 +22,34 @@ import hashlib
 import inspect
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 WANDB_TARGET = "atlas.loggers.wandb_logger"
+
+
+@dataclass(frozen=True)
+class LoggerSpec:
+    """The run's logger as validated (``Settings.logger``): the factory or Lightning logger
+    class its ``_target_`` names, and the YAML's other fields, its keyword arguments."""
+
+    target: str
+    fields: Mapping[str, Any]
+
+
+def logger_spec(node: Mapping[str, Any]) -> LoggerSpec | None:
+    """The ``logger`` group (resolved, as plain data) as a ``LoggerSpec``; None for
+    ``logger.name=none``, a ValueError naming the fix for a logger with no ``_target_``."""
+    if node.get("name") == "none":
+        return None
+    target = node.get("_target_") or (WANDB_TARGET if node.get("name") == "wandb" else None)
+    if target is None:
+        raise ValueError(f"logger.name={node.get('name')!r} has no `_target_`: give the logger's "
+                         "YAML `_target_: <package.module.factory_or_class>`, or use "
+                         "logger=wandb / logger=none")
+    return LoggerSpec(target=str(target), fields={k: v for k, v in node.items()
+                                                  if k != "_target_"})
 
 
 def builtin(node: Mapping[str, Any]) -> bool:
@@ -60,16 +82,12 @@ def wandb_logger(run_dir: Path, run_config: Mapping[str, Any], name: str = "wand
     return logger
 
 
-def make_logger(cfg: DictConfig, run_dir: Path) -> Any:
-    """The logger ``cfg.logger`` describes, or None for ``logger.name=none``."""
-    node = cfg.logger
-    if node.get("name") == "none":
+def make_logger(spec: LoggerSpec | None, run_dir: Path, run_config: Mapping[str, Any]) -> Any:
+    """The logger ``spec`` describes (``Settings.logger``), or None for ``logger.name=none``;
+    ``run_config``: the resolved config the run records."""
+    if spec is None:
         return None
-    target = node.get("_target_") or (WANDB_TARGET if node.get("name") == "wandb" else None)
-    if target is None:
-        raise ValueError(f"logger.name={node.get('name')!r} has no `_target_`: give the logger's "
-                         "YAML `_target_: <package.module.factory_or_class>`, or use "
-                         "logger=wandb / logger=none")
+    target = spec.target
     from hydra.utils import get_method, instantiate
 
     try:
@@ -77,15 +95,13 @@ def make_logger(cfg: DictConfig, run_dir: Path) -> Any:
     except Exception as exc:  # ImportError, AttributeError: name the field and the fix
         raise ValueError(f"logger._target_={target!r} cannot be imported ({exc}); install or "
                          "path-add its package, or fix the path") from exc
-    offered = {"run_dir": run_dir,
-               "run_config": OmegaConf.to_container(cfg, resolve=True)}
+    offered = {"run_dir": run_dir, "run_config": run_config}
     params = inspect.signature(factory).parameters
     takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
     extra = {k: v for k, v in offered.items() if takes_all or k in params}
-    fields = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items()
-              if k != "_target_"}
     # _partial_: the call-time arguments stay plain Python objects (not merged into a config)
-    build = instantiate({"_target_": target, "_partial_": True, "_recursive_": False, **fields})
+    build = instantiate({"_target_": target, "_partial_": True, "_recursive_": False,
+                         **spec.fields})
     return build(**extra)
 
 

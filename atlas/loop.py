@@ -32,8 +32,9 @@ import torch
 
 from atlas import checkpoint
 from atlas.agent.adapters import PEFT_FOLDERS, REF, export_peft, set_adapter_state
+from atlas.agent.device import resolve_device
 from atlas.agent.precision import run_precision
-from atlas.agent.research_agent import ResearchAgent, resolve_device
+from atlas.agent.research_agent import ResearchAgent
 from atlas.atomic import write_text_atomic
 from atlas.config import Settings
 from atlas.evolution.database import ProgramDatabase
@@ -46,6 +47,7 @@ from atlas.sandbox import Sandbox
 from atlas.sandbox.secret import run_secret, sweep_secret_file
 from atlas.supporters import make_supporters
 from atlas.supporters import requests as supporter_requests
+from atlas.supporters.config import ExplorationConfig
 from atlas.telemetry import Telemetry, dumps
 from atlas.types import Program, ProgramSource
 
@@ -140,10 +142,11 @@ class EvolutionLoop:
         self.threads = agent_thread_budget(ex.agent_threads, self.sandbox)
         self.agent.thread_budget = self.threads
         self.explorer = Explorer(self.task, self.agent, self.sandbox, self.db, ex, seed)
-        self.supporters = (make_supporters(settings.supporters, task_name=self.task.name,
-                                           seed=seed) if settings.supporters else None)
+        self.supporters = (make_supporters(settings.supporters, seed=seed)
+                           if settings.supporters else None)
         self.finetuner = FineTuner(self.agent, settings.method, settings.dpo, settings.gate,
-                                   self.supporters, self.task.name, seed, explorer=self.explorer)
+                                   self.supporters, seed, explorer=self.explorer,
+                                   quality_metrics=self.task.quality_metrics)
         self.telemetry = Telemetry(self.run_dir, logger)
         self.critiques: dict[int, str] = {}
         self.temperatures: dict[int, float] = {}
@@ -281,7 +284,8 @@ class EvolutionLoop:
         """ATLAS: the exploration supporter reviews each island served: a critique for its
         next prompt, a temperature, and patches the explorer files within the budget
         (``Explorer.file_patches``) as completions of the prompt the island was served."""
-        as_preferences = bool(getattr(self.supporters.exploration.cfg, "as_preferences", True))
+        exploration = self.settings.supporters["exploration"]
+        assert isinstance(exploration, ExplorationConfig)  # role_configs builds it so
         added: list[Program] = []
         for island in islands:
             request = supporter_requests.exploration_request(
@@ -296,7 +300,8 @@ class EvolutionLoop:
             prompt = next((p.prompt for p in round_programs if p.island == island and p.prompt),
                           "")
             filed = self.explorer.file_patches(advice.patches, island, r, phase, prompt,
-                                               as_preferences=as_preferences, last=last)
+                                               as_preferences=exploration.as_preferences,
+                                               last=last)
             added += filed.programs
             self.telemetry.event("exploration", round=r, island=island, backend=advice.backend,
                                  fallback_cause=advice.fallback_cause, critique=advice.critique,

@@ -175,9 +175,10 @@ def holds_run(run_dir: Path) -> bool:
     return (Path(run_dir) / "checkpoint" / "state.pt").exists()
 
 
-def check_same_config(cfg: DictConfig, run_dir: Path) -> None:
-    """Refuse to resume (or return the results of) a run made with another configuration."""
-    if not cfg.resume or not holds_run(run_dir):
+def check_same_config(cfg: DictConfig, run_dir: Path, *, resume: bool) -> None:
+    """With ``resume`` (``Settings.run.resume``), refuse to resume (or return the results of)
+    a run made with another configuration than ``cfg``."""
+    if not resume or not holds_run(run_dir):
         return
     old = recorded_config(run_dir)
     if old is None:
@@ -213,11 +214,12 @@ def record_config(cfg: DictConfig, run_dir: Path) -> None:
         write_text_atomic(folder / name, text)
 
 
-def prepare(cfg: DictConfig, run_dir: Path) -> None:
+def prepare(cfg: DictConfig, run_dir: Path, *, resume: bool) -> None:
     """Everything about a writable, locked run folder (``check_writable``, ``locked``) that
-    must hold before a model is loaded."""
-    check_same_config(cfg, run_dir)
-    if not (cfg.resume and holds_run(run_dir)):
+    must hold before a model is loaded: ``cfg``, the composed config, is compared with the
+    recorded one and recorded; ``resume`` is ``Settings.run.resume``."""
+    check_same_config(cfg, run_dir, resume=resume)
+    if not (resume and holds_run(run_dir)):
         record_config(cfg, run_dir)
 
 

@@ -15,8 +15,9 @@ import hydra
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
+from atlas.agent.device import resolve_device
 from atlas.atomic import disk_full_error
-from atlas.config import check_device, command_line, validate
+from atlas.config import command_line, validate
 from atlas.interrupt import Stopped, stop_on_signals
 from atlas.loggers import finish_logger, make_logger
 from atlas.runfolder import check_writable, holds_run, locked, prepare
@@ -103,14 +104,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from atlas.quiet import install
 
     install()  # library warnings a user cannot act on (atlas/quiet.py lists them)
+    run_dir = Path(cfg.run_dir)  # read before validation: its errors are written there too
     with stop_on_signals():
         try:
-            return _run(cfg, Path(cfg.run_dir))
+            return _run(cfg, run_dir)
         except Stopped as stop:
-            log.warning("%s: stopped; %s", stop.signal_name, _resume_hint(Path(cfg.run_dir)))
+            log.warning("%s: stopped; %s", stop.signal_name, _resume_hint(run_dir))
             raise
         except Exception as exc:
-            err = _one_line(exc, Path(cfg.run_dir), sweep)
+            err = _one_line(exc, run_dir, sweep)
             if err is exc:
                 raise
             raise err from None
@@ -120,19 +122,19 @@ def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     settings = validate(cfg)
     check_writable(run_dir)
     with locked(run_dir):
-        prepare(cfg, run_dir)  # not another configuration's run
-        check_device(settings.run.device)
+        prepare(cfg, run_dir, resume=settings.run.resume)  # not another configuration's run
+        resolve_device(settings.run.device)  # device=cuda without a GPU stops here
         if settings.supporters:  # a dead supporter server is a finding, before anything loads
             from atlas.supporters.health import check_supporters
 
             check_supporters(settings.supporters)
         from atlas.loop import EvolutionLoop
 
-        logger = make_logger(cfg, run_dir)
+        record = OmegaConf.to_container(cfg, resolve=True)  # the config event, W&B's config
+        logger = make_logger(settings.logger, run_dir, record)
         status = "failed"
         try:
-            loop = EvolutionLoop(settings, OmegaConf.to_container(cfg, resolve=True), run_dir,
-                                 logger)
+            loop = EvolutionLoop(settings, record, run_dir, logger)
             try:
                 if callable(getattr(logger, "log_hyperparams", None)):  # the W&B config too
                     from atlas.provenance import provenance

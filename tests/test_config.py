@@ -190,13 +190,16 @@ def test_logger_is_built_from_its_target_and_a_bad_target_names_the_field(tmp_pa
     from atlas.loggers import make_logger
 
     none = compose_cfg(["experiment=test"], run_dir=tmp_path)
-    assert none.logger.name == "none" and make_logger(none, tmp_path) is None
-    wb = compose_cfg(["experiment=test", "logger=wandb"], run_dir=tmp_path)
-    assert wb.logger._target_ == "atlas.loggers.wandb_logger"
+    assert none.logger.name == "none" and validate(none).logger is None
+    assert make_logger(None, tmp_path, {}) is None
+    wb = validate(compose_cfg(["experiment=test", "logger=wandb"], run_dir=tmp_path)).logger
+    assert wb is not None and wb.target == "atlas.loggers.wandb_logger"
+    assert dict(wb.fields) == {"name": "wandb", "mode": "offline", "project": "atlas",
+                               "entity": None, "group": None}
     bad = compose_cfg(["experiment=test", "logger=wandb", "logger._target_=nopkg.Logger"],
                       run_dir=tmp_path)
     with pytest.raises(ValueError, match=r"logger._target_='nopkg.Logger' cannot be imported"):
-        make_logger(bad, tmp_path)
+        make_logger(validate(bad).logger, tmp_path, {})
 
 
 # ---- errors before heavy imports, in one line (issue 22, item 6) ------------------------------

@@ -18,7 +18,8 @@ from atlas.dpo import DPOConfig, GateConfig
 from atlas.evolution.database import ProgramDatabase
 from atlas.fine_tuning import FineTuner
 from atlas.schema import MethodConfig
-from atlas.supporters import build_supporters
+from atlas.supporters import make_supporters
+from atlas.supporters.config import role_configs
 from atlas.supporters.schemas import InspectorVerdict
 from atlas.types import Evaluation, Program
 from tests.conftest import explore_settings, model_settings
@@ -79,7 +80,7 @@ def run_phase(agent: ResearchAgent, method: MethodConfig, gate: GateConfig,
     g = torch.Generator().manual_seed(3)
     before = {k: torch.randn(v.shape, generator=g) * 0.05 for k, v in state(agent, REF).items()}
     set_adapter_state(agent.model, REF, before)
-    tuner = FineTuner(agent, method, DPO, gate, supporters, "bandit", seed=0)
+    tuner = FineTuner(agent, method, DPO, gate, supporters, seed=0)
     db = ProgramDatabase(explore_settings(islands=2), seed=0)
     record = tuner.run_phase(1, programs(), best_before=-5.0, db=db)
     assert record.built and record.pairs >= 1 and record.gate is not None
@@ -105,7 +106,7 @@ def test_an_accepted_gate_promotes_and_a_rejected_or_vetoed_one_does_not(agent):
     assert record.gate.reason == "rejected: no gain" and not record.promoted
     assert same(state(agent, REF), before)
 
-    sup = build_supporters(None, task_name="bandit", seed=0)
+    sup = make_supporters(role_configs(None), seed=0)
     veto = VetoInspector()
     _, record, before = run_phase(agent, ATLAS, ACCEPT, dataclasses.replace(sup, inspector=veto))
     assert record.gate.accepted and record.vetoed and not record.promoted
@@ -121,7 +122,7 @@ def test_the_fine_tuner_checkpoints_what_the_reference_is(agent):
     assert saved["reference"]["promotions"] == [
         {"phase": 1, "candidate": record.gate.chosen,
          "step": next(c.step for c in record.gate.candidates if c.name == record.gate.chosen)}]
-    fresh = FineTuner(agent, ATLAS, DPO, ACCEPT, None, "bandit", seed=0)
+    fresh = FineTuner(agent, ATLAS, DPO, ACCEPT, None, seed=0)
     fresh.load_state_dict(saved)
     assert fresh.reference_state == tuner.reference_state
 

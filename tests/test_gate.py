@@ -14,22 +14,42 @@ from atlas.dpo import (
     GateDecision,
     PolicyCandidate,
     decide,
-    inspector_score,
     promote,
     select_and_gate,
-    token_kl,
 )
-from atlas.dpo.gate import NO_ITEMS
+from atlas.dpo.gate import NO_ITEMS, offline_estimates
 from atlas.dpo.scoring import (
     BASE,
     REFERENCE,
+    GainEstimate,
     PolicySpec,
+    gate_pass,
     importance_gain,
     lower_bound,
+    mean_kl,
     normalised_scores,
 )
 from atlas.evolution.preferences import hold_out_prompts
 from atlas.types import Evaluation, GateItem, Program
+
+
+def token_kl(model, tokenizer, items: list[GateItem], candidate_state: PolicySpec,
+             reference: PolicySpec, *, max_length: int = 768) -> float:
+    """Eq. 3 through the gate's own pass: mean over items of the token-average KL(cand || ref)
+    on the item's preferred completion (what ``select_and_gate`` computes per candidate)."""
+    res = gate_pass(model, tokenizer, items, [candidate_state], kl_reference=reference,
+                    need_scores=False, max_length=max_length)
+    return mean_kl(res.kl[0])
+
+
+def inspector_score(model, tokenizer, items: list[GateItem], policy: PolicySpec,
+                    reference: PolicySpec = REFERENCE, *, gate: GateConfig | None = None,
+                    seed: int = 0) -> GainEstimate:
+    """S(policy), S(reference), the gain and its lower bound on G_k, as the gate computes them."""
+    gate = GateConfig() if gate is None else gate
+    res = gate_pass(model, tokenizer, items, [policy], kl_reference=reference, need_scores=True,
+                    max_length=gate.max_length)
+    return offline_estimates(res.sum_logps, res.ref_sum_logps, items, gate, seed)[0]
 
 ITEMS = [
     GateItem(prompt="# bandit\ndef act(x):\n", completions=["    return 0\n", "    return argmax(x)\n",

@@ -134,7 +134,7 @@ def test_online_mode_without_a_sampler_is_a_clear_error():
                         GateConfig(score_mode="online"))
     with pytest.raises(ValueError, match="Explorer"):
         FineTuner(agent, {"reference": "adaptive"}, None, GateConfig(score_mode="online"), None,
-                  "toy", 0)
+                  0)
     with pytest.raises(ValueError, match="gate.online_samples"):
         GateConfig(online_samples=0)
     with pytest.raises(ValueError, match="gate.online_temperature"):

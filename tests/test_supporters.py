@@ -26,7 +26,7 @@ from atlas.supporters import (
     QualityMetricView,
     ScoreStats,
     StrategistRequest,
-    build_supporters,
+    make_supporters,
     prompts,
 )
 from atlas.supporters import requests as sreq
@@ -100,7 +100,7 @@ def test_numeric_sites_are_hyperparameters_not_indices():
 
 
 def test_exploration_perturbs_hyperparameters_deterministically():
-    sup = build_supporters(None, task_name="bandit", seed=3)
+    sup = make_supporters(role_configs(None), seed=3)
     req = _explore_req([ProgramView(code=BANDIT, score=-0.55, passed=True),
                         ProgramView(code="def policy(:", passed=False,
                                     failure_kind="syntax_error")])
@@ -115,7 +115,7 @@ def test_exploration_perturbs_hyperparameters_deterministically():
                      - set(line.strip() for line in BANDIT.splitlines()))
     assert changed in (["window_size = 100", "window_size = 25"], ["lam = 0.5", "lam = 2.0"])
     assert "syntax_error x1" in adv.critique and "-0.55" in adv.critique
-    again = build_supporters(None, task_name="bandit", seed=3).exploration.advise(req)
+    again = make_supporters(role_configs(None), seed=3).exploration.advise(req)
     assert again.patches == adv.patches and again.critique == adv.critique
 
 
@@ -131,14 +131,14 @@ def test_exploration_adds_smooth_huber_to_loss_strategies():
     loss = ns["pinn_loss_strategy"](small, small, small, {})
     assert loss == pytest.approx(0.5 * (1e-4 + 10 * 1e-4 + 1e-4), rel=1e-3)
     assert add_robust_loss(PINN.replace("np.square", "np.clip"), "pinn_loss_strategy") is None
-    adv = build_supporters(None, task_name="pinn", seed=0).exploration.advise(
+    adv = make_supporters(role_configs(None), seed=0).exploration.advise(
         _explore_req([ProgramView(code=PINN, score=-0.1, passed=True)], task="pinn",
                      entry="pinn_loss_strategy"))
     assert HELPER in adv.patches[0] and "Huber" in adv.critique
     # the rule follows the task's hint, not its name: a loss-named task without it gets none
     plain = _explore_req([ProgramView(code=PINN, score=-0.1, passed=True)], task="bandit",
                          entry="pinn_loss_strategy")
-    adv = build_supporters(None, task_name="bandit", seed=0).exploration.advise(plain)
+    adv = make_supporters(role_configs(None), seed=0).exploration.advise(plain)
     assert not any(HELPER in p for p in adv.patches) and "Huber" not in adv.critique
 
 
@@ -150,13 +150,13 @@ def test_exploration_adds_smooth_huber_to_loss_strategies():
     ([], 2.4, 1.5),
 ])
 def test_exploration_temperature_rule_stays_in_bounds(programs, t0, expected):
-    adv = build_supporters(None, task_name="bandit", seed=0).exploration.advise(
+    adv = make_supporters(role_configs(None), seed=0).exploration.advise(
         _explore_req(programs, temperature=t0))
     assert adv.temperature == pytest.approx(expected)
 
 
 def test_exploration_without_programs_gives_a_critique_and_no_patches():
-    adv = build_supporters(None, task_name="bandit", seed=0).exploration.advise(_explore_req([]))
+    adv = make_supporters(role_configs(None), seed=0).exploration.advise(_explore_req([]))
     assert adv.patches == [] and "seed program" in adv.critique
 
 
@@ -208,7 +208,7 @@ def test_exploration_without_programs_gives_a_critique_and_no_patches():
      [], lambda k: k.score_threshold == -0.45),  # before any D_k: no pair count to react to
 ])
 def test_strategist_rules(kw, changed, check):
-    adv = build_supporters(None, task_name="bandit", seed=0).strategist.advise(_strat_req(**kw))
+    adv = make_supporters(role_configs(None), seed=0).strategist.advise(_strat_req(**kw))
     assert adv.backend == "embedded" and sorted(adv.changed) == sorted(changed)
     assert check(adv.knobs), adv
     assert adv.rationale and (changed or "no change" in adv.rationale)
@@ -232,7 +232,7 @@ def test_the_exploration_supporter_keeps_the_requests_temperature_bounds():
 
     narrow = _explore_req([], temperature=1.8)
     wide = narrow.model_copy(update={"temperature_bounds": (0.3, 2.0)})
-    rule = build_supporters(None, task_name="bandit", seed=0).exploration
+    rule = make_supporters(role_configs(None), seed=0).exploration
     assert rule.advise(narrow).temperature == 1.5 and rule.advise(wide).temperature == 1.8
     answer = json.dumps({"critique": "c", "patches": [], "temperature": 1.9})
     clamp = ExplorationConfig(out_of_range="clamp")
@@ -256,7 +256,7 @@ def test_the_exploration_supporter_keeps_the_requests_temperature_bounds():
 def test_inspector_vetoes_component_regressions(cand, ref, veto):
     declared = [QualityMetricView(name=n, direction="max" if n == "nmr" else "min")
                 for n in ("val_ic", "val_pde", "val_bc", "nmr")]
-    v = build_supporters(None, task_name="pinn", seed=0).inspector.review(
+    v = make_supporters(role_configs(None), seed=0).inspector.review(
         InspectorRequest(phase=2, gate=_gate(True), candidate_metrics=cand,
                          reference_metrics=ref, quality_metrics=declared))
     assert v.veto is veto and v.accepted is (not veto)
@@ -290,12 +290,12 @@ def test_inspector_keeps_a_bandit_candidate_better_on_every_declared_metric():
     assert set(req.candidate_metrics) == {"nmr", "regret_first_half", "regret_second_half",
                                           "mean_reward", "optimal_rate"}
     assert req.directions["optimal_rate"] == "max" and req.directions["regret_first_half"] == "min"
-    v = build_supporters(None, task_name="bandit", seed=0).inspector.review(req)
+    v = make_supporters(role_configs(None), seed=0).inspector.review(req)
     assert v.accepted and not v.veto and v.reason.startswith("no regression on")
     # the same candidate with a collapsed optimal-arm rate is vetoed, in the declared direction
     worse = sreq.inspector_request(2, *_preferred({**cand, "optimal_rate": 0.1}, ref),
                                    quality_metrics=BanditTask.quality_metrics)
-    v = build_supporters(None, task_name="bandit", seed=0).inspector.review(worse)
+    v = make_supporters(role_configs(None), seed=0).inspector.review(worse)
     assert v.veto and set(v.regressions) == {"optimal_rate"}
     assert v.regressions["optimal_rate"] == [0.1, 0.22] and "higher is better" in v.reason
 
@@ -305,7 +305,7 @@ def test_inspector_on_pinn_ignores_flags_and_own_loss_but_vetoes_an_ic_spike():
     ref = {"val_pde": 1e-2, "val_ic": 0.01, "val_bc": 1e-3, "val_loss": 0.021, "rel_l2": 0.1,
            "candidate_jit": 0.0, "own_val_loss": 0.02, "viscosity": 0.03, "seconds_train": 3.0}
     same = {**ref, "candidate_jit": 1.0, "own_val_loss": 5.0, "seconds_train": 9.0}
-    sup = build_supporters(None, task_name="pinn", seed=0)
+    sup = make_supporters(role_configs(None), seed=0)
     req = sreq.inspector_request(2, *_preferred(same, ref), quality_metrics=PinnTask.quality_metrics)
     assert "candidate_jit" not in req.candidate_metrics and "own_val_loss" not in req.reference_metrics
     assert sup.inspector.review(req).accepted
@@ -324,7 +324,7 @@ def test_inspector_on_pinn_ignores_flags_and_own_loss_but_vetoes_an_ic_spike():
 
 
 def test_inspector_never_forces_a_rejected_promotion():
-    sup = build_supporters(None, task_name="pinn", seed=0)
+    sup = make_supporters(role_configs(None), seed=0)
     v = sup.inspector.review(InspectorRequest(phase=1, gate=_gate(False),
                                               candidate_metrics={"val_ic": 0.0},
                                               reference_metrics={"val_ic": 1.0}))
@@ -447,7 +447,7 @@ def test_request_builders_read_loop_objects():
     assert sreq.strategist_request(1, Dpo(), progs, {}, []).pairs_built is None  # no D_k yet
     assert sreq.strategist_request(3, Dpo(), progs, {}, [phase_record(
         2, pairs=0, skip="no preference pairs")]).pairs_built == 0
-    adv = build_supporters(None, task_name="bandit", seed=0).strategist.advise(sr)
+    adv = make_supporters(role_configs(None), seed=0).strategist.advise(sr)
     assert adv.lr == pytest.approx(2.5e-5)  # last gate rejected for KL 0.2 > 0.05
 
     items = [GateItem(prompt="q", completions=["c2", "c3"], scores=[-0.4, -0.6], preferred="c2")]
@@ -456,7 +456,7 @@ def test_request_builders_read_loop_objects():
                                 items, progs, gate_cfg={"epsilon": 0.0, "delta": 0.05},
                                 quality_metrics={"val_ic": "min"})
     assert ir.candidate_metrics == {"val_ic": 0.4} and ir.reference_metrics == {"val_ic": 0.1}
-    assert build_supporters(None, task_name="pinn", seed=0).inspector.review(ir).veto
+    assert make_supporters(role_configs(None), seed=0).inspector.review(ir).veto
 
 
 # ------------------------------------------------------------------ a scripted HTTP server
@@ -534,7 +534,7 @@ def _llm_supporters(url: str, **extra):
     cfg = {"backend": "openai", "base_url": url, "model": "scripted", "timeout_s": 2.0,
            "max_retries": 0, "structured_output": "text", "exploration": {"model": "explorer"},
            "strategist": {"model": "strategist", "temperature": 0.3}, **extra}
-    return build_supporters(cfg, task_name="bandit", seed=0)
+    return make_supporters(role_configs(cfg), seed=0)
 
 
 def _assert_counters_add_up(stats: dict) -> None:
@@ -587,7 +587,7 @@ def test_each_failure_falls_back_to_the_rule_and_is_counted(server):
         ("status", 503),                                                      # server error
     ])
     expected = ["prose", "malformed", "out_of_range", "timeout", "malformed", "http_error"]
-    rule = build_supporters(None, task_name="bandit", seed=0).strategist.advise(_strat_req())
+    rule = make_supporters(role_configs(None), seed=0).strategist.advise(_strat_req())
     for cause in expected:
         adv = sup.strategist.advise(_strat_req())
         assert (adv.backend, adv.fallback_cause) == ("embedded", cause)
@@ -667,9 +667,9 @@ def test_structured_output_negotiation_is_remembered_per_server(server):
 
 
 def test_stats_survive_a_resume():
-    a = build_supporters(None, task_name="bandit", seed=0)
+    a = make_supporters(role_configs(None), seed=0)
     a.strategist.advise(_strat_req())
-    b = build_supporters(None, task_name="bandit", seed=0)
+    b = make_supporters(role_configs(None), seed=0)
     b.load_stats(json.loads(json.dumps(a.stats())))
     assert b.stats() == a.stats() and b.stats()["strategist"]["calls"] == 1
 
@@ -703,7 +703,7 @@ def test_strategist_acts_on_cpu_run_telemetry():
           + [prog(200 + i, s, f"# patch {i}\n" + seed, "supporter") for i, s in
              enumerate((-0.30, -0.22, -0.45, -0.41, -0.33, -0.39, -0.26, -0.5))])
     stats1 = {"best": -0.22, "median": -0.375, "min": -0.5, "valid_rate": 17 / 40, "n": 40}
-    strat = build_supporters(None, task_name="bandit", seed=0).strategist
+    strat = make_supporters(role_configs(None), seed=0).strategist
     a1 = strat.advise(sreq.strategist_request(1, Dpo(), p1, stats1, []))
     assert a1.changed == ["score_threshold"] and a1.score_threshold == -0.375
     assert "median" in a1.reasons["score_threshold"]
@@ -750,7 +750,7 @@ def test_strategist_on_the_recorded_cpu_run():
     class Dpo:
         beta, lr, epochs, score_threshold, bounds = 0.1, 5e-5, 1, None, {}
 
-    strat = build_supporters(None, task_name="bandit", seed=0).strategist
+    strat = make_supporters(role_configs(None), seed=0).strategist
     history: list[PhaseRecord] = []
     changed = []
     for phase, (a, b) in enumerate([(1, 4), (5, 8)], 1):
@@ -775,7 +775,7 @@ def test_a_chat_backend_from_another_package_is_built_by_import_path(monkeypatch
     from tests.test_task_contract import EXTERNAL
 
     monkeypatch.syspath_prepend(str(EXTERNAL))
-    sup = build_supporters({"backend": "linefit.chat.Scripted"}, task_name="bandit", seed=0)
+    sup = make_supporters(role_configs({"backend": "linefit.chat.Scripted"}), seed=0)
     adv = sup.strategist.advise(_strat_req())
     assert adv.backend == "linefit.chat.Scripted" and adv.fallback_cause is None
     assert adv.knobs.beta == 0.2 and adv.changed == ["beta"] and adv.output_mode == "scripted"
@@ -785,6 +785,6 @@ def test_a_chat_backend_from_another_package_is_built_by_import_path(monkeypatch
     stats = sup.stats()
     assert stats["strategist"]["llm_ok"] == 1 and stats["inspector"]["fallbacks"]["unreachable"] == 1
     with pytest.raises(ValueError, match=r"supporters.strategist.backend='nopkg.Chat' cannot be built"):
-        build_supporters({"strategist": {"backend": "nopkg.Chat"}}, task_name="bandit", seed=0)
+        make_supporters(role_configs({"strategist": {"backend": "nopkg.Chat"}}), seed=0)
     with pytest.raises(ValueError, match="not embedded, openai or the import path"):
         role_configs({"backend": "open ai"})

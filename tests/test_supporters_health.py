@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from atlas.supporters import build_supporters
+from atlas.supporters import make_supporters
 from atlas.supporters.config import role_configs
 from atlas.supporters.health import check_supporters, found_down, probe
 from tests.test_supporters import ScriptedServer, _strat_req
@@ -144,10 +144,9 @@ def test_fallback_runs_on_the_rules_and_counts_the_calls(tmp_path):
 def test_circuit_breaker_stops_asking_a_server_that_hangs(silent_url, caplog):
     """Three timeouts in a row open the breaker: the next calls do not wait on the server,
     it says so once, and after the cool-down one call asks again."""
-    sup = build_supporters({"backend": "openai", "base_url": silent_url, "model": "m",
+    sup = make_supporters(role_configs({"backend": "openai", "base_url": silent_url, "model": "m",
                             "timeout_s": 0.3, "max_retries": 0, "structured_output": "text",
-                            "breaker_failures": 3, "breaker_cooldown_s": 1.0},
-                           task_name="bandit", seed=0)
+                            "breaker_failures": 3, "breaker_cooldown_s": 1.0}), seed=0)
     caplog.set_level(logging.INFO, logger="atlas.supporters")
     causes = [sup.strategist.advise(_strat_req()).fallback_cause for _ in range(3)]
     assert causes == ["timeout"] * 3
@@ -168,10 +167,9 @@ def test_circuit_breaker_stops_asking_a_server_that_hangs(silent_url, caplog):
 def test_breaker_closes_when_the_server_answers_again():
     srv = ScriptedServer()
     try:
-        sup = build_supporters({"backend": "openai", "base_url": srv.url, "model": "m",
+        sup = make_supporters(role_configs({"backend": "openai", "base_url": srv.url, "model": "m",
                                 "timeout_s": 2.0, "max_retries": 0, "structured_output": "text",
-                                "breaker_failures": 2, "breaker_cooldown_s": 0.3},
-                               task_name="bandit", seed=0)
+                                "breaker_failures": 2, "breaker_cooldown_s": 0.3}), seed=0)
         srv.script.extend([("status", 503), ("status", 503),
                            ("content", '{"beta": 0.2, "epochs": 2, "rationale": "r"}'),
                            ("status", 503)])
@@ -190,5 +188,5 @@ def test_health_fallback_opens_the_breaker_from_the_first_call():
     cfg = {"backend": "openai", "base_url": url, "model": "m", "on_unreachable": "fallback"}
     assert set(check_supporters(role_configs(cfg))) == {"exploration", "strategist", "inspector"}
     assert "Connection refused" in found_down(url)
-    sup = build_supporters(cfg, task_name="bandit", seed=0)
+    sup = make_supporters(role_configs(cfg), seed=0)
     assert sup.strategist.advise(_strat_req()).fallback_cause == "breaker_open"

@@ -36,7 +36,7 @@ from atlas.supporters import (
     QualityMetricView,
     ScoreStats,
     StrategistRequest,
-    build_supporters,
+    make_supporters,
 )
 from atlas.supporters.config import role_configs
 from atlas.supporters.openai_backend import forget_negotiated, negotiated_modes
@@ -151,7 +151,7 @@ def test_three_roles_against_a_real_server(llama_url, mode):
            "exploration": {"model": "smollm2", "max_tokens": 192},
            "strategist": {"model": "smollm2"}, "inspector": {"model": "smollm2"}}
     assert {c.base_url for c in role_configs(cfg).values()} == {llama_url}
-    sup = build_supporters(cfg, task_name="bandit", seed=0)
+    sup = make_supporters(role_configs(cfg), seed=0)
     exp, strat, insp = _requests()
     t0 = time.time()
     for _ in range(ROUNDS):

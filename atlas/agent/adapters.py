@@ -61,8 +61,7 @@ def promote(model: PeftModel, state: dict[str, torch.Tensor]) -> None:
     """ref <- ``state`` (tensors copied; the policy adapter is not touched).
 
     The one place a promotion writes the reference: ``FineTuner`` promotes the gate's
-    accepted candidate as soon as the gate and the inspector decide, ``ResearchAgent.promote``
-    copies the current policy. Restoring a checkpoint sets both adapters directly; that is
+    accepted candidate as soon as the gate and the inspector decide. Restoring a checkpoint sets both adapters directly; that is
     not a promotion.
     """
     if not isinstance(state, dict) or not state:

@@ -7,46 +7,19 @@ One object owns the model so that the explorer (sampling), the DPO step (trainin
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 from peft import PeftModel
-from safetensors.torch import load_file, save_file
 
-from atlas.agent.adapters import (
-    POLICY,
-    REF,
-    adapter,
-    attach_adapters,
-    get_adapter_state,
-    promote,
-    set_adapter_state,
-)
+from atlas.agent import adapters
+from atlas.agent.adapters import POLICY, REF, attach_adapters
+from atlas.agent.device import resolve_device
 from atlas.agent.model import load_base_model
 from atlas.agent.precision import Precision, choose_precision
 from atlas.agent.sampling import Request, SampleStats, sample, sample_requests
 from atlas.schema import ModelConfig
-
-ADAPTER_FILE = "adapters.safetensors"
-ADAPTER_META = "adapters.json"
-
-
-def resolve_device(device: str) -> str:
-    """``auto`` picks CUDA when present; anything else must be a torch device string, and a
-    CUDA one needs a GPU torch can see."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        kind = torch.device(device).type
-    except RuntimeError as err:
-        raise ValueError(f"device={device!r} is not a torch device; use auto, cpu or cuda") from err
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device} but torch sees no GPU; use device=cpu or install "
-                         "CUDA torch")
-    return device
 
 
 def choose_attention(device: str) -> str:
@@ -67,7 +40,8 @@ class ResearchAgent:
     """A causal LM with two LoRA adapters and a batched sampler.
 
     ``generate(..., adapter=None)`` samples from the base model (EvoTune's fixed reference);
-    ``adapter="policy"`` (default) from the trained adapter; ``promote()`` copies policy -> ref.
+    ``adapter="policy"`` (default) from the trained adapter, ``adapter="ref"`` from the
+    reference (``atlas.agent.adapters.promote`` copies policy -> ref).
     """
 
     def __init__(self, model_cfg: ModelConfig, device: str = "cpu", seed: int = 0,
@@ -151,7 +125,7 @@ class ResearchAgent:
         was_training = self.model.training
         self.model.eval()
         try:
-            with _adapter_ctx(self.model, adapter):
+            with adapters.adapter(self.model, adapter):
                 yield
         finally:
             self.model.train(was_training)
@@ -172,41 +146,3 @@ class ResearchAgent:
             raise RuntimeError(f"{where}: the agent's model is on {have} but the run put it on "
                                f"{want}; something moved it (a bug: report it with the run's "
                                "train.log)")
-
-    # ------------------------------------------------------------------ adapters
-    def promote(self) -> None:
-        """Move the reference forward: ``ref`` := ``policy`` (EvoDPO / accepted ATLAS gate)."""
-        promote(self.model, get_adapter_state(self.model, POLICY))
-
-    def save_adapters(self, path: str | Path) -> Path:
-        """Write both adapters to ``path/adapters.safetensors`` (a folder, created if needed)."""
-        folder = Path(path)
-        folder.mkdir(parents=True, exist_ok=True)
-        tensors = {}
-        for name in (POLICY, REF):
-            for k, v in get_adapter_state(self.model, name).items():
-                tensors[f"{name}/{k}"] = v.contiguous()
-        save_file(tensors, str(folder / ADAPTER_FILE))
-        meta = {k: getattr(self.cfg, k) for k in ("source", "name_or_path", "lora_r", "lora_alpha")}
-        meta["lora_targets"] = list(self.cfg.lora_targets)
-        (folder / ADAPTER_META).write_text(json.dumps(meta, indent=1))
-        return folder / ADAPTER_FILE
-
-    def load_adapters(self, path: str | Path) -> None:
-        """Restore both adapters saved by ``save_adapters`` (shapes must match this model)."""
-        folder = Path(path)
-        file = folder / ADAPTER_FILE if folder.is_dir() else folder
-        if not file.is_file():
-            raise FileNotFoundError(f"no {ADAPTER_FILE} at {path}; pass the folder given to "
-                                    "save_adapters")
-        tensors = load_file(str(file))
-        for name in (POLICY, REF):
-            prefix = f"{name}/"
-            state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-            if not state:
-                raise KeyError(f"{file} holds no tensors for adapter {name!r}")
-            set_adapter_state(self.model, name, state)
-
-
-def _adapter_ctx(model: PeftModel, name: str | None):
-    return adapter(model, name)

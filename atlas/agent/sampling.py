@@ -319,7 +319,9 @@ def _decode(model, tokenizer: PreTrainedTokenizerBase, requests: list[Request],
             stop: Sequence[str] | None, pack: bool, threads: Callable[[], int] | None,
             on_done: Callable[[int, str], None] | None, path: str = "auto",
             uniforms: torch.Tensor | None = None) -> tuple[list[list[str]], SampleStats]:
-    """The decode loop shared by ``sample`` and ``sample_requests``.
+    """The decode loop shared by ``sample`` and ``sample_requests``: lay out the batch, try
+    the graph path where it applies, else (or when it fails before handing a row on) decode
+    compact, then cut each row's text.
 
     ``streams[j]``: the random stream request j draws from (``seeds[stream]`` seeds it).
     Rows are request-major; a stream's rows are contiguous, so drawing each stream's
@@ -327,10 +329,48 @@ def _decode(model, tokenizer: PreTrainedTokenizerBase, requests: list[Request],
     """
     if path not in PATHS:
         raise ValueError(f"path={path!r} must be one of {', '.join(PATHS)}")
-    stop = [s for s in (stop or []) if s]
+    batch = _batch(model, tokenizer, requests, streams, seeds, top_p=top_p,
+                   max_new_tokens=max_new_tokens, stop=stop, uniforms=uniforms)
+    stats = SampleStats(prompts=len(requests), rows=sum(batch.counts))
+    parts = _graph_parts(model, path, batch, stats)
+    stats.device = str(batch.device)
+    with _restore_threads(torch.get_num_threads()):
+        _set_threads(threads, stats)
+        result = None
+        if parts is not None:
+            result = _try_graph(model, tokenizer, parts, batch, on_done, threads, stats,
+                                uniforms)
+        if result is None:
+            result = _decode_compact(model, tokenizer, batch, pack, on_done, threads, stats,
+                                     uniforms)
+    generated, finish = result
+    return _texts(tokenizer, batch, generated, finish, stats), stats
+
+
+@dataclass
+class _Batch:
+    """One decode call's rows: requests, their random streams, temperatures and stops."""
+
+    requests: list[Request]
+    streams: list[int]
+    counts: list[int]  # rows per request
+    device: torch.device
+    gens: list[torch.Generator]  # one per stream
+    row_stream: torch.Tensor
+    row_temp: torch.Tensor
+    stream_temp: dict[int, float]
+    eos_ids: list[int]
+    stop: list[str]
+    top_p: float
+    max_new_tokens: int
+
+
+def _batch(model, tokenizer: PreTrainedTokenizerBase, requests: list[Request],
+           streams: list[int], seeds: list[int | None], *, top_p: float, max_new_tokens: int,
+           stop: Sequence[str] | None, uniforms: torch.Tensor | None) -> _Batch:
+    """The call's rows; a stream without a seed takes one from torch's global generator."""
     counts = [r.num_samples for r in requests]
     total = sum(counts)
-    stats = SampleStats(prompts=len(requests), rows=total)
     device = next(model.parameters()).device
     if uniforms is not None and tuple(uniforms.shape) != (total, max_new_tokens):
         raise ValueError(f"uniforms has shape {tuple(uniforms.shape)}; it must be "
@@ -344,78 +384,102 @@ def _decode(model, tokenizer: PreTrainedTokenizerBase, requests: list[Request],
                               device=device)
     row_temp = torch.tensor([r.temperature for r in requests for _ in range(r.num_samples)],
                             dtype=torch.float32, device=device)
-    stream_temp = {streams[j]: r.temperature for j, r in enumerate(requests)}
-    eos_ids = _eos_ids(model, tokenizer)
-    want = path if path != "auto" else ("graph" if device.type == "cuda" else "compact")
-    parts = None
-    if want == "graph":
-        from atlas.agent.graph_step import llama_parts
+    return _Batch(requests=requests, streams=streams, counts=counts, device=device, gens=gens,
+                  row_stream=row_stream, row_temp=row_temp,
+                  stream_temp={streams[j]: r.temperature for j, r in enumerate(requests)},
+                  eos_ids=_eos_ids(model, tokenizer), stop=[s for s in (stop or []) if s],
+                  top_p=top_p, max_new_tokens=max_new_tokens)
 
-        parts = llama_parts(model)
-        if model.__dict__.get(_BROKEN_ATTR):
-            parts, stats.fallback = None, model.__dict__[_BROKEN_ATTR]
-        elif parts is None:
-            stats.fallback = "graph: not a Llama-style decoder with sdpa/eager attention"
-        elif not eos_ids:
-            parts, stats.fallback = None, "graph: the tokenizer has no EOS token"
 
-    threads_before = torch.get_num_threads()
-    stats.device = str(device)
-    with _restore_threads(threads_before):
-        _set_threads(threads, stats)
-        result = None
-        if parts is not None:
-            from atlas.agent.graph_step import static_weights
+def _graph_parts(model, path: str, batch: _Batch, stats: SampleStats) -> dict | None:
+    """The decoder's parts for the graph path, or None (compact) with ``stats.fallback``
+    saying why when the graph path was wanted."""
+    want = path if path != "auto" else ("graph" if batch.device.type == "cuda" else "compact")
+    if want != "graph":
+        return None
+    from atlas.agent.graph_step import llama_parts
 
-            states = [g.get_state() for g in gens]
-            reported: list[int] = []
+    parts = llama_parts(model)
+    if model.__dict__.get(_BROKEN_ATTR):
+        parts, stats.fallback = None, model.__dict__[_BROKEN_ATTR]
+    elif parts is None:
+        stats.fallback = "graph: not a Llama-style decoder with sdpa/eager attention"
+    elif not batch.eos_ids:
+        parts, stats.fallback = None, "graph: the tokenizer has no EOS token"
+    return parts
 
-            def report(row: int, text: str) -> None:
-                reported.append(row)
-                if on_done is not None:
-                    on_done(row, text)
 
-            t0 = time.perf_counter()
-            try:
-                with static_weights(model) as (allocated, _):
-                    stats.merged = True
-                    stats.setup_seconds = time.perf_counter() - t0
-                    prefilled = _prefilled(model, tokenizer, requests, streams, counts, device,
-                                           stats)
-                    table = uniforms if uniforms is not None else _stream_table(
-                        gens, counts, streams, stream_temp, max_new_tokens, device)
-                    result = _graph_loop(
-                        model, tokenizer, parts, prefilled, max_new_tokens, top_p, stop,
-                        report, threads, stats, row_temp, eos_ids, table.to(device),
-                        fresh_weights=allocated > 0)
-            except Exception as e:  # noqa: BLE001 - the run goes on, compact, and says why
-                if reported or isinstance(e, (KeyboardInterrupt, MemoryError)):
-                    raise  # rows were already handed on: a second decode would repeat them
-                why = f"graph path failed ({type(e).__name__}: {e})"[:300]
-                model.__dict__[_BROKEN_ATTR] = why  # not tried again in this process
-                model.__dict__.pop(_STEPS_ATTR, None)
-                stats.fallback = why
-                for g, state in zip(gens, states):
-                    g.set_state(state)
-        if result is None:
-            stats.path, stats.merged = "compact", False
-            with packed_linears(model, enabled=pack) as stats.packed, \
-                    merged_lora(model, enabled=pack) as stats.merged:
-                prefilled = _prefilled(model, tokenizer, requests, streams, counts, device,
-                                       stats)
-                result = _compact_loop(
-                    model, tokenizer, prefilled, max_new_tokens, top_p, stop, on_done,
-                    threads, stats, gens, row_stream, row_temp, stream_temp, eos_ids,
-                    uniforms)
-        generated, finish = result
+def _try_graph(model, tokenizer: PreTrainedTokenizerBase, parts: dict, batch: _Batch,
+               on_done: Callable[[int, str], None] | None,
+               threads: Callable[[], int] | None, stats: SampleStats,
+               uniforms: torch.Tensor | None) -> tuple[list[list[int]], list[str]] | None:
+    """The graph path's tokens and finish reasons; None when it failed before it returned
+    them and before it handed any row on (the model is marked, the streams rewound,
+    ``stats.fallback`` says why)."""
+    from atlas.agent.graph_step import static_weights
 
+    states = [g.get_state() for g in batch.gens]
+    reported: list[int] = []
+
+    def report(row: int, text: str) -> None:
+        reported.append(row)
+        if on_done is not None:
+            on_done(row, text)
+
+    result = None
+    t0 = time.perf_counter()
+    try:
+        with static_weights(model) as (allocated, _):
+            stats.merged = True
+            stats.setup_seconds = time.perf_counter() - t0
+            prefilled = _prefilled(model, tokenizer, batch.requests, batch.streams,
+                                   batch.counts, batch.device, stats)
+            table = uniforms if uniforms is not None else _stream_table(
+                batch.gens, batch.counts, batch.streams, batch.stream_temp,
+                batch.max_new_tokens, batch.device)
+            result = _graph_loop(
+                model, tokenizer, parts, prefilled, batch.max_new_tokens, batch.top_p,
+                batch.stop, report, threads, stats, batch.row_temp, batch.eos_ids,
+                table.to(batch.device), fresh_weights=allocated > 0)
+    except Exception as e:  # noqa: BLE001 - the run goes on, compact, and says why
+        if reported or isinstance(e, (KeyboardInterrupt, MemoryError)):
+            raise  # rows were already handed on: a second decode would repeat them
+        why = f"graph path failed ({type(e).__name__}: {e})"[:300]
+        model.__dict__[_BROKEN_ATTR] = why  # not tried again in this process
+        model.__dict__.pop(_STEPS_ATTR, None)
+        stats.fallback = why
+        for g, state in zip(batch.gens, states):
+            g.set_state(state)
+    return result
+
+
+def _decode_compact(model, tokenizer: PreTrainedTokenizerBase, batch: _Batch, pack: bool,
+                    on_done: Callable[[int, str], None] | None,
+                    threads: Callable[[], int] | None, stats: SampleStats,
+                    uniforms: torch.Tensor | None) -> tuple[list[list[int]], list[str]]:
+    """The compact path's tokens and finish reasons (finished rows leave the batch)."""
+    stats.path, stats.merged = "compact", False
+    with packed_linears(model, enabled=pack) as stats.packed, \
+            merged_lora(model, enabled=pack) as stats.merged:
+        prefilled = _prefilled(model, tokenizer, batch.requests, batch.streams, batch.counts,
+                               batch.device, stats)
+        return _compact_loop(
+            model, tokenizer, prefilled, batch.max_new_tokens, batch.top_p, batch.stop,
+            on_done, threads, stats, batch.gens, batch.row_stream, batch.row_temp,
+            batch.stream_temp, batch.eos_ids, uniforms)
+
+
+def _texts(tokenizer: PreTrainedTokenizerBase, batch: _Batch, generated: list[list[int]],
+           finish: list[str], stats: SampleStats) -> list[list[str]]:
+    """Each request's completions: its rows' tokens as text, cut at a stop string."""
     stats.finish = finish
     stats.new_tokens = sum(len(g) for g in generated)
-    texts = [_final_text(tokenizer, toks, finish[r], stop) for r, toks in enumerate(generated)]
+    texts = [_final_text(tokenizer, toks, finish[r], batch.stop)
+             for r, toks in enumerate(generated)]
     bounds = [0]
-    for n in counts:
+    for n in batch.counts:
         bounds.append(bounds[-1] + n)
-    return [texts[bounds[j]:bounds[j + 1]] for j in range(len(requests))], stats
+    return [texts[bounds[j]:bounds[j + 1]] for j in range(len(batch.requests))]
 
 
 @dataclass

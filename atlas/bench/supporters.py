@@ -117,7 +117,8 @@ def requests() -> dict[str, Any]:
 def run(url: str, model: str, n: int, modes: tuple[str, ...], seed: int,
         roles: tuple[str, ...] = ROLES) -> dict:
     """``{mode: {role: {"ok": k, "n": n, "causes": {...}, "answered_in": {...}}}}``."""
-    from atlas.supporters import build_supporters
+    from atlas.supporters import make_supporters
+    from atlas.supporters.config import role_configs
     from atlas.supporters.openai_backend import forget_negotiated
 
     reqs = requests()
@@ -128,7 +129,7 @@ def run(url: str, model: str, n: int, modes: tuple[str, ...], seed: int,
                "temperature": 0.7, "timeout_s": 120, "max_retries": 0,
                "structured_output": mode, "max_tokens": 160,
                "exploration": {"max_tokens": 320}}
-        sup = build_supporters(cfg, task_name="bandit", seed=seed)
+        sup = make_supporters(role_configs(cfg), seed=seed)
         out[mode] = {}
         for role in roles:
             causes: Counter = Counter()

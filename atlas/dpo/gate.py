@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 
 from atlas.dpo.config import GateConfig
 from atlas.dpo.scoring import (
-    REFERENCE,
     GainEstimate,
     PolicySpec,
     gate_pass,
@@ -52,30 +51,6 @@ KL_TOO_LARGE = "rejected: KL too large"
 DISABLED = "accepted: gate disabled"
 NO_ITEMS = "rejected: no held-out gate item"
 INSUFFICIENT = INSUFFICIENT_EVIDENCE  # G_k below gate.min_completions: no decision made
-
-
-def token_kl(model, tokenizer, items: list[GateItem], candidate_state: PolicySpec,
-             reference: PolicySpec, *, max_length: int = 768) -> float:
-    """Eq. 3: mean over items of the token-average full-vocabulary KL(cand || ref) on the
-    item's preferred completion, teacher-forced after its prompt (prompt tokens masked).
-
-    ``reference``: any ``PolicySpec``. The ``ref`` adapter is never written; the policy
-    adapter is restored.
-    """
-    res = gate_pass(model, tokenizer, items, [candidate_state], kl_reference=reference,
-                    need_scores=False, max_length=max_length)
-    return mean_kl(res.kl[0])
-
-
-def inspector_score(model, tokenizer, items: list[GateItem], policy: PolicySpec,
-                    reference: PolicySpec = REFERENCE, *, gate: GateConfig | None = None,
-                    seed: int = 0) -> GainEstimate:
-    """S(policy), S(reference), the gain and its paired lower bound on G_k (module docstring;
-    ``gate`` supplies temperature, confidence, resamples and max_length)."""
-    gate = GateConfig() if gate is None else gate
-    res = gate_pass(model, tokenizer, items, [policy], kl_reference=reference, need_scores=True,
-                    max_length=gate.max_length)
-    return offline_estimates(res.sum_logps, res.ref_sum_logps, items, gate, seed)[0]
 
 
 def offline_estimates(sum_logps: Sequence[list[list[float]]], ref_sum_logps: list[list[float]],
@@ -165,8 +140,7 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
     """
     if not isinstance(gate, GateConfig):
         raise TypeError(f"gate must be a GateConfig (GateConfig.from_cfg(cfg.gate)), got {type(gate).__name__}")
-    if reference not in tuple(ReferenceMode):
-        raise ValueError(f"reference must be 'adaptive' or 'fixed' (method.reference), got {reference!r}")
+    reference = ReferenceMode.parse(reference)
     if gate.score_mode == "online" and online_score is None:
         raise ValueError("gate.score_mode=online needs online_score (a sampler and the sandbox: "
                          "the phase loop passes an OnlineInspector); or use gate.score_mode=offline")

@@ -18,21 +18,11 @@ from atlas.dpo.batching import PairCollator
 from atlas.dpo.logprobs import sequence_logps
 from atlas.types import PreferencePair, ReferenceMode
 
-REFERENCE_MODES = tuple(m.value for m in ReferenceMode)
-
-
-def check_reference(reference: ReferenceMode | str) -> ReferenceMode:
-    """Validate a train-time reference mode (``fixed`` = adapters off, ``adaptive`` = ``ref``)."""
-    if reference not in REFERENCE_MODES:
-        raise ValueError(f"reference must be one of {REFERENCE_MODES} (method.reference), "
-                         f"got {reference!r}")
-    return ReferenceMode(reference)
-
 
 @contextlib.contextmanager
 def reference_forward(model, reference: str) -> Iterator[None]:
     """No-grad, eval-mode (no dropout) context in which ``model`` is the reference policy."""
-    name = None if check_reference(reference) == ReferenceMode.FIXED else REF
+    name = None if ReferenceMode.parse(reference) == ReferenceMode.FIXED else REF
     was_training = model.training
     model.eval()
     try:

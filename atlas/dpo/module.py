@@ -17,7 +17,7 @@ import torch
 
 from atlas.agent.adapters import POLICY, adapter, adapter_params
 from atlas.dpo.config import DPOConfig
-from atlas.dpo.loss import check_reference, dpo_loss, dpo_terms, reference_forward
+from atlas.dpo.loss import dpo_loss, dpo_terms, reference_forward
 from atlas.dpo.prefix import PromptGroup, grouped_logps, pair_logps_table
 from atlas.types import ReferenceMode
 
@@ -31,7 +31,7 @@ class DPOModule(pl.LightningModule):
         super().__init__()
         self.model = model
         self.cfg = cfg
-        self.reference = check_reference(reference)
+        self.reference = ReferenceMode.parse(reference)
         self.optimizer_state = optimizer_state
         # shared-prompt path: the phase's pairs, cut once, and their reference log-probs,
         # computed once at train start

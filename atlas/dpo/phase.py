@@ -14,8 +14,8 @@ import logging
 import math
 import time
 import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
@@ -27,11 +27,14 @@ from atlas.agent.adapters import POLICY, get_adapter_state
 from atlas.dpo.batching import IndexedPairCollator, SharedPromptCollator
 from atlas.dpo.callbacks import PolicySnapshotCallback, snapshot_steps
 from atlas.dpo.config import DPOConfig
-from atlas.dpo.loss import check_reference
 from atlas.dpo.module import DPOModule
 from atlas.dpo.prefix import PromptGroup, encode_group
 from atlas.dpo.reference import ReferenceCallback, ReferenceOutcome
 from atlas.types import PolicyCandidate, PreferencePair, ReferenceMode
+
+#: where a phase's per-step DPO records go: a Lightning logger, a callable taking each record,
+#: or nowhere
+PhaseLogger = pl.loggers.Logger | Callable[[dict[str, Any]], Any] | None
 
 
 @dataclass
@@ -42,8 +45,6 @@ class PhaseResult:
     metrics: dict[str, float]
     history: list[dict]
     optimizer_state: dict | None = None  # AdamW state, for resume (pass back to train_phase)
-    pairs_used: int = 0
-    skipped: list[str] = field(default_factory=list)  # why pairs were dropped, if any
     reference: ReferenceOutcome | None = None  # the reference callback's decision, if attached
 
 
@@ -114,7 +115,7 @@ def _summary(history: list[dict], steps: int, seconds: float, n_pairs: int) -> d
 
 def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
                 reference: ReferenceMode | str, *,
-                seed: int = 0, logger: Any = None, optimizer_state: dict | None = None,
+                seed: int = 0, logger: PhaseLogger = None, optimizer_state: dict | None = None,
                 reference_callback: ReferenceCallback | None = None) -> PhaseResult:
     """Train the policy adapter on ``pairs`` for ``cfg.epochs`` epochs; return C_k and metrics.
 
@@ -126,7 +127,43 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     C_k's snapshots and, at the end of the fit, decides and promotes. Without it (EvoTune, or
     a caller that gates by itself) a plain snapshot callback builds C_k.
     """
-    reference = check_reference(reference)
+    reference = _check_phase_args(pairs, cfg, reference, logger)
+    cfg = cfg.clamped()
+    chosen = select_pairs(pairs, cfg.max_pairs)
+    total_steps = math.ceil(len(chosen) / cfg.batch_size) * cfg.epochs
+    device = next(model.parameters()).device
+    encoded, collate, step_gb = _collation(model, tokenizer, chosen, cfg)
+    recompute = (cfg.gradient_checkpointing is True
+                 or (cfg.gradient_checkpointing == "auto" and step_gb > cfg.memory_budget_gb))
+    module = DPOModule(model, cfg, reference, optimizer_state=optimizer_state, encoded=encoded,
+                       recompute=recompute and cfg.shared_prompt)
+    snaps = reference_callback if reference_callback is not None else PolicySnapshotCallback([])
+    snaps.steps = snapshot_steps(total_steps, cfg.checkpoints)
+    was_training = model.training
+    t0 = time.perf_counter()
+    # the per-row path recomputes through transformers; the shared-prompt path per prompt
+    # group (transformers' checkpointing drops the prompt's KV cache in training)
+    trainer = _fit(model, module, collate, len(chosen), cfg, seed=seed, device=device,
+                   callbacks=[snaps], was_training=was_training,
+                   hf_checkpointing=recompute and not cfg.shared_prompt)
+    outcome = reference_callback.outcome if reference_callback is not None else None
+    # DPO's own time: the reference's decision at the end of the fit is the gate's
+    seconds = time.perf_counter() - t0 - (outcome.seconds if outcome is not None else 0.0)
+    history = module.history
+    _emit(logger, history)
+    candidates = _candidates(model, trainer, snaps, reference_callback)
+    metrics = _summary(history, trainer.global_step, seconds, len(chosen))
+    metrics.update(shared_prompt=float(cfg.shared_prompt), recompute=float(recompute),
+                   step_gb_estimate=step_gb, reference_table_seconds=module.ref_seconds)
+    opt_state = _cpu_state(trainer.optimizers[0].state_dict()) if trainer.optimizers else None
+    return PhaseResult(candidates=candidates, metrics=metrics, history=history,
+                       optimizer_state=opt_state, reference=outcome)
+
+
+def _check_phase_args(pairs: list[PreferencePair], cfg: DPOConfig,
+                      reference: ReferenceMode | str, logger: PhaseLogger) -> ReferenceMode:
+    """``train_phase``'s arguments, each wrong one named; the parsed reference mode."""
+    reference = ReferenceMode.parse(reference)
     if not isinstance(cfg, DPOConfig):
         raise TypeError(f"cfg must be a DPOConfig (DPOConfig.from_cfg(cfg.dpo)), got {type(cfg).__name__}")
     if not pairs:
@@ -134,41 +171,35 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     if logger is not None and not (isinstance(logger, pl.loggers.Logger) or callable(logger)):
         raise TypeError(f"logger must be None, a Lightning logger or a callable taking a dict, "
                         f"got {type(logger).__name__}")
-    cfg = cfg.clamped()
-    chosen = select_pairs(pairs, cfg.max_pairs)
-    steps_per_epoch = math.ceil(len(chosen) / cfg.batch_size)
-    total_steps = steps_per_epoch * cfg.epochs
+    return reference
 
-    device = next(model.parameters()).device
+
+def _collation(model, tokenizer, chosen: list[PreferencePair], cfg: DPOConfig
+               ) -> tuple[list | None, Any, float]:
+    """The batches' collator: shared-prompt groups (encoded once, with the estimate of the
+    largest step any shuffle can make, in GB) or plain pair rows (no estimate: NaN)."""
+    if not cfg.shared_prompt:
+        return None, IndexedPairCollator(tokenizer, cfg.max_length, chosen), math.nan
+    encoded = [encode_group(tokenizer, p.prompt, [p.chosen, p.rejected], cfg.max_length)
+               for p in chosen]
+    collate = SharedPromptCollator(encoded)
+    # the largest step any shuffle can make: the batch_size largest pairs, unshared
+    per_pair = sorted((estimate_step_gb(model, collate([i])) for i in range(len(chosen))),
+                      reverse=True)
+    return encoded, collate, sum(per_pair[:cfg.batch_size])
+
+
+def _fit(model, module: DPOModule, collate: Any, n_pairs: int, cfg: DPOConfig, *, seed: int,
+         device: torch.device, callbacks: list[pl.Callback], was_training: bool,
+         hf_checkpointing: bool) -> pl.Trainer:
+    """One Lightning fit of ``cfg.epochs`` epochs, seeded with ``seed`` under a forked RNG
+    (the caller's global RNG state is left as it was); the model ends where it started."""
     accelerator = "gpu" if device.type == "cuda" else "cpu"
     fork_devices = [device.index or 0] if device.type == "cuda" else []
-    if cfg.shared_prompt:
-        encoded = [encode_group(tokenizer, p.prompt, [p.chosen, p.rejected], cfg.max_length)
-                   for p in chosen]
-        collate: Any = SharedPromptCollator(encoded)
-        # the largest step any shuffle can make: the batch_size largest pairs, unshared
-        per_pair = sorted((estimate_step_gb(model, collate([i])) for i in range(len(chosen))),
-                          reverse=True)
-        step_gb = sum(per_pair[:cfg.batch_size])
-    else:
-        encoded, collate = None, IndexedPairCollator(tokenizer, cfg.max_length, chosen)
-        step_gb = math.nan
-    recompute = (cfg.gradient_checkpointing is True
-                 or (cfg.gradient_checkpointing == "auto" and step_gb > cfg.memory_budget_gb))
-    # the per-row path recomputes through transformers; the shared-prompt path per prompt
-    # group (transformers' checkpointing drops the prompt's KV cache in training)
-    hf_checkpointing = recompute and not cfg.shared_prompt
-    module = DPOModule(model, cfg, reference, optimizer_state=optimizer_state, encoded=encoded,
-                       recompute=recompute and cfg.shared_prompt)
-    snaps = reference_callback if reference_callback is not None else PolicySnapshotCallback([])
-    snaps.steps = snapshot_steps(total_steps, cfg.checkpoints)
-    callbacks: list[pl.Callback] = [snaps]
-    was_training = model.training
-    t0 = time.perf_counter()
     with torch.random.fork_rng(devices=fork_devices), _quiet_lightning():
         torch.manual_seed(seed)
         # a dataset of pair indices: the same shuffle, so the same batches, on either path
-        loader = DataLoader(list(range(len(chosen))), batch_size=cfg.batch_size, shuffle=True,
+        loader = DataLoader(list(range(n_pairs)), batch_size=cfg.batch_size, shuffle=True,
                             collate_fn=collate, generator=torch.Generator().manual_seed(seed))
         trainer = pl.Trainer(
             accelerator=accelerator, devices=[device.index or 0] if accelerator == "gpu" else 1,
@@ -188,27 +219,18 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
             model.train(was_training)
             if next(model.parameters()).device != device:  # never silently elsewhere
                 model.to(device)
-    outcome = reference_callback.outcome if reference_callback is not None else None
-    # DPO's own time: the reference's decision at the end of the fit is the gate's
-    seconds = time.perf_counter() - t0 - (outcome.seconds if outcome is not None else 0.0)
-    history = module.history
-    _emit(logger, history)
+    return trainer
+
+
+def _candidates(model, trainer: pl.Trainer, snaps: PolicySnapshotCallback,
+                reference_callback: ReferenceCallback | None) -> list[PolicyCandidate]:
+    """C_k: the reference callback's, or the snapshots and the phase-final policy."""
     if reference_callback is not None:
-        candidates = list(reference_callback.candidates)
-    else:
-        candidates = [PolicyCandidate(name=f"step_{s}", state=st, step=s)
-                      for s, st in snaps.snapshots]
-        candidates.append(PolicyCandidate(name="final", state=get_adapter_state(model, POLICY),
-                                          step=trainer.global_step))
-    metrics = _summary(history, trainer.global_step, seconds, len(chosen))
-    metrics.update(shared_prompt=float(cfg.shared_prompt), recompute=float(recompute),
-                   step_gb_estimate=step_gb, reference_table_seconds=module.ref_seconds)
-    opt_state = _cpu_state(trainer.optimizers[0].state_dict()) if trainer.optimizers else None
-    skipped = [f"{len(pairs) - len(chosen)} pairs over dpo.max_pairs={cfg.max_pairs}"] \
-        if len(chosen) < len(pairs) else []
-    return PhaseResult(candidates=candidates, metrics=metrics, history=history,
-                       optimizer_state=opt_state, pairs_used=len(chosen), skipped=skipped,
-                       reference=outcome)
+        return list(reference_callback.candidates)
+    candidates = [PolicyCandidate(name=f"step_{s}", state=st, step=s) for s, st in snaps.snapshots]
+    candidates.append(PolicyCandidate(name="final", state=get_adapter_state(model, POLICY),
+                                      step=trainer.global_step))
+    return candidates
 
 
 def estimate_step_gb(model: Any, batch: dict[str, Any]) -> float:
@@ -241,16 +263,7 @@ def set_checkpointing(model: Any, on: bool) -> None:
         model.gradient_checkpointing_disable()
 
 
-def is_checkpointing(model: Any) -> bool:
-    """Whether ``set_checkpointing(model, True)`` is in force."""
-    inner = model.base_model.model if hasattr(model, "base_model") else model
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(inner), name):  # the class: reading a deprecated property warns
-            return bool(getattr(inner, name))
-    return False
-
-
-def _emit(logger: Any, history: list[dict]) -> None:
+def _emit(logger: PhaseLogger, history: list[dict]) -> None:
     """Hand per-step records to the caller's logger.
 
     A Lightning logger is not given to the phase's Trainer: every phase starts a new Trainer

@@ -1,9 +1,10 @@
 """Task-distributed supporters (paper 2.1): exploration, fine-tuning strategy, inspection.
 
-``build_supporters(cfg, task_name=..., seed=...)`` turns the ``supporters`` config group
-into the three roles. Each role runs on the ``embedded`` rules (default, no model) or an
-``openai``-compatible endpoint, and falls back to its rule whenever the model's answer is
-unusable; ``Supporters.stats()`` reports how often that happened.
+``make_supporters(role_configs(cfg), seed=...)`` turns the ``supporters`` config group
+into the three roles (a run passes its validated ``Settings.supporters``). Each role runs
+on the ``embedded`` rules (default, no model) or an ``openai``-compatible endpoint, and
+falls back to its rule whenever the model's answer is unusable; ``Supporters.stats()``
+reports how often that happened.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from atlas.supporters.config import (
     InspectorConfig,
     RoleConfig,
     StrategistConfig,
-    role_configs,
 )
 from atlas.supporters.roles import ExplorationSupporter, FineTuningStrategist, PolicyInspector
 from atlas.supporters.schemas import (
@@ -45,7 +45,6 @@ class Supporters:
     exploration: ExplorationSupporter
     strategist: FineTuningStrategist
     inspector: PolicyInspector
-    task_name: str = ""
 
     def stats(self) -> dict:
         """Per role: backend, calls, llm_ok, embedded, fallbacks{cause: n},
@@ -67,19 +66,15 @@ class Supporters:
                                  for k, v in (s.get("modes") or {}).items()}
 
 
-def build_supporters(cfg: Mapping | None, *, task_name: str, seed: int) -> Supporters:
-    """The roles described by the ``supporters`` config group (None: all embedded)."""
-    return make_supporters(role_configs(cfg), task_name=task_name, seed=seed)
-
-
-def make_supporters(cfgs: Mapping[str, RoleConfig], *, task_name: str, seed: int) -> Supporters:
-    """The roles of validated settings (``role_configs``; a run's ``Settings.supporters``)."""
+def make_supporters(cfgs: Mapping[str, RoleConfig], *, seed: int) -> Supporters:
+    """The three roles of validated settings (``role_configs``: a run's
+    ``Settings.supporters``), each seeded with ``seed``."""
     exp, strat, insp = cfgs["exploration"], cfgs["strategist"], cfgs["inspector"]
     assert isinstance(exp, ExplorationConfig) and isinstance(strat, StrategistConfig)
     assert isinstance(insp, InspectorConfig)
     return Supporters(exploration=ExplorationSupporter(exp, seed=seed),
                       strategist=FineTuningStrategist(strat, seed=seed),
-                      inspector=PolicyInspector(insp, seed=seed), task_name=task_name)
+                      inspector=PolicyInspector(insp, seed=seed))
 
 
 __all__ = [
@@ -87,5 +82,5 @@ __all__ = [
     "ExplorationSupporter", "FineTuningStrategist", "GateDecision", "GateNumbers",
     "InspectorRequest", "InspectorVerdict", "KnobBounds", "Knobs", "PolicyInspector",
     "ProgramView", "QualityMetricView", "ScoreStats", "StrategistAdvice", "StrategistRequest", "Supporters",
-    "build_supporters", "make_supporters",
+    "make_supporters",
 ]
