@@ -20,11 +20,12 @@ from typing import Any
 from atlas.agent.adapters import get_adapter_state
 from atlas.checkpoint import CheckpointError
 from atlas.dpo import DPOConfig, GateConfig, train_phase
+from atlas.dpo.evidence import HOLDOUT, Evidence, choose_evidence
 from atlas.dpo.gate import INSUFFICIENT
+from atlas.dpo.online_inspection import OnlineInspector
 from atlas.dpo.reference import ReferenceCallback, ReferenceState, no_decision
-from atlas.evolution.evidence import HOLDOUT, Evidence, choose_evidence
-from atlas.evolution.online_inspection import OnlineInspector
-from atlas.evolution.preferences import PAIR_KINDS, build_pairs, failure_floor
+from atlas.evolution.buffer import failure_floor
+from atlas.evolution.preferences import PAIR_KINDS, build_pairs
 from atlas.knobs import KNOBS
 from atlas.schema import MethodConfig
 from atlas.supporters import Supporters
@@ -118,7 +119,7 @@ class FineTuner:
         record.built = True
         record.strategist = self._consult_strategist(phase, phase_programs, stats)
         cfg = self.dpo_cfg
-        # G_k first: when it is held out, D_k never sees its prompts (atlas.evolution.evidence)
+        # G_k first: when it is held out, D_k never sees its prompts (atlas.dpo.evidence)
         evidence = choose_evidence(phase_programs, self.gate_cfg, phase_seed(self.seed, phase),
                                    gated=bool(self.method.gate)) if adaptive else None
         held = evidence.held if evidence is not None else []

@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"usage: {USAGE}")
         if args.workers < 1 or args.round < 0:
             raise ValueError("--workers must be >= 1 and --round >= 0")
-        from atlas.compose import build_task, compose
+        from atlas.compose import compose
+        from atlas.tasks import build_task
 
         cfg = compose(overrides)
         task = build_task(cfg)

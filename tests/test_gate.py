@@ -19,6 +19,7 @@ from atlas.dpo import (
     select_and_gate,
     token_kl,
 )
+from atlas.dpo.evidence import hold_out_prompts
 from atlas.dpo.gate import NO_ITEMS
 from atlas.dpo.scoring import (
     BASE,
@@ -28,7 +29,6 @@ from atlas.dpo.scoring import (
     lower_bound,
     normalised_scores,
 )
-from atlas.evolution.preferences import hold_out_prompts
 from atlas.types import Evaluation, GateItem, Program
 
 ITEMS = [

@@ -15,9 +15,10 @@ import sys
 
 
 def audit(overrides: list[str]) -> int:
-    from atlas.compose import build_task, compose
+    from atlas.compose import compose
     from atlas.sandbox import Sandbox
     from atlas.sandbox.seccomp import ALLOWED, CMD_CHECKED, PID_CHECKED
+    from atlas.tasks import build_task
 
     try:
         if not any(o.startswith("task=") for o in overrides):

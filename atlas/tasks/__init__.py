@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from atlas.tasks.base import PromptSpec, QualityMetric, Task
+from atlas.tasks.base import PromptSpec, QualityMetric, Task, TaskError
 
 #: built-in task name -> its class (``_target_``); other tasks name their class in their YAML
 TASKS: dict[str, str] = {
@@ -205,5 +205,14 @@ def make_task(name: str | None = None, **config: Any) -> Task:
         raise
 
 
-__all__ = ["PromptSpec", "QualityMetric", "Task", "TASKS", "check_factory",
-           "check_task_class", "make_task", "task_class", "task_target"]
+def build_task(cfg: Any) -> Task:
+    """The task a run of the composed config ``cfg`` builds (``cfg.task`` resolved, fields
+    checked by the task's class): the one builder for ``atlas.config.validate``,
+    ``atlas.score``, ``python -m atlas.tasks check`` and ``python -m atlas.sandbox``."""
+    from omegaconf import OmegaConf  # deferred: sandbox workers import this package
+
+    return make_task(**OmegaConf.to_container(cfg.task, resolve=True))
+
+
+__all__ = ["PromptSpec", "QualityMetric", "Task", "TaskError", "TASKS", "build_task",
+           "check_factory", "check_task_class", "make_task", "task_class", "task_target"]

@@ -63,7 +63,8 @@ def scaffold(name: str, where: Path) -> list[Path]:
 
 
 def check(overrides: list[str], secrets: int, max_spread: float, secret_seed: int) -> int:
-    from atlas.compose import build_task, compose
+    from atlas.compose import compose
+    from atlas.tasks import build_task
     from atlas.tasks.checker import check_task
 
     try:

@@ -23,8 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hydra.errors import CompactHydraException
-
+from atlas.messages import cause
 from atlas.tasks import check_task_class
 from atlas.tasks.base import Task
 from atlas.types import Evaluation, FailureKind
@@ -36,11 +35,6 @@ SECRETS = 3
 #: failure kinds that are not a clean rejection of a wrong answer
 UNCLEAN = frozenset({FailureKind.TASK_ERROR.value, FailureKind.KILLED.value,
                      FailureKind.TIMEOUT.value})
-
-
-class TaskError(RuntimeError, CompactHydraException):
-    """The task itself is broken (its seed program fails, its scorer raised): the message
-    names the cause and the fix; on the command line it is one line, not a traceback."""
 
 
 @dataclass
@@ -101,8 +95,6 @@ def spread(scores: list[float]) -> float:
 
 
 def _first_line(ev: Evaluation) -> str:
-    from atlas.evolution.explorer import cause
-
     return f"{ev.failure_kind}: {cause(ev.message, 400)}"
 
 
@@ -203,5 +195,5 @@ def check_task(task: Task, *, secrets: int = SECRETS, max_spread: float = MAX_SP
     return report
 
 
-__all__ = ["Check", "MAX_SPREAD", "Report", "SECRETS", "TaskError", "check_secrets",
+__all__ = ["Check", "MAX_SPREAD", "Report", "SECRETS", "check_secrets",
            "check_task", "spread", "wrong_return_program"]
