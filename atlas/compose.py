@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from atlas.fields import check_known_fields
 from atlas.loggers import builtin as builtin_logger
 from atlas.schema import ConfigError
+from atlas.tasks import build_task
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # sub-trees whose keys are validated by their consumer, not by the YAML schema
@@ -250,3 +251,7 @@ def compose(overrides: list[str]) -> Any:
     except (HydraException, OmegaConfBaseException) as exc:
         raise ValueError(" ".join(str(exc).split())) from None
 
+
+# build_task: the task a composed config builds (its home is atlas.tasks)
+__all__ = ["CONF", "build_task", "check_known_keys", "compose", "group_problem", "groups",
+           "override_problem", "schema", "searchpath_problem"]

@@ -13,7 +13,8 @@ from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.explorer import Explorer
 from atlas.evolution.preferences import build_pairs
 from atlas.sandbox.candidate import CandidateError, load_candidate
-from atlas.tasks.base import PromptSpec, Task, TaskError
+from atlas.tasks.base import PromptSpec, Task
+from atlas.tasks.errors import TaskError
 from atlas.types import Evaluation, FailureKind, Program
 from tests.conftest import explore_settings, model_settings
 

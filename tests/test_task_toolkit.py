@@ -20,8 +20,9 @@ from atlas.messages import cause
 from atlas.sandbox import Sandbox, protocol
 from atlas.tasks import build_task, make_task, task_class
 from atlas.tasks.__main__ import class_name, scaffold
-from atlas.tasks.base import PromptSpec, Task, TaskError
+from atlas.tasks.base import PromptSpec, Task
 from atlas.tasks.checker import check_task, spread
+from atlas.tasks.errors import TaskError
 from atlas.types import FailureKind
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,8 @@ import dataclasses
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.evaluation import Sandbox, outcome, regime_key
 from atlas.messages import cause
-from atlas.tasks.base import Task, TaskError
+from atlas.tasks.base import Task
+from atlas.tasks.errors import TaskError
 from atlas.types import Evaluation, FailureKind, Program, ProgramSource
 
 

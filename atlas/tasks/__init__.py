@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from atlas.tasks.base import PromptSpec, QualityMetric, Task, TaskError
+from atlas.tasks.base import PromptSpec, QualityMetric, Task
 
 #: built-in task name -> its class (``_target_``); other tasks name their class in their YAML
 TASKS: dict[str, str] = {
@@ -214,5 +214,5 @@ def build_task(cfg: Any) -> Task:
     return make_task(**OmegaConf.to_container(cfg.task, resolve=True))
 
 
-__all__ = ["PromptSpec", "QualityMetric", "Task", "TaskError", "TASKS", "build_task",
+__all__ = ["PromptSpec", "QualityMetric", "Task", "TASKS", "build_task",
            "check_factory", "check_task_class", "make_task", "task_class", "task_target"]

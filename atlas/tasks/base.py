@@ -24,13 +24,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from hydra.errors import CompactHydraException
-
-
-class TaskError(RuntimeError, CompactHydraException):
-    """The task itself is broken (its seed program fails, its scorer raised): the message
-    names the cause and the fix; on the command line it is one line, not a traceback."""
-
 
 @dataclass(frozen=True)
 class PromptSpec:
