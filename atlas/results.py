@@ -223,6 +223,6 @@ def supporter_calls(stats: dict[str, Any] | None) -> dict[str, dict[str, int]] |
     its server), from the roles' counters; None when the method ran no supporters."""
     if not stats:
         return None
-    from atlas.supporters.base import call_counts
+    from atlas.supporters.base import call_counts  # deferred: supporters load Hydra, pydantic
 
     return {role: call_counts(s) for role, s in stats.items()}

@@ -245,7 +245,8 @@ class Explorer:
                   ) -> list[tuple[list[str], dict[int, tuple[str, str | None, Future]]]]:
         """Sample every plan's completions (one batch when there are several); a sample
         that ends early goes to the sandbox while the others still decode."""
-        from atlas.agent.adapters import POLICY  # deferred: peft is slow to import
+        # deferred: peft and transformers are slow to import, and a scripted agent needs neither
+        from atlas.agent.adapters import POLICY
         from atlas.agent.sampling import Request
 
         s = self.settings
