@@ -9,6 +9,11 @@ Determinism: ids are assigned when a candidate is created, and results are filed
 database in id order (the longest completed prefix is filed after each island's generation,
 the rest at the end of the round), so clustering and buffer eviction do not depend on which
 worker finished first.
+
+The other ways a program is scored and filed live beside it, one concept a module: the seed
+(``seeding``), a supporter's patches (``patches``), incumbents on a new equation
+(``rescoring``), and the sandbox round trip they all share (``evaluation``); the explorer's
+methods of those names hand over to them.
 """
 
 from __future__ import annotations
@@ -21,13 +26,13 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from atlas.evolution import seeding
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.evaluation import Sandbox, outcome, regime_key, submit
 from atlas.evolution.extract import extract_program
 from atlas.evolution.patches import PatchFiling, add_external, file_patches
 from atlas.evolution.prompts import build_prompt
 from atlas.evolution.rescoring import rescore
+from atlas.evolution.seeding import seed_islands
 from atlas.schema import ExploreConfig
 from atlas.tasks.base import Task
 from atlas.types import Evaluation, FailureKind, Program, ProgramSource
@@ -139,7 +144,7 @@ class Explorer:
     def seed_islands(self, round_index: int = 0, evaluation: Evaluation | None = None
                      ) -> list[Program]:
         """File the task's seed program in every island (``atlas.evolution.seeding``)."""
-        return seeding.seed_islands(self.task, self.sandbox, self.db, round_index, evaluation)
+        return seed_islands(self.task, self.sandbox, self.db, round_index, evaluation)
 
     def parents_for(self, island: int) -> list[Program]:
         """The island's coverage-aware top programs; the global best if the island is empty."""
