@@ -1,17 +1,32 @@
-"""The run's config outside ``python -m atlas.train``: the same ``conf/``, overrides and
-``hydra.searchpath``, so ``atlas.score`` and ``atlas.tasks check`` build exactly the task a run
-builds. Also the one check Hydra does badly: a ``pkg://`` search path whose package cannot
-be imported (Hydra says only "Could not find 'task/<name>'").
+"""The run's config from ``conf/``, overrides and ``hydra.searchpath``, for
+``python -m atlas.train`` and outside it, so ``atlas.score`` and ``atlas.tasks check`` build
+exactly the task a run builds. Also the checks Hydra does badly, made on the command line
+before it composes: a ``pkg://`` search path whose package cannot be imported (Hydra says
+only "Could not find 'task/<name>'"), a mistyped group or option, a key that no option of
+``conf/`` defines (``check_known_keys`` checks the composed config the same way).
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib.util
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
+from atlas.fields import check_known_fields
+from atlas.loggers import builtin as builtin_logger
+from atlas.schema import ConfigError
+from atlas.tasks import build_task
+
 CONF = Path(__file__).resolve().parents[1] / "conf"
+# sub-trees whose keys are validated by their consumer, not by the YAML schema
+_OPEN = frozenset({"dpo.bounds"})  # any DPO knob; DPOConfig checks the names
+_ROLE_BLOCKS = ("exploration", "strategist", "inspector")  # may repeat any supporters key
 
 _PKG = re.compile(r"pkg\\?://([A-Za-z_][\w.]*)")  # pkg\:// : as a sweep's jobs carry it
 
@@ -36,6 +51,188 @@ def searchpath_problem(overrides: list[str]) -> str | None:
     return None
 
 
+# -- known keys -------------------------------------------------------------------------------
+def _merge(into: dict[str, Any], data: Mapping[str, Any]) -> None:
+    """Union of key trees (a key that is a mapping in any option stays a mapping)."""
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            node = into.get(key)
+            if not isinstance(node, dict):
+                node = into[key] = {}
+            _merge(node, value)
+        else:
+            into.setdefault(key, None)
+
+
+@functools.lru_cache(maxsize=1)
+def schema(conf: Path = CONF) -> dict[str, Any]:
+    """Every key any option of ``conf/`` defines, as a tree (leaves are None).
+
+    Why from the YAML files: they are the documentation of every field, so a key that none of
+    them defines is read by nothing.
+    """
+    tree: dict[str, Any] = {}
+    top = OmegaConf.to_container(OmegaConf.load(conf / "train.yaml"), resolve=False)
+    _merge(tree, {k: v for k, v in top.items() if k not in ("defaults", "hydra")})
+    for group in sorted(p for p in conf.iterdir() if p.is_dir() and p.name != "hydra"):
+        for option in sorted(group.glob("*.yaml")):
+            text = option.read_text()
+            data = OmegaConf.to_container(OmegaConf.create(text), resolve=False) or {}
+            data.pop("defaults", None)
+            if "@package _global_" in text:
+                _merge(tree, data)
+            else:
+                _merge(tree.setdefault(group.name, {}), data)
+    return tree
+
+
+def _unknown(node: Mapping[str, Any], known: dict[str, Any], path: str) -> None:
+    if path in _OPEN:
+        return
+    allowed = dict(known)
+    if path.startswith("supporters.") and path.count(".") == 1 and path.split(".")[1] in _ROLE_BLOCKS:
+        # a role block overrides the shared supporters keys (`+supporters.exploration.max_tokens=`)
+        allowed.update({k: v for k, v in schema()["supporters"].items() if k not in _ROLE_BLOCKS})
+    extra = [k for k in node if k not in allowed]
+    if extra:
+        close = difflib.get_close_matches(str(extra[0]), [str(k) for k in allowed], n=1)
+        fix = f"; did you mean {path + '.' if path else ''}{close[0]}?" if close else ""
+        added = f" (a key added with `+{path + '.' if path else ''}{extra[0]}=...` is read by nothing)"
+        if not path:
+            raise ConfigError(f"unknown top-level key(s) {sorted(map(str, extra))}: {extra[0]} is "
+                              f"not a known field; remove it or use one of "
+                              f"{sorted(map(str, allowed))}{fix}{added}")
+        try:
+            check_known_fields(allowed, node, path, hint=fix)
+        except ValueError as exc:
+            raise ConfigError(f"{exc}{added}") from None
+    for key, value in node.items():
+        if isinstance(value, Mapping) and isinstance(allowed.get(key), dict):
+            _unknown(value, allowed[key], f"{path}.{key}" if path else str(key))
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """ConfigError naming the first key that no option of ``conf/`` defines.
+
+    A task or logger with its own ``_target_`` may come from another package's config folder:
+    its class checks its own fields (``Task(**cfg.task)`` fails naming an unknown one), not
+    this schema.
+    """
+    node = OmegaConf.to_container(cfg, resolve=False)
+    if isinstance(node.get("task"), Mapping) and "_target_" in node["task"]:
+        node = {k: v for k, v in node.items() if k != "task"}
+    if not builtin_logger(node.get("logger", {})):
+        node = {k: v for k, v in node.items() if k != "logger"}  # its factory checks its fields
+    _unknown(node, schema(), "")
+
+
+def override_problem(overrides: Sequence[str]) -> str | None:
+    """One line naming a ``group.field=value`` override whose field no option of ``conf/``
+    defines, with the closest known field; None when every one is known.
+
+    Why before Hydra: Hydra rejects such a key in four lines that suggest ``+field=``, which
+    would add a key nothing reads. Keys added with ``+``/``++``, removed with ``~``, Hydra's own
+    and, when ``hydra.searchpath`` brings other config folders, the task's, are left to the
+    later checks.
+    """
+    external = any(o.split("=", 1)[0].lstrip("+~") == "hydra.searchpath"
+                   or o.startswith(("--config-dir", "-cd")) for o in overrides)
+    for item in overrides:
+        key, eq, _ = item.partition("=")
+        if not eq or key[:1] in "+~" or "." not in key or key.startswith("hydra."):
+            continue
+        if external and key.startswith("task."):
+            continue
+        node: dict[str, Any] = {}
+        leaf = node
+        for part in key.split(".")[:-1]:
+            leaf = leaf.setdefault(part, {})
+        leaf[key.split(".")[-1]] = None
+        try:
+            _unknown(node, schema(), "")
+        except ConfigError as exc:
+            return str(exc)
+    return None
+
+
+# -- group names and options, before Hydra ------------------------------------------------------
+def groups(conf: Path = CONF) -> dict[str, list[str]]:
+    """``{group: [option, ...]}`` of ``conf/`` (Hydra's own groups left out)."""
+    return {d.name: sorted(p.stem for p in d.glob("*.yaml"))
+            for d in sorted(conf.iterdir()) if d.is_dir() and d.name != "hydra"}
+
+
+def _searchpath_folders(overrides: Sequence[str]) -> list[Path]:
+    """The folders a ``hydra.searchpath=[...]`` override adds (``pkg://`` and ``file://``)."""
+    out: list[Path] = []
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key.lstrip("+~") != "hydra.searchpath":
+            continue
+        # a sweep's job overrides come back from Hydra's parser escaped (pkg\://)
+        for scheme, where in re.findall(r"(pkg|file)\\?://([^,\]\s'\"]+)", value):
+            if scheme == "file":
+                out.append(Path(where))
+                continue
+            top, _, rest = where.partition(".")
+            try:
+                spec = importlib.util.find_spec(top)
+            except (ImportError, ValueError):
+                spec = None
+            if spec is not None and spec.submodule_search_locations:
+                out += [Path(loc, *rest.split(".")) if rest else Path(loc)
+                        for loc in spec.submodule_search_locations]
+    return out
+
+
+def group_problem(overrides: Sequence[str]) -> str | None:
+    """One line naming a mistyped group (``methd=atlas``) or option (``method=atlass``,
+    ``task=mytask`` without the ``hydra.searchpath`` that holds it), with the closest known
+    name; None when every ``group=option`` is known.
+
+    Why before Hydra: it suggests ``+methd=atlas`` (a key nothing reads) for the first and
+    prints a many-line listing for the others. Sweep lists (``method=atlas,evodpo``) are
+    checked value by value; sweep functions (``range(...)``), interpolations and
+    ``--config-dir`` (options Hydra finds elsewhere) are left to Hydra.
+    """
+    if any(o.startswith(("--config-dir", "-cd", "--config-path", "-cp")) for o in overrides):
+        return None
+    known = groups()
+    top = [str(k) for k in schema()]  # train.yaml's fields and those experiment/* adds
+    extra = _searchpath_folders(overrides)
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        if not eq or key[:1] in "+~" or "." in key or "/" in key or key.startswith("-"):
+            continue
+        if key not in known:
+            if key in top:
+                continue
+            names = sorted([*known, *top])
+            close = difflib.get_close_matches(key, names, n=1)
+            return (f"{key} is neither a config group nor a field"
+                    + (f"; did you mean {close[0]}={value}?" if close else "")
+                    + f" (groups: {', '.join(sorted(known))})")
+        value = value.strip("'\"")
+        if any(c in value for c in "()[]{}$*") or value in ("null", ""):
+            continue
+        options = set(known[key])
+        for folder in extra:
+            options |= {p.stem for p in (folder / key).glob("*.yaml")}
+        for option in value.split(","):
+            if option in options:
+                continue
+            close = difflib.get_close_matches(option, sorted(options), n=1)
+            msg = (f"{key}={option}: no option conf/{key}/{option}.yaml"
+                   + (f"; did you mean {key}={close[0]}?" if close else "")
+                   + f" (options: {', '.join(sorted(options))})")
+            if key == "task" and not close:
+                msg += ("; a task from your own package needs its config folder on the search "
+                        "path, e.g. 'hydra.searchpath=[pkg://mypkg.conf]' (docs/tasks.md)")
+            return msg
+    return None
+
+
+# -- the composed config ------------------------------------------------------------------------
 def compose(overrides: list[str]) -> Any:
     """The composed ``train`` config for ``overrides`` (as on the command line), without the
     run-folder fields that need a running Hydra job. ValueError: a one-line cause."""
@@ -43,8 +240,6 @@ def compose(overrides: list[str]) -> Any:
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
-
-    from atlas.config import group_problem, override_problem
 
     problem = (searchpath_problem(overrides) or group_problem(overrides)
                or override_problem(overrides))
@@ -57,10 +252,6 @@ def compose(overrides: list[str]) -> Any:
         raise ValueError(" ".join(str(exc).split())) from None
 
 
-def build_task(cfg: Any) -> Any:
-    """The task a run of ``cfg`` builds (``cfg.task`` resolved, fields checked)."""
-    from omegaconf import OmegaConf
-
-    from atlas.tasks import make_task
-
-    return make_task(**OmegaConf.to_container(cfg.task, resolve=True))
+# build_task: the task a composed config builds (its home is atlas.tasks)
+__all__ = ["CONF", "build_task", "check_known_keys", "compose", "group_problem", "groups",
+           "override_problem", "schema", "searchpath_problem"]

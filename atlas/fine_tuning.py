@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 from atlas.agent.adapters import get_adapter_state
 from atlas.checkpoint import CheckpointError
 from atlas.dpo import DPOConfig, GateConfig, train_phase
+from atlas.dpo.evidence import HOLDOUT, Evidence, choose_evidence
 from atlas.dpo.gate import INSUFFICIENT
+from atlas.dpo.online_inspection import OnlineInspector
 from atlas.dpo.reference import ReferenceCallback, ReferenceOutcome, ReferenceState, no_decision
-from atlas.evolution.evidence import HOLDOUT, Evidence, choose_evidence
-from atlas.evolution.online_inspection import OnlineInspector
-from atlas.evolution.preferences import PAIR_KINDS, build_pairs, failure_floor
+from atlas.evolution.buffer import failure_floor
+from atlas.evolution.preferences import PAIR_KINDS, build_pairs
 from atlas.knobs import KNOBS
 from atlas.schema import MethodConfig
 from atlas.supporters import Supporters
@@ -126,7 +127,7 @@ class FineTuner:
             return PhaseRecord(**head, skip_reason="no score improvement this phase (paper B.4)")
 
         strategist = self._consult_strategist(phase, phase_programs, head["scores"])
-        # G_k first: when it is held out, D_k never sees its prompts (atlas.evolution.evidence)
+        # G_k first: when it is held out, D_k never sees its prompts (atlas.dpo.evidence)
         evidence = self._choose_evidence(phase, phase_programs)
         held = evidence.held if evidence is not None else []
         pairs = build_pairs(db, [p for p in phase_programs if p.prompt not in held],

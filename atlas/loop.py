@@ -38,7 +38,9 @@ from atlas.agent.research_agent import ResearchAgent
 from atlas.atomic import write_text_atomic
 from atlas.config import Settings
 from atlas.evolution.database import ProgramDatabase
-from atlas.evolution.explorer import Explorer, regime_key, score_seed
+from atlas.evolution.evaluation import regime_key
+from atlas.evolution.explorer import Explorer
+from atlas.evolution.seeding import score_seed
 from atlas.fine_tuning import FineTuner, adapter_snapshot
 from atlas.provenance import provenance
 from atlas.results import summarise

@@ -26,6 +26,7 @@ import numpy as np
 from atlas import stats
 from atlas.provenance import differences, flat
 from atlas.results import KNOBS, round_regimes, summarise
+from atlas.tasks import make_task
 from atlas.telemetry import EVENTS, PROGRAMS, dumps, read_jsonl
 
 METHOD_ORDER = ("evotune", "evodpo", "atlas")
@@ -141,8 +142,6 @@ def valid_by_phase(programs: list[dict[str, Any]]) -> dict[int, float]:
 
 def score_label(task_cfg: dict[str, Any]) -> str:
     """The task's own name for its score (``Task.score_label``), from the run's task config."""
-    from atlas.tasks import make_task
-
     cfg = dict(task_cfg)
     try:
         return str(make_task(cfg.pop("name"), **cfg).score_label)

@@ -15,7 +15,6 @@ Figure 2's best-so-far at round r is over programs scored on round r's equation.
 
 from __future__ import annotations
 
-import ast
 import math
 from collections import Counter
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 from atlas.knobs import KNOBS
 from atlas.telemetry import EVENTS, PROGRAMS, read_jsonl
 from atlas.types import INSUFFICIENT_EVIDENCE as INSUFFICIENT
+from atlas.types import code_key
 
 __all__ = ["KNOBS", "summarise"]
 
@@ -31,16 +31,6 @@ __all__ = ["KNOBS", "summarise"]
 def _score(p: dict[str, Any]) -> float:
     s = p["evaluation"].get("score")
     return -math.inf if s is None or not p["evaluation"].get("passed") else float(s)
-
-
-def code_key(code: str) -> str:
-    """What makes two programs the same program: their syntax tree, so a copy that differs only
-    in comments, blank lines or formatting is recognised (the stripped text where it does not
-    parse)."""
-    try:
-        return ast.dump(ast.parse(code))
-    except (SyntaxError, ValueError):
-        return "\n".join(line.strip() for line in code.strip().splitlines() if line.strip())
 
 
 def _origins(programs: list[dict[str, Any]]) -> dict[int, str]:
@@ -233,6 +223,6 @@ def supporter_calls(stats: dict[str, Any] | None) -> dict[str, dict[str, int]] |
     its server), from the roles' counters; None when the method ran no supporters."""
     if not stats:
         return None
-    from atlas.supporters.base import call_counts
+    from atlas.supporters.base import call_counts  # deferred: supporters load Hydra, pydantic
 
     return {role: call_counts(s) for role, s in stats.items()}

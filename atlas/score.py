@@ -24,6 +24,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from atlas.sandbox import Sandbox
+from atlas.sandbox.pool import SandboxError
+from atlas.sandbox.secret import create_secret_file, is_secret
+from atlas.tasks import build_task
+
 USAGE = ("python -m atlas.score task=<name> [overrides ...] prog.py [more.py ...] "
          "[--secret-file F] [--round R] [--json]")
 
@@ -32,8 +37,6 @@ def secret_from(path: str | None) -> tuple[str, Path, bool]:
     """(secret, the file holding it, whether it was created): ``path`` read, or created with
     a fresh secret when it does not exist; a new file in the temporary folder when ``path``
     is None (in a new folder of its own)."""
-    from atlas.sandbox.secret import create_secret_file, is_secret
-
     if path is None:  # a folder of its own: the sandbox masks a secret's folder whole
         name = os.path.join(tempfile.mkdtemp(prefix="atlas-score-"), ".task_secret")
     file = Path(path or name).expanduser()
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"usage: {USAGE}")
         if args.workers < 1 or args.round < 0:
             raise ValueError("--workers must be >= 1 and --round >= 0")
-        from atlas.compose import build_task, compose
+        from atlas.compose import compose  # deferred: Hydra, after the arguments are checked
 
         cfg = compose(overrides)
         task = build_task(cfg)
@@ -107,9 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError, OSError) as exc:
         print(f"atlas.score: {exc}", file=sys.stderr)
         return 2
-    from atlas.sandbox import Sandbox
-    from atlas.sandbox.pool import SandboxError
-
     note = "fresh, written to" if created else "read from"
     print(f"task {task.name}: secret {note} {secret_path} (pass --secret-file {secret_path} "
           f"to score on the same hidden instances)", file=sys.stderr)

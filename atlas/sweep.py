@@ -15,6 +15,10 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
+from atlas.compose import CONF, compose
+from atlas.config import validate
+from atlas.schema import ConfigError
+
 #: seconds ``sinfo`` may take (a cluster whose controller is down makes it retry for ~20 s)
 SINFO_TIMEOUT_S = 10.0
 
@@ -38,10 +42,6 @@ def check_sweep(overrides: Sequence[str]) -> str | None:
     jobs are not known in advance) and ``--config-dir`` runs to Hydra."""
     if any(o.split("=", 1)[0] == "hydra/sweeper" or o.startswith("-") for o in overrides):
         return None
-    from atlas.compose import compose
-    from atlas.config import validate
-    from atlas.schema import ConfigError
-
     try:
         jobs = sweep_jobs(overrides)
     except Exception as exc:  # noqa: BLE001 - a grammar error: Hydra's own line says it better
@@ -56,6 +56,7 @@ def check_sweep(overrides: Sequence[str]) -> str | None:
             if settings.supporters:
                 urls = {r.base_url for r in settings.supporters.values() if r.backend == "openai"}
                 if urls - checked:
+                    # deferred: the supporters' package, for sweeps that run a server
                     from atlas.supporters.health import check_supporters
 
                     check_supporters(settings.supporters)
@@ -71,12 +72,11 @@ def launcher_problem(job: Sequence[str]) -> str | None:
     """For ``hydra/launcher=slurm``: one line when no node of the partition has the CPUs and
     memory a job asks for (``sinfo``), naming both fields and the largest node; None otherwise
     (another launcher, no ``sinfo``, or a request some node meets)."""
-    from hydra import compose, initialize_config_dir
-
-    from atlas.compose import CONF
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("train", overrides=list(job), return_hydra_config=True)
+        cfg = hydra_compose("train", overrides=list(job), return_hydra_config=True)
     launcher = cfg.hydra.launcher
     if "SlurmLauncher" not in str(launcher.get("_target_", "")):
         return None

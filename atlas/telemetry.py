@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from atlas.knobs import KNOBS
-from atlas.types import INSUFFICIENT_EVIDENCE, Program
+from atlas.types import INSUFFICIENT_EVIDENCE, Program, code_key
 
 log = logging.getLogger("atlas.telemetry")
 
@@ -121,8 +121,6 @@ class AgentBest:
         self.regime = ""  # the equation of the last program written
 
     def add(self, p: dict[str, Any]) -> None:
-        from atlas.results import code_key  # results imports this module
-
         source = p.get("source", "agent")
         parents = p.get("parents") or []
         if source == "rescore" and parents and int(parents[0]) in self.origin:

@@ -216,8 +216,7 @@ def hoist_multirun_flag(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    from atlas.compose import searchpath_problem
-    from atlas.config import group_problem, override_problem
+    from atlas.compose import group_problem, override_problem, searchpath_problem
 
     # Hydra would say only "Could not find", or suggest `+field=` for a mistyped field or group
     if problem := (searchpath_problem(sys.argv[1:]) or group_problem(sys.argv[1:])

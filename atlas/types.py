@@ -7,6 +7,7 @@ to one JSON line each (``programs.jsonl``) without custom encoders.
 
 from __future__ import annotations
 
+import ast
 import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -432,3 +433,13 @@ class PhaseRecord:
         if state.get("gate") is not None:
             state["gate"] = GateDecision.from_record(state["gate"])
         return cls(**state)
+
+
+def code_key(code: str) -> str:
+    """What makes two programs the same program: their syntax tree, so a copy that differs only
+    in comments, blank lines or formatting is recognised (the stripped text where it does not
+    parse)."""
+    try:
+        return ast.dump(ast.parse(code))
+    except (SyntaxError, ValueError):
+        return "\n".join(line.strip() for line in code.strip().splitlines() if line.strip())

@@ -1,7 +1,7 @@
 """Every mistake of issue 31's first day ends in one line through the real command line
 (``python -m atlas.train ...`` in a subprocess), naming the field and the fix, in seconds.
 
-Group and option typos are caught before Hydra composes (``atlas.config.group_problem``);
+Group and option typos are caught before Hydra composes (``atlas.compose.group_problem``);
 ``seed``, a model that cannot be had and settings that leave a method without its mechanism
 at validation (``atlas.config.validate``), before the sandbox, the precision probe or
 torch's import.

@@ -323,7 +323,7 @@ def test_cli_mistyped_field_is_one_line_with_the_closest_field(tmp_path, overrid
 
 
 def test_override_check_leaves_added_open_and_foreign_keys_to_later_checks() -> None:
-    from atlas.config import override_problem
+    from atlas.compose import override_problem
 
     assert override_problem(["gate.epsilon=0.1", "dpo.bounds.beta=[0.1,1]", "+dpo.extra=1",
                              "supporters.exploration.max_tokens=5", "experiment=paper",

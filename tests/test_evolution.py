@@ -8,18 +8,12 @@ import math
 
 import pytest
 
+from atlas.dpo.evidence import gate_items, gate_prompts, hold_out_prompts
+from atlas.evolution.buffer import failure_floor
 from atlas.evolution.clustering import FAILED, IslandClusters, code_features, similarity
 from atlas.evolution.database import ProgramDatabase, select_top_k
 from atlas.evolution.extract import extract_program, split_program
-from atlas.evolution.preferences import (
-    PASSED_VS_FAILED,
-    PASSED_VS_PASSED,
-    build_pairs,
-    failure_floor,
-    gate_items,
-    gate_prompts,
-    hold_out_prompts,
-)
+from atlas.evolution.preferences import PASSED_VS_FAILED, PASSED_VS_PASSED, build_pairs
 from atlas.evolution.prompts import build_prompt
 from atlas.tasks.base import PromptSpec
 from atlas.types import Evaluation, FailureKind, Program

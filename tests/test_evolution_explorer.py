@@ -8,12 +8,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
+from atlas.dpo.evidence import gate_items, gate_prompts
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.explorer import Explorer
-from atlas.evolution.preferences import build_pairs, gate_items, gate_prompts
+from atlas.evolution.preferences import build_pairs
 from atlas.sandbox.candidate import CandidateError, load_candidate
 from atlas.tasks.base import PromptSpec, Task
-from atlas.tasks.checker import TaskError
+from atlas.tasks.errors import TaskError
 from atlas.types import Evaluation, FailureKind, Program
 from tests.conftest import explore_settings, model_settings
 

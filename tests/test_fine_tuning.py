@@ -159,7 +159,7 @@ def test_an_old_checkpoint_with_a_queued_promotion_migrates_once_at_load(tmp_pat
 
 # -- the gate's evidence G_k ------------------------------------------------------------------
 def test_auto_evidence_holds_out_when_it_is_rich_and_decides_on_the_buffer_otherwise():
-    from atlas.evolution.evidence import BUFFER, HOLDOUT, choose_evidence
+    from atlas.dpo.evidence import BUFFER, HOLDOUT, choose_evidence
 
     progs = programs()  # 4 prompts x 2 completions: held out, 2 prompts x 2 = 4 informative
     auto = dataclasses.replace(ACCEPT, evidence="auto", min_holdout_completions=4)

@@ -17,6 +17,7 @@ from atlas.dpo import (
     promote,
     select_and_gate,
 )
+from atlas.dpo.evidence import hold_out_prompts
 from atlas.dpo.gate import NO_ITEMS, offline_estimates
 from atlas.dpo.scoring import (
     BASE,
@@ -29,7 +30,6 @@ from atlas.dpo.scoring import (
     mean_kl,
     normalised_scores,
 )
-from atlas.evolution.preferences import hold_out_prompts
 from atlas.types import Evaluation, GateItem, Program
 
 

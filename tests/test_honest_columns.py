@@ -17,7 +17,7 @@ import pytest
 
 import atlas.train
 from atlas.evolution.database import ProgramDatabase
-from atlas.evolution.extract import extract_program
+from atlas.evolution.extract import as_completion, extract_program
 from atlas.evolution.preferences import (
     PASSED_VS_FAILED,
     PASSED_VS_PASSED,
@@ -26,7 +26,7 @@ from atlas.evolution.preferences import (
 )
 from atlas.evolution.prompts import build_prompt, prefill_of
 from atlas.results import summarise
-from atlas.supporters.patching import add_robust_loss, as_completion, find_numeric_sites, perturb
+from atlas.supporters.patching import add_robust_loss, find_numeric_sites, perturb
 from atlas.tasks import make_task
 from atlas.telemetry import EVENTS, PROGRAMS
 from atlas.types import Evaluation, FailureKind, Program

@@ -11,10 +11,10 @@ import torch
 from atlas.agent.adapters import POLICY, REF, get_adapter_state, set_adapter_state
 from atlas.agent.research_agent import ResearchAgent
 from atlas.dpo import GateConfig, PolicyCandidate, select_and_gate
+from atlas.dpo.online_inspection import OnlineInspector
 from atlas.dpo.scoring import REFERENCE, PolicySpec, running_policy
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.explorer import Explorer
-from atlas.evolution.online_inspection import OnlineInspector
 from atlas.evolution.prompts import build_prompt, prefill_of
 from atlas.fine_tuning import FineTuner
 from atlas.sandbox import Sandbox

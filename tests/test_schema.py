@@ -109,7 +109,7 @@ def test_each_schema_names_exactly_the_keys_its_yaml_options_set() -> None:
     """The YAML documents every field and the schema types every field: neither has a key
     the other lacks (a schema field no option sets would fail as missing; a YAML key the
     schema lacks as unknown)."""
-    from atlas.config import schema
+    from atlas.compose import schema
     from atlas.schema import LoggerConfig
 
     tree = schema()

@@ -13,14 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from atlas.compose import build_task, compose, searchpath_problem
+from atlas.compose import compose, searchpath_problem
 from atlas.config import validate
-from atlas.evolution.explorer import cause, score_seed
+from atlas.evolution.seeding import score_seed
+from atlas.messages import cause
 from atlas.sandbox import Sandbox, protocol
-from atlas.tasks import make_task, task_class
+from atlas.tasks import build_task, make_task, task_class
 from atlas.tasks.__main__ import class_name, scaffold
 from atlas.tasks.base import PromptSpec, Task
-from atlas.tasks.checker import TaskError, check_task, spread
+from atlas.tasks.checker import check_task, spread
+from atlas.tasks.errors import TaskError
 from atlas.types import FailureKind
 
 ROOT = Path(__file__).resolve().parents[1]

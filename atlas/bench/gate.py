@@ -90,13 +90,9 @@ def trial_data(programs: list, db: Any, gate: Any, dpo: Any, seed: int, n_pairs:
     of the phase, 3-8 of them); "first-phase": the buffer of a run's first phase, whose rounds
     all serve one prompt (every island starts from the seed): D_k and G_k from the prompt with
     the most completions alone."""
-    from atlas.evolution.preferences import (
-        build_pairs,
-        failure_floor,
-        gate_items,
-        gate_prompts,
-        hold_out_prompts,
-    )
+    from atlas.dpo.evidence import gate_items, gate_prompts, hold_out_prompts
+    from atlas.evolution.buffer import failure_floor
+    from atlas.evolution.preferences import build_pairs
 
     pairable = [p for p in programs if p.source in ("agent", "supporter")]
     agent = [p for p in pairable if p.source == "agent"]

@@ -1,4 +1,5 @@
-"""DPO on LoRA adapters (paper Eq. 1/2), the phase trainer and the EvoDPO gate (Eq. 3-5).
+"""DPO on LoRA adapters (paper Eq. 1/2), the phase trainer and the EvoDPO gate (Eq. 3-5),
+with the gate's evidence G_k (``evidence``) and the on-line inspector (``online_inspection``).
 
 The phase loop calls ``train_phase`` with, for the adaptive reference, a
 ``ReferenceCallback`` on its Trainer: the callback keeps C_k and, when the fit ends, runs
@@ -6,7 +7,9 @@ The phase loop calls ``train_phase`` with, for the adaptive reference, a
 
 Dependencies run one way (no import circle): the shared records (``ReferenceMode``,
 ``PolicyCandidate``, ``GateDecision``) live in the leaf ``atlas.types``; ``promote`` in
-``atlas.agent.adapters``; config <- loss <- module <- callbacks/phase, gate <- scoring.
+``atlas.agent.adapters``; config <- loss <- module <- callbacks/phase, gate <- scoring. This
+package sits above ``atlas.evolution`` (docs/architecture.md, "Layers"): G_k is read off the
+phase's programs, and the on-line inspector samples through the explorer.
 
 Names are imported on first use (PEP 562): ``atlas.config`` validates a command line with
 ``atlas.dpo.config`` alone, before torch and Lightning load, so a typo fails in a second.

@@ -134,7 +134,7 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
     ``reference``: "adaptive" (the ``ref`` adapter) or "fixed" (adapters disabled). Leaves the
     policy adapter as it was on entry (the phase-final state) and never writes ``ref``.
     ``online_score(spec, name)``: S for ``gate.score_mode=online`` (sample and evaluate, e.g.
-    ``atlas.evolution.online_inspection.OnlineInspector``); KL stays teacher-forced on G_k.
+    ``atlas.dpo.online_inspection.OnlineInspector``); KL stays teacher-forced on G_k.
     ``keep_pass``: a list the forward passes' ``GatePass`` is appended to (the gate bench
     records the raw log-probs so other statistics can be recomputed without re-training).
     """

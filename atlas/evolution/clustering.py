@@ -22,6 +22,8 @@ import builtins
 from collections import Counter
 from dataclasses import dataclass, field
 
+from atlas.evolution.extract import parse
+
 FAILED = "failed"  # cluster label of programs that did not pass evaluation
 UNPARSED = "unparsed"  # cluster label of passed code that ast cannot parse (should not happen)
 
@@ -30,9 +32,8 @@ _BUILTINS = frozenset(dir(builtins))
 
 def code_features(code: str) -> Counter[str] | None:
     """Structural token multiset of ``code``; ``None`` when it does not parse."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    tree = parse(code)
+    if tree is None:
         return None
     tokens: Counter[str] = Counter()
     for node in ast.walk(tree):

@@ -9,12 +9,16 @@ Determinism: ids are assigned when a candidate is created, and results are filed
 database in id order (the longest completed prefix is filed after each island's generation,
 the rest at the end of the round), so clustering and buffer eviction do not depend on which
 worker finished first.
+
+The other ways a program is scored and filed live beside it, one concept a module: the seed
+(``seeding``), a supporter's patches (``patches``), incumbents on a new equation
+(``rescoring``), and the sandbox round trip they all share (``evaluation``); the explorer's
+methods of those names hand over to them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from collections import Counter
@@ -23,63 +27,24 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from atlas.evolution.database import ProgramDatabase
+from atlas.evolution.evaluation import Sandbox, outcome, regime_key, submit
 from atlas.evolution.extract import extract_program
-from atlas.evolution.prompts import build_prompt, prefill_of
+from atlas.evolution.patches import PatchFiling, add_external, file_patches
+from atlas.evolution.prompts import build_prompt
+from atlas.evolution.rescoring import rescore
+from atlas.evolution.seeding import seed_islands
 from atlas.schema import ExploreConfig
 from atlas.tasks.base import Task
 from atlas.types import Evaluation, FailureKind, Program, ProgramSource
 
 #: generation stops at a closing fence on its own line (the prefill opened the fence)
 STOP = ["\n```"]
-NO_CODE_MESSAGE = "the completion held no extractable program"
-
-
-def regime_key(context: Mapping[str, Any]) -> str:
-    """The equation a context scores on: the context without its round, as sorted JSON.
-
-    Scores compare only within one regime: the PINN viscosity drifts between phases, so a
-    loss at nu=0.1/pi and one at nu=0.01/pi measure different problems; the bandit's context
-    is the round alone, so all its programs share the regime ``"{}"``.
-    """
-    return json.dumps({k: v for k, v in context.items() if k != "round"}, sort_keys=True)
 
 
 def split_samples(total: int, islands: int) -> list[int]:
     """``total`` samples over ``islands`` prompts as evenly as possible, earlier islands first."""
     base, extra = divmod(max(0, total), islands)
     return [base + (1 if j < extra else 0) for j in range(islands)]
-
-
-def cause(message: str, limit: int = 300) -> str:
-    """``message`` cut to about ``limit`` characters on one line, keeping its first line and
-    its end: a traceback's cause is its last line, a failure's summary its first."""
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    if not lines:
-        return ""
-    head, last = lines[0], lines[-1]
-    text = head if len(lines) == 1 else f"{head} ... {last}"
-    if len(text) <= limit:
-        return text
-    if len(lines) == 1:
-        half = (limit - 5) // 2
-        return f"{head[:half]} ... {head[-half:]}"
-    tail = min(len(last), limit // 2)
-    return f"{head[:max(0, limit - tail - 5)]} ... {last[-tail:]}"
-
-
-def score_seed(task: Task, sandbox: Sandbox, round_index: int = 0) -> Evaluation:
-    """The task's seed program scored in ``sandbox``; a ``TaskError`` (one line: the cause
-    and the fix) when it fails, since then the task or its scorer is broken, not the agent."""
-    from atlas.tasks.checker import TaskError
-
-    ev = Explorer._outcome(sandbox.submit(task.seed_program(), task.context(round_index)))
-    if not ev.passed:
-        blame = ("its scorer raised" if ev.failure_kind == FailureKind.TASK_ERROR.value
-                 else "fix its seed_program, scorer or runner")
-        raise TaskError(f"the seed program of task {task.name!r} fails ({ev.failure_kind}: "
-                        f"{cause(ev.message)}); {blame}; `python -m atlas.tasks check "
-                        f"task={task.name}` shows the whole message")
-    return ev
 
 
 class Agent(Protocol):
@@ -89,10 +54,6 @@ class Agent(Protocol):
                  max_new_tokens: int, stop: Sequence[str] | None, adapter: str | None,
                  seed: int) -> list[list[str]]: ...
     # optional: ``streams_results = True`` and ``generate(..., on_done=callback(row, text))``
-
-
-class Sandbox(Protocol):
-    def submit(self, code: str, context: dict[str, Any]) -> Future: ...
 
 
 @dataclasses.dataclass
@@ -121,15 +82,6 @@ class RoundStats:
     batched_islands: bool = False
     wall_s: float = 0.0
     sampler: dict | None = None  # ``SampleStats.add_to`` over the round's decode calls
-
-
-@dataclasses.dataclass
-class PatchFiling:
-    """One island's supporter patches after the budget: filed, dropped, not writable."""
-
-    programs: list[Program]
-    dropped_for_budget: int = 0
-    not_writable_as_completion: int = 0
 
 
 @dataclasses.dataclass
@@ -179,56 +131,20 @@ class Explorer:
     def _generation_seed(self, round_index: int, island: int) -> int:
         return (self.seed * 1_000_003 + round_index * 1_009 + island) % (2**31 - 1)
 
-    # ---- evaluation plumbing --------------------------------------------------------------
-    @staticmethod
-    def _done(evaluation: Evaluation) -> Future:
-        fut: Future = Future()
-        fut.set_result(evaluation)
-        return fut
-
-    @staticmethod
-    def _outcome(fut: Future) -> Evaluation:
-        try:
-            ev = fut.result()
-        except Exception as exc:  # a broken worker pool must not kill the run
-            return Evaluation.failure(FailureKind.KILLED, f"sandbox error: {exc!r}")
-        if not isinstance(ev, Evaluation):
-            return Evaluation.failure(FailureKind.KILLED, f"sandbox returned {type(ev).__name__}")
-        return ev
-
-    def _submit(self, code: str | None, context: dict[str, Any]) -> Future:
-        if code is None:
-            return self._done(Evaluation.failure(FailureKind.NO_CODE, NO_CODE_MESSAGE))
-        return self.sandbox.submit(code, context)
-
     def _file(self, pending: list[tuple[Program, Future]], out: list[Program], block: bool) -> None:
+        """File the longest finished prefix of ``pending`` (all of it when ``block``), in id
+        order."""
         while pending and (block or pending[0][1].done()):
             prog, fut = pending.pop(0)
-            prog.evaluation = self._outcome(fut)
+            prog.evaluation = outcome(fut)
             self.db.add(prog)
             out.append(prog)
 
     # ---- public API -----------------------------------------------------------------------
     def seed_islands(self, round_index: int = 0, evaluation: Evaluation | None = None
                      ) -> list[Program]:
-        """File the task's seed program in every island (evaluated once, one copy per island).
-
-        ``evaluation``: the seed's, when it was scored already (``score_seed``, before the
-        model loaded). Raises when the seed fails: every prompt would then start from
-        nothing, which means the task or the sandbox is broken, not the agent.
-        """
-        code = self.task.seed_program()
-        context = self.task.context(round_index)
-        ev = evaluation if evaluation is not None else score_seed(self.task, self.sandbox,
-                                                                  round_index)
-        out = []
-        for island in range(self.settings.islands):
-            prog = Program(id=self.db.next_id(), island=island, round=round_index, code=code,
-                           evaluation=dataclasses.replace(ev, metrics=dict(ev.metrics)),
-                           source=ProgramSource.SEED, phase=0, regime=regime_key(context))
-            self.db.add(prog)
-            out.append(prog)
-        return out
+        """File the task's seed program in every island (``atlas.evolution.seeding``)."""
+        return seed_islands(self.task, self.sandbox, self.db, round_index, evaluation)
 
     def parents_for(self, island: int) -> list[Program]:
         """The island's coverage-aware top programs; the global best if the island is empty."""
@@ -294,7 +210,7 @@ class Explorer:
                         _, code, fut = early[row]
                     else:
                         code = extract_program(plan.prefill, completion, self.spec.entry_point)
-                        fut = self._submit(code, context)
+                        fut = submit(self.sandbox, code, context)
                     prog = Program(id=self.db.next_id(), island=plan.island, round=round_index,
                                    code=code or "",
                                    evaluation=Evaluation.failure(FailureKind.KILLED, "pending"),
@@ -334,7 +250,8 @@ class Explorer:
                   ) -> list[tuple[list[str], dict[int, tuple[str, str | None, Future]]]]:
         """Sample every plan's completions (one batch when there are several); a sample
         that ends early goes to the sandbox while the others still decode."""
-        from atlas.agent.adapters import POLICY  # deferred: peft is slow to import
+        # deferred: peft and transformers are slow to import, and a scripted agent needs neither
+        from atlas.agent.adapters import POLICY
         from atlas.agent.sampling import Request
 
         s = self.settings
@@ -346,7 +263,7 @@ class Explorer:
         def score_now(row: int, completion: str) -> None:
             j = next(k for k in range(len(plans)) if row < starts[k + 1])
             code = extract_program(plans[j].prefill, completion, self.spec.entry_point)
-            early[j][row - starts[j]] = (completion, code, self._submit(code, context))
+            early[j][row - starts[j]] = (completion, code, submit(self.sandbox, code, context))
 
         streams = {"on_done": score_now} if getattr(self.agent, "streams_results", False) \
             else {}
@@ -363,102 +280,21 @@ class Explorer:
                 **streams)
         return list(zip(texts, early))
 
-    def sample_and_score(self, prompts: list[str], *, samples: int, temperature: float,
-                         seed: int, context: dict[str, Any], adapter: str | None
-                         ) -> list[list[Evaluation]]:
-        """Sample ``samples`` completions per stored prompt from ``adapter`` and score them in
-        the sandbox, filing nothing (the on-line Policy Inspector's measurement)."""
-        s = self.settings
-        completions = self.agent.generate(prompts, samples, temperature=temperature,
-                                          top_p=s.top_p, max_new_tokens=s.max_new_tokens,
-                                          stop=STOP, adapter=adapter, seed=seed)
-        futures = [[self._submit(extract_program(prefill_of(prompt), c, self.spec.entry_point),
-                                 context) for c in comps]
-                   for prompt, comps in zip(prompts, completions)]
-        return [[self._outcome(f) for f in row] for row in futures]
-
     def add_external(self, code: str, island: int, round_index: int, phase: int,
-                     source: ProgramSource,
-                     parents: list[int], *, prompt: str = "", completion: str = "") -> Program:
-        """Evaluate and file a program from outside the agent (e.g. a supporter's patch).
-
-        Without ``prompt``/``completion`` it cannot enter preference pairs (DPO needs the
-        agent-side prompt); with them it can, e.g. as a supporter's proposed completion, and
-        then the program evaluated is the one the completion yields after the prompt's
-        prefill (exactly what the agent would have produced with those tokens).
-        """
-        if not 0 <= island < self.settings.islands:
-            raise ValueError(f"add_external: island={island} is outside [0, "
-                             f"{self.settings.islands}) (explore.islands)")
-        if bool(prompt) != bool(completion):
-            raise ValueError("add_external: give both prompt and completion, or neither")
-        if prompt:
-            extracted = extract_program(prefill_of(prompt), completion, self.spec.entry_point)
-        else:
-            extracted = extract_program("", code, self.spec.entry_point)
-        context = self.task.context(round_index)
-        ev = self._outcome(self._submit(extracted, context))
-        prog = Program(id=self.db.next_id(), island=island, round=round_index,
-                       code=extracted or "", evaluation=ev, prompt=prompt,
-                       completion=completion, parents=list(parents), source=source, phase=phase,
-                       regime=regime_key(context))
-        self.db.add(prog)
-        return prog
+                     source: ProgramSource, parents: list[int], *, prompt: str = "",
+                     completion: str = "") -> Program:
+        """Evaluate and file a program from outside the agent (``atlas.evolution.patches``)."""
+        return add_external(self, code, island, round_index, phase, source, parents,
+                            prompt=prompt, completion=completion)
 
     def file_patches(self, patches: Sequence[str], island: int, round_index: int, phase: int,
                      prompt: str, *, as_preferences: bool, last: bool) -> PatchFiling:
-        """Score and file an exploration supporter's patches for ``island`` as ``supporter``
-        programs, within the budget.
-
-        Budget: each patch filed is taken from the next round's agent samples
-        (``supporter_debt``), at most ``round_budget - islands_per_round`` of them so each
-        island served next round keeps one sample; the last round has no next round, so its
-        patches are dropped (counted). Supervision: a patch is written as a completion of
-        ``prompt``, the prompt the island was served with this round (whose completions the
-        supporter reviewed), and with ``as_preferences`` filed with it so D_k takes it as
-        chosen (``supporter_vs_agent``); the program scored is the one that completion
-        yields, with or without the switch, so the ablation scores the same code.
-        """
-        from atlas.supporters.patching import as_completion  # deferred: the supporters' package
-
-        cap = self.round_budget() - self.settings.islands_per_round
-        supporter = ProgramSource.SUPPORTER
-        entry = self.spec.entry_point
-        parents = [p.id for p in self.db.top_k(island, 1)]
-        out = PatchFiling(programs=[])
-        for code in patches:
-            if last or self.supporter_debt >= cap:
-                out.dropped_for_budget += 1
-                continue
-            completion = as_completion(prefill_of(prompt), code, entry) if prompt else None
-            if completion is None:
-                out.not_writable_as_completion += 1
-                prog = self.add_external(code, island, round_index, phase, supporter, parents)
-            elif as_preferences:
-                prog = self.add_external(code, island, round_index, phase, supporter, parents,
-                                         prompt=prompt, completion=completion)
-            else:  # the ablation scores the very program the completion would have
-                written = extract_program(prefill_of(prompt), completion, entry) or code
-                prog = self.add_external(written, island, round_index, phase, supporter,
-                                         parents)
-            out.programs.append(prog)
-            self.supporter_debt += 1
-        return out
+        """Score and file a supporter's patches within the budget (``atlas.evolution.patches``)."""
+        return file_patches(self, patches, island, round_index, phase, prompt,
+                            as_preferences=as_preferences, last=last)
 
     def rescore(self, programs: Sequence[Program], round_index: int, phase: int
                 ) -> list[Program]:
-        """Score already-filed programs again under round ``round_index``'s context and
-        archive the results as ``source="rescore"`` (``parents=[original id]``) without
-        putting them in island buffers: they measure an incumbent on the new equation, they
-        are not new candidates and cost no exploration budget."""
-        context = self.task.context(round_index)
-        futures = [(p, self._submit(p.code, context)) for p in programs]
-        out = []
-        for p, fut in futures:
-            prog = Program(id=self.db.next_id(), island=p.island, round=round_index, code=p.code,
-                           evaluation=self._outcome(fut), parents=[p.id],
-                           source=ProgramSource.RESCORE, phase=phase,
-                           regime=regime_key(context))
-            self.db.add(prog, buffer=False)
-            out.append(prog)
-        return out
+        """Score filed programs again on round ``round_index``'s equation
+        (``atlas.evolution.rescoring``)."""
+        return rescore(self.task, self.sandbox, self.db, programs, round_index, phase)

@@ -9,6 +9,9 @@ Kept: imports, classes, functions, and module-level assignments *before* the ent
 (constants); dropped: any other top-level statement (prose that happens to parse, example
 calls, ``if __name__ == "__main__":`` blocks), because it would run at load time in the
 sandbox and is never part of the policy.
+
+``as_completion`` is the inverse: the completion with which the agent would have written a
+given program (how a supporter's patch enters D_k).
 """
 
 from __future__ import annotations
@@ -107,13 +110,25 @@ def entry_point_def(tree: ast.Module, entry_point: str
     return None
 
 
+def parse(code: str) -> ast.Module | None:
+    """``code``'s syntax tree; None when it does not parse (a syntax error, a null byte)."""
+    try:
+        return ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def find_entry_point(code: str, entry_point: str
+                     ) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The top-level ``def`` of ``entry_point`` in ``code``; None when ``code`` does not parse
+    or does not define it."""
+    tree = parse(code)
+    return None if tree is None else entry_point_def(tree, entry_point)
+
+
 def defines_entry_point(code: str, entry_point: str) -> bool:
     """True iff ``code`` parses and defines a top-level function ``entry_point``."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return False
-    return entry_point_def(tree, entry_point) is not None
+    return find_entry_point(code, entry_point) is not None
 
 
 def _indent_body(code: str, header_line: int) -> str:
@@ -181,13 +196,70 @@ def strip_version_comments(code: str) -> str:
 def split_program(code: str, entry_point: str) -> tuple[str, str] | None:
     """``(preamble, rest)``: the source before the entry point's ``def`` (imports, constants,
     helpers) and from it on; ``None`` when the code does not parse or lacks the entry point."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return None
-    node = entry_point_def(tree, entry_point)
+    node = find_entry_point(code, entry_point)
     if node is None:
         return None
     lines = code.splitlines()
     start = min([node.lineno] + [d.lineno for d in node.decorator_list])
     return "\n".join(lines[:start - 1]).strip(), "\n".join(lines[start - 1:])
+
+
+def _statements(code: str) -> list[tuple[str, ast.stmt]] | None:
+    """Top-level statements as ``(ast.dump, node)``; None when ``code`` does not parse."""
+    tree = parse(code)
+    return None if tree is None else [(ast.dump(n), n) for n in tree.body]
+
+
+def as_completion(prefill: str, code: str, entry_point: str) -> str | None:
+    """The completion, after ``prefill`` (a prompt's opening fence, preamble, signature and
+    leading comments), with which the agent would have written ``code``; None if it cannot.
+
+    Why: a supporter's program enters D_k as a completion of the prompt the agent was served
+    (paper 2.1-2.2), so the DPO loss must train on tokens the agent could have produced:
+    text that continues the prefill inside the open fence, never a closing fence (generation
+    stops there). The function is the text after the prefill's header; helpers and imports
+    the patch added before the function (e.g. the Huber helper) follow the function, where
+    the extractor keeps them. A patch that changed the prefill's header or added module-level
+    constants cannot be written after the prefill: None. The result is checked: extracting
+    ``prefill + completion`` gives ``code``'s statements (plus any the prefill already had).
+    """
+
+    fence = "```python\n"
+    if not prefill.startswith(fence):
+        return None
+    head = prefill[len(fence):]
+    code = code.strip("\n") + "\n"
+    if code.startswith(head):
+        completion = code[len(head):].rstrip()
+    else:
+        head_split, code_split = split_program(head + "\n    pass", entry_point), \
+            split_program(code, entry_point)
+        if head_split is None or code_split is None:
+            return None
+        head_fn = head_split[1][: -len("\n    pass")]
+        if not code_split[1].startswith(head_fn):
+            return None
+        known = {d for d, _ in _statements(head_split[0]) or []}
+        extras = []
+        lines = code.splitlines()
+        for dump, node in _statements(code_split[0]) or []:
+            if dump in known:
+                continue
+            if not isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef,
+                                     ast.AsyncFunctionDef, ast.ClassDef)):
+                return None  # a constant after the function would be dropped by extraction
+            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            extras.append("\n".join(lines[start - 1:node.end_lineno]))
+        completion = code_split[1][len(head_fn):].rstrip()
+        if extras:
+            completion += "\n\n\n" + "\n\n\n".join(extras)
+    if not completion.strip() or "```" in completion:
+        return None
+    extracted = extract_program(prefill, completion, entry_point)
+    want, got = _statements(code), _statements(extracted or "")
+    if got is None or want is None:
+        return None
+    allowed = {d for d, _ in want} | {d for d, _ in _statements(head + "\n    pass") or []}
+    if not {d for d, _ in want} <= {d for d, _ in got} or not {d for d, _ in got} <= allowed:
+        return None
+    return completion

@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from atlas.sandbox import Sandbox
+from atlas.sandbox.seccomp import ALLOWED, CMD_CHECKED, PID_CHECKED
+from atlas.tasks import build_task
+
 
 def audit(overrides: list[str]) -> int:
-    from atlas.compose import build_task, compose
-    from atlas.sandbox import Sandbox
-    from atlas.sandbox.seccomp import ALLOWED, CMD_CHECKED, PID_CHECKED
+    from atlas.compose import compose  # deferred: Hydra, for the one command that composes
 
     try:
         if not any(o.startswith("task=") for o in overrides):

@@ -21,6 +21,8 @@ import struct
 import subprocess
 import sys
 
+import atlas
+
 log = logging.getLogger("atlas.sandbox")
 
 BWRAP_PATHS = ("/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap")
@@ -84,8 +86,6 @@ def _holds_needed_module(directory: str) -> bool:
 
 def repo_root() -> str:
     """The directory holding the ``atlas`` package (a clone's root, or site-packages)."""
-    import atlas
-
     return os.path.dirname(os.path.dirname(os.path.realpath(atlas.__file__)))
 
 
@@ -267,8 +267,6 @@ def python_env(base: dict[str, str] | None = None) -> dict[str, str]:
     Why: sandboxed processes start in another directory (bwrap's ``--chdir /tmp``), so a
     relative ``PYTHONPATH=.`` would point nowhere and the worker could not import atlas.
     """
-    import atlas
-
     env = dict(os.environ if base is None else base)
     root = os.path.dirname(os.path.dirname(os.path.abspath(atlas.__file__)))
     parts = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -11,7 +11,7 @@ import ast
 import re
 from dataclasses import dataclass
 
-from atlas.evolution.extract import entry_point_def, extract_program, split_program
+from atlas.evolution.extract import find_entry_point, parse
 
 #: names that mark a numeric constant as a loop bound/index rather than a hyper-parameter
 _NON_HYPER = {"range", "len", "zeros", "ones", "empty", "eye", "reshape", "shape", "argmax",
@@ -63,9 +63,8 @@ def _tunable(value: float, is_int: bool) -> bool:
 def find_numeric_sites(code: str) -> list[NumericSite]:
     """Numeric literals bound to a name (``w = 50``, ``self.lam = 0.1``, ``f(alpha=2.0)``,
     ``def f(x, window=50)``) in source order. Returns [] for code that does not parse."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    tree = parse(code)
+    if tree is None:
         return []
     found: list[tuple[str, ast.Constant]] = []
     for node in ast.walk(tree):
@@ -145,11 +144,7 @@ def add_robust_loss(code: str, entry_point: str) -> str | None:
     Huber, unless the program already clips/robustifies. None if nothing applies."""
     if ROBUST_MARKERS.search(code):
         return None
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return None
-    fn = entry_point_def(tree, entry_point)
+    fn = find_entry_point(code, entry_point)
     if fn is None:
         return None
     edits: list[tuple[tuple[int, int], tuple[int, int], str]] = []
@@ -187,71 +182,5 @@ def add_robust_loss(code: str, entry_point: str) -> str | None:
 
 def normalise(code: str) -> str:
     """Code with comments/whitespace/docstrings removed, to tell programs apart."""
-    try:
-        return ast.dump(ast.parse(code))
-    except (SyntaxError, ValueError):
-        return " ".join(code.split())
-
-
-def _statements(code: str) -> list[tuple[str, ast.stmt]] | None:
-    """Top-level statements as ``(ast.dump, node)``; None when ``code`` does not parse."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return None
-    return [(ast.dump(n), n) for n in tree.body]
-
-
-def as_completion(prefill: str, code: str, entry_point: str) -> str | None:
-    """The completion, after ``prefill`` (a prompt's opening fence, preamble, signature and
-    leading comments), with which the agent would have written ``code``; None if it cannot.
-
-    Why: a supporter's program enters D_k as a completion of the prompt the agent was served
-    (paper 2.1-2.2), so the DPO loss must train on tokens the agent could have produced:
-    text that continues the prefill inside the open fence, never a closing fence (generation
-    stops there). The function is the text after the prefill's header; helpers and imports
-    the patch added before the function (e.g. the Huber helper) follow the function, where
-    the extractor keeps them. A patch that changed the prefill's header or added module-level
-    constants cannot be written after the prefill: None. The result is checked: extracting
-    ``prefill + completion`` gives ``code``'s statements (plus any the prefill already had).
-    """
-
-    fence = "```python\n"
-    if not prefill.startswith(fence):
-        return None
-    head = prefill[len(fence):]
-    code = code.strip("\n") + "\n"
-    if code.startswith(head):
-        completion = code[len(head):].rstrip()
-    else:
-        head_split, code_split = split_program(head + "\n    pass", entry_point), \
-            split_program(code, entry_point)
-        if head_split is None or code_split is None:
-            return None
-        head_fn = head_split[1][: -len("\n    pass")]
-        if not code_split[1].startswith(head_fn):
-            return None
-        known = {d for d, _ in _statements(head_split[0]) or []}
-        extras = []
-        lines = code.splitlines()
-        for dump, node in _statements(code_split[0]) or []:
-            if dump in known:
-                continue
-            if not isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef,
-                                     ast.AsyncFunctionDef, ast.ClassDef)):
-                return None  # a constant after the function would be dropped by extraction
-            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            extras.append("\n".join(lines[start - 1:node.end_lineno]))
-        completion = code_split[1][len(head_fn):].rstrip()
-        if extras:
-            completion += "\n\n\n" + "\n\n\n".join(extras)
-    if not completion.strip() or "```" in completion:
-        return None
-    extracted = extract_program(prefill, completion, entry_point)
-    want, got = _statements(code), _statements(extracted or "")
-    if got is None or want is None:
-        return None
-    allowed = {d for d, _ in want} | {d for d, _ in _statements(head + "\n    pass") or []}
-    if not {d for d, _ in want} <= {d for d, _ in got} or not {d for d, _ in got} <= allowed:
-        return None
-    return completion
+    tree = parse(code)
+    return " ".join(code.split()) if tree is None else ast.dump(tree)

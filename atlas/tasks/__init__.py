@@ -205,5 +205,14 @@ def make_task(name: str | None = None, **config: Any) -> Task:
         raise
 
 
-__all__ = ["PromptSpec", "QualityMetric", "Task", "TASKS", "check_factory",
-           "check_task_class", "make_task", "task_class", "task_target"]
+def build_task(cfg: Any) -> Task:
+    """The task a run of the composed config ``cfg`` builds (``cfg.task`` resolved, fields
+    checked by the task's class): the one builder for ``atlas.config.validate``,
+    ``atlas.score``, ``python -m atlas.tasks check`` and ``python -m atlas.sandbox``."""
+    from omegaconf import OmegaConf  # deferred: sandbox workers import this package
+
+    return make_task(**OmegaConf.to_container(cfg.task, resolve=True))
+
+
+__all__ = ["PromptSpec", "QualityMetric", "Task", "TASKS", "build_task",
+           "check_factory", "check_task_class", "make_task", "task_class", "task_target"]

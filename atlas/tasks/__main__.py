@@ -17,6 +17,9 @@ import re
 import sys
 from pathlib import Path
 
+from atlas.tasks import TASKS, build_task
+from atlas.tasks.checker import MAX_SPREAD, SECRETS, check_task
+
 TEMPLATE = Path(__file__).with_name("template")
 #: template file -> path in the new package ({name}: the task's name)
 FILES = {
@@ -35,8 +38,6 @@ def class_name(name: str) -> str:
 
 def scaffold(name: str, where: Path) -> list[Path]:
     """Write the package ``where/<name>/``; the files written. ValueError: a one-line cause."""
-    from atlas.tasks import TASKS
-
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
         raise ValueError(f"task name {name!r} is invalid: use a Python package name "
                          f"(lowercase letters, digits, _), e.g. my_task")
@@ -63,8 +64,7 @@ def scaffold(name: str, where: Path) -> list[Path]:
 
 
 def check(overrides: list[str], secrets: int, max_spread: float, secret_seed: int) -> int:
-    from atlas.compose import build_task, compose
-    from atlas.tasks.checker import check_task
+    from atlas.compose import compose  # deferred: Hydra, which scaffolding never needs
 
     try:
         if not any(o.startswith("task=") for o in overrides):
@@ -82,8 +82,6 @@ def check(overrides: list[str], secrets: int, max_spread: float, secret_seed: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    from atlas.tasks.checker import MAX_SPREAD, SECRETS
-
     parser = argparse.ArgumentParser(prog="python -m atlas.tasks",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)

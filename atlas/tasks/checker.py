@@ -23,10 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hydra.errors import CompactHydraException
-
+from atlas.messages import cause
+from atlas.sandbox import Sandbox
+from atlas.sandbox.pool import SandboxError
+from atlas.sandbox.seccomp import check_extra_syscalls
 from atlas.tasks import check_task_class
-from atlas.tasks.base import Task
+from atlas.tasks.base import PromptSpec, Task
 from atlas.types import Evaluation, FailureKind
 
 #: default share of its mean by which the seed's score may move across secrets
@@ -36,11 +38,6 @@ SECRETS = 3
 #: failure kinds that are not a clean rejection of a wrong answer
 UNCLEAN = frozenset({FailureKind.TASK_ERROR.value, FailureKind.KILLED.value,
                      FailureKind.TIMEOUT.value})
-
-
-class TaskError(RuntimeError, CompactHydraException):
-    """The task itself is broken (its seed program fails, its scorer raised): the message
-    names the cause and the fix; on the command line it is one line, not a traceback."""
 
 
 @dataclass
@@ -101,8 +98,6 @@ def spread(scores: list[float]) -> float:
 
 
 def _first_line(ev: Evaluation) -> str:
-    from atlas.evolution.explorer import cause
-
     return f"{ev.failure_kind}: {cause(ev.message, 400)}"
 
 
@@ -114,29 +109,52 @@ def check_task(task: Task, *, secrets: int = SECRETS, max_spread: float = MAX_SP
     ``sandbox(task, secret=...)`` builds the sandbox (default: ``Sandbox.for_task`` with one
     worker), so the checks run exactly where a run scores.
     """
-    from atlas.sandbox import Sandbox
-    from atlas.sandbox.pool import SandboxError
-
     if sandbox is None:
         def sandbox(t: Task, secret: str) -> Sandbox:
             return Sandbox.for_task(t, secret=secret, workers=1, isolation=isolation)
 
     report = Report(task.name)
+    if not _check_class(report, task):
+        return report
+    _check_declarations(report, task)
+    spec = task.prompt_spec()
+    seed_code = task.seed_program()
+    report.add("entry point", spec.entry_point in spec.signature
+               and spec.entry_point in seed_code,
+               f"{spec.entry_point!r} in the signature {spec.signature!r} and the seed program")
+    if not math.isfinite(max_spread) or max_spread <= 0 or secrets < 1:
+        raise ValueError(f"max_spread={max_spread!r} and secrets={secrets!r}: use a share > 0 "
+                         f"and at least one secret")
+    context = task.context(0)
+    for k, secret in enumerate(check_secrets(secrets, secret_seed)):
+        if not _check_in_sandbox(report, task, spec, seed_code, context, k, sandbox, secret):
+            return report
+    if secrets > 1:
+        _check_spread(report, secrets, max_spread)
+    return report
+
+
+def _check_class(report: Report, task: Task) -> bool:
+    """The class's attributes and factories; False when they fail (nothing else can run)."""
     try:
         check_task_class(type(task))
     except ValueError as exc:
         report.add("class attributes and factories", False, str(exc))
-        return report
+        return False
     report.add("class attributes and factories", True,
                f"evaluator_factory={task.evaluator_factory}, "
                f"runner_factory={task.runner_factory}")
+    return True
+
+
+def _check_declarations(report: Report, task: Task) -> None:
+    """What the task declares, read off it without a sandbox: quality metrics, syscalls,
+    ``score_range``."""
     names = [m.name for m in task.quality_metrics]
     report.add("quality metrics declared", (len(names) == len(set(names))) if names else None,
                f"{names}" if names else "none: the Policy Inspector compares no metric; "
                "declare QualityMetric(name, 'max' | 'min') for each quality the scorer reports")
     try:
-        from atlas.sandbox.seccomp import check_extra_syscalls
-
         extra = check_extra_syscalls(task.syscalls, f"{type(task).__name__}.syscalls")
         report.add("syscalls", True, f"{list(extra)} beyond the sandbox's allow-list"
                    if extra else "the sandbox's allow-list")
@@ -148,60 +166,68 @@ def check_task(task: Task, *, secrets: int = SECRETS, max_spread: float = MAX_SP
                f"[{lo:g}, {hi:g}]" if declared else "(-inf, inf): declare the interval a "
                "genuine score lies in; it rejects forged scores and catches a flipped sign "
                "(a loss returned as the score)")
-    spec = task.prompt_spec()
-    seed_code = task.seed_program()
-    report.add("entry point", spec.entry_point in spec.signature
-               and spec.entry_point in seed_code,
-               f"{spec.entry_point!r} in the signature {spec.signature!r} and the seed program")
-    if not math.isfinite(max_spread) or max_spread <= 0 or secrets < 1:
-        raise ValueError(f"max_spread={max_spread!r} and secrets={secrets!r}: use a share > 0 "
-                         f"and at least one secret")
-    context = task.context(0)
-    for k, secret in enumerate(check_secrets(secrets, secret_seed)):
+
+
+def _check_in_sandbox(report: Report, task: Task, spec: PromptSpec, seed_code: str,
+                      context: dict[str, Any], k: int, sandbox: Callable[..., Any],
+                      secret: str) -> bool:
+    """The seed program under the ``k``-th secret (its score goes to ``seed_scores``); under
+    the first, also the sandbox, the seed's metrics and a wrong return type. False when the
+    checks cannot go on."""
+    try:
+        sb = sandbox(task, secret=secret)
+    except (SandboxError, ValueError) as exc:
+        report.add("sandbox starts", False, str(exc).strip().splitlines()[-1][:600])
+        return False
+    with sb:
         try:
-            sb = sandbox(task, secret=secret)
-        except (SandboxError, ValueError) as exc:
-            report.add("sandbox starts", False, str(exc).strip().splitlines()[-1][:600])
-            return report
-        with sb:
-            try:
-                ev = sb.evaluate(seed_code, context)
-                if k == 0:
-                    report.add("sandbox starts", True, f"isolation {sb.isolation}")
-            except SandboxError as exc:
-                report.add("sandbox starts", False, " ".join(str(exc).split())[-600:])
-                return report
-            if not ev.passed:
-                report.add("seed program passes" if k == 0 else f"seed passes (secret {k})",
-                           False, _first_line(ev) + ("\n" + ev.message if "\n" in ev.message
-                                                     else ""))
-                return report
-            report.seed_scores.append(ev.score)
-            if k > 0:
-                continue
-            report.add("seed program passes", True,
-                       f"score {ev.score:.6g} in [{lo:g}, {hi:g}], {ev.seconds:.2f} s")
-            report.add("declared quality metrics reported", True,
-                       ", ".join(f"{n}={ev.metrics[n]:.4g}" for n in names) or "none declared")
-            wrong = sb.evaluate(wrong_return_program(spec.entry_point), context)
-            if wrong.passed:
-                report.add("wrong return type fails cleanly", False,
-                           f"a program returning object() passed with score {wrong.score:g}: "
-                           f"the scorer or the runner does not check the answer")
-            elif wrong.failure_kind in UNCLEAN:
-                report.add("wrong return type fails cleanly", False, _first_line(wrong))
-            else:
-                report.add("wrong return type fails cleanly", True, _first_line(wrong))
-    if secrets > 1:
-        share = spread(report.seed_scores)
-        shown = ", ".join(f"{s:.4g}" for s in report.seed_scores)
-        report.add("hidden set large enough", share <= max_spread,
-                   f"the seed scores {shown} across {secrets} secrets: spread {share:.1%} of "
-                   f"the mean (at most {max_spread:.0%}); "
-                   + ("ok" if share <= max_spread else "draw more hidden instances per "
-                      "evaluation (or larger ones) until the secret moves the score less"))
-    return report
+            ev = sb.evaluate(seed_code, context)
+            if k == 0:
+                report.add("sandbox starts", True, f"isolation {sb.isolation}")
+        except SandboxError as exc:
+            report.add("sandbox starts", False, " ".join(str(exc).split())[-600:])
+            return False
+        if not ev.passed:
+            report.add("seed program passes" if k == 0 else f"seed passes (secret {k})",
+                       False, _first_line(ev) + ("\n" + ev.message if "\n" in ev.message
+                                                 else ""))
+            return False
+        report.seed_scores.append(ev.score)
+        if k == 0:
+            _check_seed_and_wrong_return(report, task, spec, sb, ev, context)
+    return True
 
 
-__all__ = ["Check", "MAX_SPREAD", "Report", "SECRETS", "TaskError", "check_secrets",
+def _check_seed_and_wrong_return(report: Report, task: Task, spec: PromptSpec, sb: Sandbox,
+                                 ev: Evaluation, context: dict[str, Any]) -> None:
+    """The passing seed's score and metrics, then a program whose entry point returns the
+    wrong type: it must fail as the program's failure, not the scorer's or the sandbox's."""
+    lo, hi = task.score_range
+    names = [m.name for m in task.quality_metrics]
+    report.add("seed program passes", True,
+               f"score {ev.score:.6g} in [{lo:g}, {hi:g}], {ev.seconds:.2f} s")
+    report.add("declared quality metrics reported", True,
+               ", ".join(f"{n}={ev.metrics[n]:.4g}" for n in names) or "none declared")
+    wrong = sb.evaluate(wrong_return_program(spec.entry_point), context)
+    if wrong.passed:
+        report.add("wrong return type fails cleanly", False,
+                   f"a program returning object() passed with score {wrong.score:g}: "
+                   f"the scorer or the runner does not check the answer")
+    elif wrong.failure_kind in UNCLEAN:
+        report.add("wrong return type fails cleanly", False, _first_line(wrong))
+    else:
+        report.add("wrong return type fails cleanly", True, _first_line(wrong))
+
+
+def _check_spread(report: Report, secrets: int, max_spread: float) -> None:
+    """The hidden set is large enough: the seed's score moves little across secrets."""
+    share = spread(report.seed_scores)
+    shown = ", ".join(f"{s:.4g}" for s in report.seed_scores)
+    report.add("hidden set large enough", share <= max_spread,
+               f"the seed scores {shown} across {secrets} secrets: spread {share:.1%} of "
+               f"the mean (at most {max_spread:.0%}); "
+               + ("ok" if share <= max_spread else "draw more hidden instances per "
+                  "evaluation (or larger ones) until the secret moves the score less"))
+
+__all__ = ["Check", "MAX_SPREAD", "Report", "SECRETS", "check_secrets",
            "check_task", "spread", "wrong_return_program"]

@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from atlas.sandbox import Sandbox
+from atlas.tasks.binpacking import BinPackingTask
 from atlas.tasks.binpacking.evaluator import score_priority
 from atlas.tasks.binpacking.heuristics import best_fit as _best_fit
 from atlas.tasks.binpacking.heuristics import first_fit as _first_fit
@@ -99,9 +101,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def speed(candidates: int = 4) -> str:
     """Candidates/s of the seed program through the real sandbox (scorer + fresh runner)."""
-    from atlas.sandbox import Sandbox
-    from atlas.tasks.binpacking import BinPackingTask
-
     task = BinPackingTask()
     secret = "5eed" * 8
     n = sum(len(i.items) for i in task.scored_instances(secret))

@@ -98,7 +98,7 @@ class PinnEvaluator:
         import jax
         import jax.numpy as jnp
 
-        from atlas.tasks.pinn import model
+        from atlas.tasks.pinn import model  # deferred: JAX, after its settings above
 
         self.jax, self.jnp, self.model = jax, jnp, model
         self.trainer = model.get_trainer(self.cfg)

@@ -97,7 +97,7 @@ def signature(trainer: Any, cfg: Any, validation: bool) -> tuple[tuple, dict[str
     import jax
     import jax.numpy as jnp
 
-    from atlas.tasks.pinn import model
+    from atlas.tasks.pinn import model  # deferred with JAX
 
     def vec(n: int) -> Any:
         return jax.ShapeDtypeStruct((n,), jnp.float32)

@@ -22,6 +22,7 @@ from typing import Any
 
 from atlas.sandbox.link import Link
 from atlas.sandbox.secret import derive_seed
+from atlas.tasks.pinn import SEED_PROGRAM
 from atlas.tasks.pinn.evaluator import PinnEvaluator
 from atlas.types import Evaluation
 
@@ -64,8 +65,6 @@ class PinnExporter:
                                        compile=False)
         # warm-up: the first trace, lowering and serialization of a loss load JAX's MLIR
         # machinery (~0.3 s); done here, while the spare runner waits for a candidate
-        from atlas.tasks.pinn import SEED_PROGRAM
-
         self.evaluator.export(SEED_PROGRAM)
 
     def __call__(self, code: str, context: dict[str, Any], link: Link) -> None:

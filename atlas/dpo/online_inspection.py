@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas.dpo.scoring import PolicySpec, check_spec, running_policy
+from atlas.evolution.evaluation import outcome, submit
+from atlas.evolution.explorer import STOP, Explorer
+from atlas.evolution.extract import extract_program
+from atlas.evolution.prompts import prefill_of
 from atlas.types import Evaluation
 
 
@@ -24,7 +28,7 @@ from atlas.types import Evaluation
 class OnlineInspector:
     """Callable ``spec -> S(spec)``; ``records`` keeps every measurement for telemetry."""
 
-    explorer: Any  # atlas.evolution.explorer.Explorer: the agent, the sandbox, the task
+    explorer: Explorer  # the agent, the sandbox and the task the phase explored with
     prompts: list[str]
     context: dict[str, Any]  # the task context the programs are scored under (current round)
     samples: int
@@ -43,9 +47,7 @@ class OnlineInspector:
     def __call__(self, spec: PolicySpec, name: str = "") -> float:
         spec = check_spec(spec, "policy")
         with running_policy(self.explorer.agent.model, spec):
-            rows = self.explorer.sample_and_score(
-                self.prompts, samples=self.samples, temperature=self.temperature,
-                seed=self.seed, context=self.context, adapter=spec.adapter)
+            rows = self.sample_and_score(spec.adapter)
         score = self.score_of(rows)
         flat = [ev for row in rows for ev in row]
         self.records.append({
@@ -53,6 +55,19 @@ class OnlineInspector:
             "samples": len(flat), "valid": sum(ev.passed for ev in flat),
             "best": max((ev.score for ev in flat if ev.passed), default=None)})
         return score
+
+    def sample_and_score(self, adapter: str | None) -> list[list[Evaluation]]:
+        """Sample ``samples`` completions per gate prompt from ``adapter`` and score them in
+        the explorer's sandbox, filing nothing."""
+        ex = self.explorer
+        entry, top_p, max_new = ex.spec.entry_point, ex.settings.top_p, ex.settings.max_new_tokens
+        completions = ex.agent.generate(self.prompts, self.samples, temperature=self.temperature,
+                                        top_p=top_p, max_new_tokens=max_new, stop=STOP,
+                                        adapter=adapter, seed=self.seed)
+        futures = [[submit(ex.sandbox, extract_program(prefill_of(prompt), c, entry),
+                           self.context) for c in comps]
+                   for prompt, comps in zip(self.prompts, completions)]
+        return [[outcome(f) for f in row] for row in futures]
 
     def score_of(self, rows: list[list[Evaluation]]) -> float:
         """Mean over prompts of the mean score of that prompt's programs (floor if failed)."""

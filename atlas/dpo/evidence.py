@@ -1,5 +1,8 @@
 """The gate's evidence G_k for one phase: which prompts and completions it decides on.
 
+One rule orders a phase's prompts for the gate (``gate_prompts``): the prompts held out of
+D_k (``hold_out_prompts``) and G_k's items (``gate_items``) both come from it.
+
 Two kinds, chosen per phase (``gate.evidence``) before D_k is built:
 
 - **holdout**: prompts held out of D_k (``hold_out_prompts``), so the gate never scores a
@@ -19,16 +22,81 @@ informative completions is "insufficient evidence": the phase makes no decision.
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from atlas.dpo.config import GateConfig
-from atlas.evolution.preferences import failure_floor, gate_items, gate_prompts, hold_out_prompts
+from atlas.evolution.buffer import by_prompt, failure_floor, usable
 from atlas.types import GateItem, Program
 
 HOLDOUT = "holdout"
 BUFFER = "buffer"
+
+
+def gate_prompts(programs: Sequence[Program], seed: int, size: int) -> list[str]:
+    """At most ``size`` of this phase's prompts in the order the gate takes them: the one
+    rule for both the prompts held out of D_k and G_k's items.
+
+    Informative prompts come first: two or more completions whose scores differ, a failure
+    counting at the floor (so one passed completion among them). A prompt whose completions
+    all score the same gives the gate no signal (every policy's re-weighted score of it is
+    that score); such prompts, and those with one completion, fill in only when there are too
+    few. Within each group the order is a shuffle with ``seed``: pass a different one each
+    phase (``atlas.fine_tuning.phase_seed``) so G_k is not reused across phases (paper B.7).
+    """
+    if size < 0:
+        raise ValueError(f"gate subset size must be >= 0, got {size} (config field gate.subset_size)")
+    groups = by_prompt(programs)
+    prompts = list(groups)  # first-seen order by id: deterministic given the programs
+    random.Random(seed).shuffle(prompts)
+
+    def informative(ps: list[Program]) -> bool:
+        vals = {round(float(q.score), 12) if usable(q) else None for q in ps}
+        return len(ps) >= 2 and len(vals) >= 2
+
+    good = [x for x in prompts if informative(groups[x])]
+    rest = [x for x in prompts if not informative(groups[x])]
+    return (good + rest)[:size]
+
+
+def hold_out_prompts(programs: Sequence[Program], gate: GateConfig, seed: int) -> list[str]:
+    """The prompts of this phase held out of D_k for G_k (paper 2.2: the gate must not score
+    a policy on what D_k trained it on), in ``gate_prompts``' order.
+
+    ``round(holdout * n)`` of the phase's n pairable prompts, at least 1 when n >= 2, at most
+    ``subset_size`` and never all of them (D_k keeps at least one); none when n < 2.
+    """
+    n = len(by_prompt(programs))
+    if n < 2:
+        return []
+    return gate_prompts(programs, seed, min(max(1, round(gate.holdout * n)), gate.subset_size,
+                                            n - 1))
+
+
+def gate_items(programs: Sequence[Program], prompts: Sequence[str],
+               failure_score: float | None = None) -> list[GateItem]:
+    """G_k: one ``GateItem`` per prompt of ``prompts`` (in that order) with all its evaluated
+    completions among ``programs``; the preferred completion is the best-scored one. Failed
+    completions score ``failure_score`` (default ``failure_floor(programs)``)."""
+    floor = failure_floor(programs) if failure_score is None else float(failure_score)
+    if not math.isfinite(floor):
+        raise ValueError(f"failure_score must be finite, got {failure_score!r}")
+    groups = by_prompt(programs)
+    items = []
+    for prompt in prompts:
+        comps = groups[prompt]
+        if not comps:
+            raise ValueError(f"gate prompt {prompt[:40]!r}... has no evaluated completion among "
+                             "the programs given")
+        scores = [p.score if usable(p) else floor for p in comps]
+        best = max(range(len(comps)), key=lambda i: (scores[i], -comps[i].id))
+        items.append(GateItem(prompt=prompt, completions=[p.completion for p in comps],
+                              scores=scores, preferred=comps[best].completion,
+                              ids=[p.id for p in comps]))
+    return items
 
 
 def informative_completions(items: Sequence[GateItem]) -> int:
