@@ -126,6 +126,13 @@ def check_files(cfg: DictConfig) -> None:
         from atlas.sandbox.secret import missing_secret_message
 
         raise ConfigError(missing_secret_message(source))
+    if source:  # the sandbox masks the secret's folder whole: refused here, not mid-start-up
+        from atlas.sandbox.isolation import secret_folder
+
+        try:
+            secret_folder(os.path.abspath(os.path.expanduser(str(source))))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
 
 # -- settings that leave a method without its mechanism -------------------------------------------

