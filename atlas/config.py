@@ -150,8 +150,9 @@ def check_noop(method: MethodConfig, explore: ExploreConfig,
             f"explore.phase_every={explore.phase_every} > explore.rounds={explore.rounds}: the "
             f"run would end before its first fine-tuning phase, so {name} would never train; "
             f"set explore.phase_every <= explore.rounds")
-    patches = roles is not None and bool(getattr(roles.get("exploration"), "max_patches", 0)) \
-        and bool(getattr(roles.get("exploration"), "as_preferences", False))
+    exploration = (roles or {}).get("exploration")  # an ExplorationConfig (role_configs)
+    patches = bool(exploration is not None and exploration.max_patches > 0
+                   and exploration.as_preferences)
     if explore.samples_per_prompt == 1:
         # a warning, not a refusal: a prompt names no island, so two islands (or rounds) with
         # the same parents show the same prompt and their completions can still pair

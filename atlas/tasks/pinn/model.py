@@ -116,7 +116,7 @@ def update_stats(stats: jax.Array, mses: jax.Array, step: jax.Array, decay: floa
 
 def extras_from(stats: jax.Array, step: jax.Array, n_steps: jax.Array | int, nu: jax.Array,
                 pts: Points) -> dict[str, Any]:
-    """The ``extras`` dict a candidate sees (documented in the prompt and docs/architecture.md)."""
+    """The ``extras`` dict a candidate sees (documented in the prompt and docs/tasks.md)."""
     out: dict[str, Any] = {"step": step, "epoch": step, "n_steps": jnp.asarray(n_steps, jnp.int32),
                            "progress": step / n_steps, "viscosity": nu,
                            "x": pts.x_f, "t": pts.t_f}
