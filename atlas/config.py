@@ -18,9 +18,12 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from atlas.compose import check_known_keys
+from atlas.dpo.config import DPOConfig, GateConfig
 from atlas.knobs import HARD_BOUNDS
 from atlas.loggers import LoggerSpec, logger_spec
 from atlas.loggers import builtin as builtin_logger
+from atlas.sandbox.isolation import secret_folder
+from atlas.sandbox.secret import missing_secret_message
 from atlas.schema import (
     ConfigError,
     ExploreConfig,
@@ -123,12 +126,8 @@ def check_files(cfg: DictConfig) -> None:
     source = cfg.sandbox.get("secret_file")
     if source and not cfg.sandbox.get("create_secret") \
             and not Path(os.path.expanduser(str(source))).exists():
-        from atlas.sandbox.secret import missing_secret_message
-
         raise ConfigError(missing_secret_message(source))
     if source:  # the sandbox masks the secret's folder whole: refused here, not mid-start-up
-        from atlas.sandbox.isolation import secret_folder
-
         try:
             secret_folder(os.path.abspath(os.path.expanduser(str(source))))
         except ValueError as e:
@@ -180,7 +179,6 @@ def check_typed_groups(cfg: DictConfig) -> tuple[DPOConfig, GateConfig]:
     """The typed DPO and gate configs (their errors name the field); DPO knobs outside
     ``dpo.bounds`` are refused: training would clamp them while the run's records said
     otherwise."""
-    from atlas.dpo.config import DPOConfig, GateConfig
 
     dpo = _build(DPOConfig.from_cfg, cfg.dpo)
     gate = _build(GateConfig.from_cfg, cfg.gate)
@@ -258,6 +256,7 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
     dpo, gate = check_typed_groups(cfg)
     roles = None
     if method.supporters:  # the roles' settings are read only when supporters run
+        # deferred: loads openai (the supporters' client); a config typo fails without it
         from atlas.supporters.config import role_configs
 
         roles = _build(role_configs, cfg.supporters)

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from atlas.atomic import write_text_atomic
 from atlas.schema import ConfigError
-from atlas.telemetry import EVENTS
+from atlas.telemetry import EVENTS, dumps
 
 log = logging.getLogger("atlas.runfolder")
 
@@ -149,7 +149,6 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any
 
 def _resolved(cfg: DictConfig) -> dict[str, Any]:
     """``cfg`` as the ``config`` event stores it (JSON round trip: tuples become lists)."""
-    from atlas.telemetry import dumps
 
     return json.loads(dumps(OmegaConf.to_container(cfg, resolve=True)))
 

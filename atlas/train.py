@@ -20,6 +20,8 @@ from atlas.atomic import disk_full_error
 from atlas.config import command_line, validate
 from atlas.interrupt import Stopped, stop_on_signals
 from atlas.loggers import finish_logger, make_logger
+from atlas.provenance import provenance
+from atlas.quiet import install
 from atlas.runfolder import check_writable, holds_run, locked, prepare
 
 log = logging.getLogger("atlas.train")
@@ -101,7 +103,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     full disk stop the run with the checkpoint of its last finished round.
     """
     _, sweep = command_line()
-    from atlas.quiet import install
 
     install()  # library warnings a user cannot act on (atlas/quiet.py lists them)
     run_dir = Path(cfg.run_dir)  # read before validation: its errors are written there too
@@ -125,9 +126,12 @@ def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         prepare(cfg, run_dir, resume=settings.run.resume)  # not another configuration's run
         resolve_device(settings.run.device)  # device=cuda without a GPU stops here
         if settings.supporters:  # a dead supporter server is a finding, before anything loads
+            # deferred: loads openai; only a run with supporters needs it
             from atlas.supporters.health import check_supporters
 
             check_supporters(settings.supporters)
+        # deferred: loads torch, transformers, peft and lightning, only once the config, the
+        # run folder and the device are checked (a typo fails in a second or two)
         from atlas.loop import EvolutionLoop
 
         record = OmegaConf.to_container(cfg, resolve=True)  # the config event, W&B's config
@@ -137,8 +141,6 @@ def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             loop = EvolutionLoop(settings, record, run_dir, logger)
             try:
                 if callable(getattr(logger, "log_hyperparams", None)):  # the W&B config too
-                    from atlas.provenance import provenance
-
                     logger.log_hyperparams(
                         {"provenance": provenance(loop.agent.device, loop.precision.dtype)})
                 results = loop.run()

@@ -148,3 +148,59 @@ def test_the_checks_see_a_circle_and_a_deferred_import(tmp_path: Path) -> None:
     assert edges["atlas.c"] == {"atlas.a"}
     assert cycles(edges) == [["atlas.a", "atlas.b", "atlas.c"]]
     assert layer_of("atlas.tasks.__main__", {"atlas.tasks": 3, "atlas.tasks.__main__": 10}) == 10
+
+
+def _is_atlas(node: ast.stmt) -> bool:
+    if isinstance(node, ast.Import):
+        return any(a.name.split(".")[0] == "atlas" for a in node.names)
+    if isinstance(node, ast.ImportFrom):
+        return bool(node.level) or (node.module or "").split(".")[0] == "atlas"
+    return False
+
+
+def deferred_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, source) of each import of an atlas module inside a function body that carries no
+    comment on its line or above its block of imports: a function-level import must say what
+    heavy dependency it defers, never dodge a cycle in silence."""
+    text = path.read_text()
+    lines = text.splitlines()
+    out = []
+    for fn in ast.walk(ast.parse(text, str(path))):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for holder in ast.walk(fn):
+            for field in ("body", "orelse", "finalbody"):
+                block = getattr(holder, field, None)
+                if not isinstance(block, list):
+                    continue
+                first = last = None  # the run of adjacent imports (no blank line) it is in
+                for stmt in block:
+                    if not isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                        first = None
+                        continue
+                    if first is None or stmt.lineno != last.end_lineno + 1:
+                        first = stmt
+                    last = stmt
+                    above = lines[first.lineno - 2].strip() if first.lineno > 1 else ""
+                    said = "#" in lines[stmt.lineno - 1] or above.startswith("#")
+                    if _is_atlas(stmt) and not said:
+                        out.append((stmt.lineno, lines[stmt.lineno - 1].strip()))
+    return sorted(set(out))
+
+def test_a_function_level_import_says_what_it_defers() -> None:
+    """No import hides in a function body to dodge a cycle: one is kept only where it defers a
+    heavy dependency (torch, transformers, ...), and a comment says so."""
+    silent = [f"{path.relative_to(ROOT)}:{line}: {src}"
+              for path in modules().values() for line, src in deferred_imports(path)]
+    assert silent == []
+
+
+def test_the_check_sees_a_silent_deferred_import(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("def f():\n    from atlas.b import x\n"
+                    "def g():\n    # deferred: loads torch\n    from atlas.c import y\n"
+                    "    import atlas.d\n    import json\n    x = 1\n    import atlas.e\n"
+                    "    import atlas.f  # deferred: loads peft\n    import json\n\n"
+                    "    from atlas import g\n")
+    assert deferred_imports(path) == [(2, "from atlas.b import x"), (9, "import atlas.e"),
+                                      (13, "from atlas import g")]

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from atlas.agent.fastlinear import _active, _merged_weight, _stamp
+
 CHECK_EVERY = 8  # decode steps between the host's looks at EOS and stop strings
 _WEIGHTS_ATTR = "_atlas_static_weight"
 #: how the CPU runs a ``DecodeStep`` (``step`` itself, eagerly, unless a test sets it, e.g. to
@@ -189,7 +191,6 @@ def static_weights(model: nn.Module) -> Iterator[tuple[int, int]]:
     against it replays with the current weights: a phase boundary costs one copy per layer,
     never a recapture. Yields how many buffers were allocated (a graph captured before must be
     captured again) and how many were refreshed in place."""
-    from atlas.agent.fastlinear import _active, _merged_weight, _stamp
 
     patched, refreshed, allocated = [], 0, 0
     with torch.no_grad():

@@ -34,6 +34,7 @@ from transformers import (
 
 from atlas.agent.availability import HUB_PROBE_TIMEOUT, hub_reachable, unavailable_message
 from atlas.agent.availability import offline_env as _offline_env
+from atlas.agent.tiny import build_tiny_model
 from atlas.schema import ConfigError, ModelConfig
 
 SOURCES = ("smollm2", "tiny", "hf", "llama3_1b_shape")
@@ -147,8 +148,6 @@ def _load_smollm2(cfg: ModelConfig, dtype: torch.dtype) -> tuple[PreTrainedModel
 
 
 def _load_tiny(cfg: ModelConfig, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    from atlas.agent.tiny import build_tiny_model
-
     sizes = {"hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
              "num_heads": cfg.num_heads}  # conf/model/tiny.yaml sets them
     model, tokenizer = build_tiny_model(**{k: v for k, v in sizes.items() if v is not None},

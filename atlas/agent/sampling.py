@@ -21,7 +21,9 @@ import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
+from atlas.agent import graph_step
 from atlas.agent.fastlinear import merged_lora, packed_linears
+from atlas.agent.graph_step import CHECK_EVERY, DecodeStep, capture, llama_parts, static_weights
 
 TOPK_TRIES = (64, 1024)  # nucleus searched among these top-k first; full sort as a last resort
 THREAD_POLL = 8  # decode steps between looks at the thread budget
@@ -397,7 +399,6 @@ def _graph_parts(model, path: str, batch: _Batch, stats: SampleStats) -> dict | 
     want = path if path != "auto" else ("graph" if batch.device.type == "cuda" else "compact")
     if want != "graph":
         return None
-    from atlas.agent.graph_step import llama_parts
 
     parts = llama_parts(model)
     if model.__dict__.get(_BROKEN_ATTR):
@@ -416,7 +417,6 @@ def _try_graph(model, tokenizer: PreTrainedTokenizerBase, parts: dict, batch: _B
     """The graph path's tokens and finish reasons; None when it failed before it returned
     them and before it handed any row on (the model is marked, the streams rewound,
     ``stats.fallback`` says why)."""
-    from atlas.agent.graph_step import static_weights
 
     states = [g.get_state() for g in batch.gens]
     reported: list[int] = []
@@ -636,8 +636,6 @@ def _graph_loop(model, tokenizer: PreTrainedTokenizerBase, parts: dict, pre: _Pr
     """Fixed-shape steps (``graph_step.DecodeStep``), a CUDA graph on CUDA; the host reads
     tokens and ``done`` every ``CHECK_EVERY`` steps and tells finished rows apart exactly as
     the compact loop does (EOS, then a stop string in the row's tail text)."""
-    from atlas.agent import graph_step
-    from atlas.agent.graph_step import CHECK_EVERY, DecodeStep, capture
 
     device = pre.logits.device
     total, width = pre.prompt_mask.shape

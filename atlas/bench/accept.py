@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from atlas.bench.machine import device_info, device_line, resolve_bench_device
+
 NOT_MEASURED = "not measured"
 
 
@@ -200,7 +202,6 @@ def _line(row: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = _parse(argv or [])
-    from atlas.bench.machine import device_info, device_line, resolve_bench_device
 
     device = resolve_bench_device(args.device)
     toy = (args.size or ("full" if device.startswith("cuda") else "toy")) == "toy"

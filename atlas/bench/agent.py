@@ -23,6 +23,17 @@ from typing import Any
 
 import torch
 
+from atlas.agent.precision import choose_precision
+from atlas.bench.floor import profile_busy, ratio_text
+from atlas.bench.machine import (
+    add_model_args,
+    bench_model_cfg,
+    device_info,
+    device_line,
+    model_label,
+    resolve_bench_device,
+)
+
 SYSTEM = "You are a research agent in online learning and contextual bandits."
 USER = ("Write policy(contexts, history, t, state) for a 5-armed linear bandit whose hidden theta "
         "drifts over 2000 steps. contexts: numpy array (5, 5), one unit vector per arm. history: "
@@ -37,8 +48,6 @@ PREFILLS = {  # name -> prefill after the assistant header
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    from atlas.bench.machine import add_model_args
-
     p = argparse.ArgumentParser(prog="python -m atlas.bench agent", description=__doc__)
     add_model_args(p)
     p.add_argument("--batches", default="1,8,16", help="sampler batch sizes (samples per prompt)")
@@ -112,6 +121,7 @@ def sampler_row(agent, prompt: str, batch: int, args: argparse.Namespace,
                        max_new_tokens=args.max_new_tokens, seed=args.seed)
         st = agent.last_stats
     else:
+        # deferred: loads transformers; only this row samples
         from atlas.agent.sampling import sample
 
         with torch.inference_mode():
@@ -129,7 +139,6 @@ def decode_floor(agent, prompt: str, batch: int, tokens: int, args: argparse.Nam
     """Busy time per decode step of the sampler at ``batch``: two profiled calls, one that
     only prefills (1 token) and one of ``tokens`` steps; their difference over the extra steps
     is the decode steps' floor, compared with the unprofiled step time."""
-    from atlas.bench.floor import profile_busy
 
     def run(n: int) -> Any:
         agent.generate([prompt], batch, temperature=args.temperature, top_p=args.top_p,
@@ -153,6 +162,8 @@ def decode_floor(agent, prompt: str, batch: int, tokens: int, args: argparse.Nam
 def sandbox_row(samples: int = 8) -> dict[str, float] | str:
     """Bandit candidates evaluated per second (the seed program, 2 workers), or why skipped."""
     try:
+        # imported here: a sandbox that cannot import is a skipped row (the except below),
+        # not a failed bench
         from atlas.sandbox import Sandbox
         from atlas.tasks import make_task
     except ImportError as err:
@@ -194,6 +205,7 @@ def _study_prompts() -> list[tuple[str, str, str, str]]:
     """(name, system, user, prefill): the hand-written prompt, and the loop's own prompt builder."""
     out = [(f"hand:{name}", SYSTEM, USER, prefill) for name, prefill in PREFILLS.items()]
     try:
+        # deferred: loads the schema (pydantic, omegaconf); only the prompt study reads it
         from atlas.evolution.prompts import build_prompt
         from atlas.tasks import make_task
     except ImportError:
@@ -230,6 +242,7 @@ def llama_cpp_row(prompt: str, tokens: int, threads: int, args: argparse.Namespa
     try:
         from llama_cpp import Llama
 
+        # deferred: loads transformers; --help and the other rows stay light
         from atlas.agent.model import smollm2_gguf_path
     except ImportError as err:
         return f"skipped: {err} (pip install 'llama-cpp-python[server]')"
@@ -248,6 +261,7 @@ def speed_rows(agents: dict[str, Any], cfg: dict[str, Any], prompt: str,
                args: argparse.Namespace, results: dict[str, Any]) -> None:
     """Naive fp32 b1, HF generate, the sampler in each precision and llama.cpp, measured back
     to back in this process; prints the table and the ratios docs/results.md quotes."""
+    # deferred: loads transformers and pydantic; --help stays light
     from atlas.agent.model import load_base_model
     from atlas.schema import ModelConfig
 
@@ -293,7 +307,6 @@ def speed_rows(agents: dict[str, Any], cfg: dict[str, Any], prompt: str,
         batch = max(_ints(args.batches))
         fl = decode_floor(agent, prompt, batch, args.floor_tokens, args)
         results["floor"] = {"dtype": dtype, **fl}
-        from atlas.bench.floor import ratio_text
 
         print(f"  decode step, sampler ({dtype}) batch {batch}: "
               f"{ratio_text(fl['step_s'], fl['floor_step_s'], fl['floor_kind'])}; floor "
@@ -332,15 +345,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = _parse(argv or [])
     if args.threads:
         torch.set_num_threads(args.threads)
-    from atlas.agent.precision import choose_precision
+    # deferred: load transformers, peft and pydantic; --help stays light
     from atlas.agent.research_agent import ResearchAgent
-    from atlas.bench.machine import (
-        bench_model_cfg,
-        device_info,
-        device_line,
-        model_label,
-        resolve_bench_device,
-    )
     from atlas.schema import ModelConfig
 
     device = resolve_bench_device(args.device)

@@ -17,10 +17,19 @@ from typing import Any
 
 import torch
 
+from atlas.agent import graph_step
+from atlas.bench.agent import PREFILLS, SYSTEM, USER
+from atlas.bench.machine import (
+    add_model_args,
+    bench_model_cfg,
+    device_info,
+    device_line,
+    model_label,
+    resolve_bench_device,
+)
+
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    from atlas.bench.machine import add_model_args
-
     p = argparse.ArgumentParser(prog="python -m atlas.bench decode", description=__doc__)
     add_model_args(p)
     p.add_argument("--islands", type=int, default=3)
@@ -44,17 +53,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = _parse(argv or [])
     if args.threads:
         torch.set_num_threads(args.threads)
-    from atlas.agent import graph_step
+    # deferred: loads transformers, peft and pydantic; --help stays light
     from atlas.agent.research_agent import ResearchAgent
     from atlas.agent.sampling import Request, sample_requests
-    from atlas.bench.agent import PREFILLS, SYSTEM, USER
-    from atlas.bench.machine import (
-        bench_model_cfg,
-        device_info,
-        device_line,
-        model_label,
-        resolve_bench_device,
-    )
     from atlas.schema import ModelConfig
 
     device = resolve_bench_device(args.device)

@@ -31,6 +31,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from atlas.bench.floor import profile_busy, ratio_text
+from atlas.bench.machine import (
+    add_model_args,
+    bench_model_cfg,
+    device_info,
+    device_line,
+    model_label,
+    resolve_bench_device,
+)
+from atlas.types import Program
+
 DATA = Path(__file__).with_name("data") / "bandit_cpu_programs.jsonl"
 SETTINGS = {"per-row": {"shared_prompt": False, "gradient_checkpointing": True},
             "shared": {"shared_prompt": True, "gradient_checkpointing": "auto"}}
@@ -40,10 +51,10 @@ def recorded_pairs(path: Path, phase: int, max_pairs: int, top_k: int, seed: int
     """D_k of ``phase`` rebuilt from a run's ``programs.jsonl`` with the loop's own builder."""
     from omegaconf import OmegaConf
 
+    # deferred: load pydantic and omegaconf; python -m atlas.bench dpo --help stays fast
     from atlas.evolution.database import ProgramDatabase
     from atlas.evolution.preferences import build_pairs
     from atlas.schema import ExploreConfig
-    from atlas.types import Program
 
     conf = Path(__file__).resolve().parents[2] / "conf" / "explore" / "default.yaml"
     programs = [Program.from_dict(json.loads(line)) for line in path.read_text().splitlines()
@@ -61,9 +72,8 @@ def recorded_pairs(path: Path, phase: int, max_pairs: int, top_k: int, seed: int
 def _child(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    # deferred: load torch, transformers, peft and lightning; --help stays fast
     from atlas.agent.research_agent import ResearchAgent
-    from atlas.bench.floor import profile_busy
-    from atlas.bench.machine import bench_model_cfg
     from atlas.dpo import DPOConfig, train_phase
     from atlas.schema import ModelConfig
 
@@ -109,8 +119,6 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     """Run each (precision, path) in a child process; print and return their rows."""
-    from atlas.bench.floor import ratio_text
-    from atlas.bench.machine import add_model_args
 
     ap = argparse.ArgumentParser(prog="python -m atlas.bench dpo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,13 +141,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--setting", choices=tuple(SETTINGS), help=argparse.SUPPRESS)
     ap.add_argument("--dtype", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    from atlas.bench.machine import (
-        bench_model_cfg,
-        device_info,
-        device_line,
-        model_label,
-        resolve_bench_device,
-    )
 
     args.device = resolve_bench_device(args.device)
     if args.setting:  # the child: one setting, one JSON line on stdout

@@ -36,6 +36,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from atlas.bench.machine import resolve_bench_device
+from atlas.types import GateItem, Program
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = Path(__file__).with_name("data")
 DATA = [DATA_DIR / "cpu_bandit_s0_evotune_programs.jsonl",
@@ -46,7 +49,6 @@ _RUN_OFFSET = 1_000_000  # program ids and islands of run i are shifted by i * t
 def load_programs(paths: Path | list[Path]) -> list:
     """The programs of one or more runs as ``Program`` objects; ids and islands of the i-th
     run are shifted by ``i * 1e6`` so that runs never share a program or an island."""
-    from atlas.types import Program
 
     rows = []
     for i, path in enumerate([paths] if isinstance(paths, (str, Path)) else paths):
@@ -90,6 +92,7 @@ def trial_data(programs: list, db: Any, gate: Any, dpo: Any, seed: int, n_pairs:
     of the phase, 3-8 of them); "first-phase": the buffer of a run's first phase, whose rounds
     all serve one prompt (every island starts from the seed): D_k and G_k from the prompt with
     the most completions alone."""
+    # deferred: load pydantic and omegaconf; python -m atlas.bench gate --help stays fast
     from atlas.dpo.evidence import gate_items, gate_prompts, hold_out_prompts
     from atlas.evolution.buffer import failure_floor
     from atlas.evolution.preferences import build_pairs
@@ -147,9 +150,9 @@ def redecide(row: dict[str, Any], gate: Any) -> dict[str, Any]:
     """The row's gate decision recomputed from its raw log-probs under ``gate`` (another
     ``scale``, ``bound``, ``confidence``, ``epsilon``...): Eq. 4 and Eq. 5 exactly as
     ``select_and_gate`` computes them, without re-training or re-running the model."""
+    # deferred: load torch, transformers and peft; --help stays fast
     from atlas.dpo.gate import decide, offline_estimates
     from atlas.dpo.scoring import mean_kl
-    from atlas.types import GateItem
 
     raw = row["raw"]
     items = [GateItem("", [""] * len(sc), sc, "") for sc in raw["scores"]]
@@ -165,6 +168,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from omegaconf import OmegaConf
 
+    # deferred: load torch, transformers, peft and lightning; --help stays fast
     from atlas.agent.adapters import POLICY, REF, get_adapter_state, set_adapter_state
     from atlas.agent.research_agent import ResearchAgent
     from atlas.dpo import DPOConfig, train_phase
@@ -179,7 +183,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.max_length:
         dpo = dataclasses.replace(dpo, max_length=args.max_length)
         gate = dataclasses.replace(gate, max_length=args.max_length)
-    from atlas.bench.machine import resolve_bench_device
 
     agent = ResearchAgent(ModelConfig.from_cfg(model_cfg),
                           device=resolve_bench_device(getattr(args, "device", "cpu")), seed=0)
@@ -271,8 +274,8 @@ def null_rates(shapes: list[tuple[int, int]], trials: int, gate: Any, sigma: flo
     calibrated 90% bound passes such a policy <= 10% of the time."""
     import torch
 
+    # deferred: loads torch, transformers and peft; --help stays fast
     from atlas.dpo.gate import offline_estimates
-    from atlas.types import GateItem
 
     gen = torch.Generator().manual_seed(seed)
     out = []
@@ -298,6 +301,7 @@ def gate_config(args: argparse.Namespace) -> Any:
     --holdout-share."""
     from omegaconf import OmegaConf
 
+    # deferred: loads pydantic and omegaconf; --help stays fast
     from atlas.dpo import GateConfig
 
     cfg = OmegaConf.load(ROOT / "conf" / "gate" / "default.yaml")
@@ -450,6 +454,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"  N {n:4d}: correct accepted {c[0]}/{c[1]} = {c[0] / max(c[1], 1):.0%}, "
                       f"inverted accepted {i[0]}/{i[1]} = {i[0] / max(i[1], 1):.0%}")
         return
+    # deferred: loads torch; --help stays fast
     from atlas.agent.precision import cpu_features, cpu_model
 
     feats = cpu_features()

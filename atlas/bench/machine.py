@@ -67,6 +67,7 @@ def speed_only(cfg: dict[str, Any]) -> bool:
 
 def model_label(model: str, cfg: dict[str, Any]) -> str:
     """The model as a bench prints it, labelled when its weights are random."""
+    # deferred: loads torch and transformers; every bench's --help imports this module
     from atlas.agent.model import SPEED_ONLY
 
     shrink = ", ".join(f"{k}={cfg[k]}" for k in ("hidden_size", "num_layers", "num_heads")
@@ -94,6 +95,7 @@ def device_info(device: str) -> dict[str, Any]:
     """Device name, torch, CUDA and cuDNN versions: what every bench prints first."""
     import torch
 
+    # deferred: loads torch; every bench's --help imports this module
     from atlas.agent.precision import cpu_features, cpu_model
 
     info: dict[str, Any] = {"device": device, "torch": torch.__version__,

@@ -25,12 +25,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from atlas.bench.floor import profile_busy, ratio_text
+from atlas.bench.machine import (
+    add_model_args,
+    bench_model_cfg,
+    device_info,
+    device_line,
+    model_label,
+    resolve_bench_device,
+)
+from atlas.sandbox import Sandbox
+from atlas.tasks import make_task
+from atlas.types import PreferencePair
+
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    from atlas.bench.machine import add_model_args
-
     p = argparse.ArgumentParser(prog="python -m atlas.bench paper", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p, default="llama3_1b_shape")
@@ -86,7 +97,6 @@ def projection(rounds: int, phase_every: int, round_s: Sequence[float], phase_s:
 def pairs_from(programs: Sequence[Any], limit: int) -> list:
     """Preference pairs over the rounds' own completions (same prompt, two completions), so a
     phase trains on the lengths the rounds produce; which is "chosen" does not change speed."""
-    from atlas.types import PreferencePair
 
     by_prompt: dict[str, list[str]] = {}
     for p in programs:
@@ -107,21 +117,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import torch
     from omegaconf import OmegaConf
 
+    # deferred: load torch, transformers, peft and lightning; --help stays fast
     from atlas.agent.research_agent import ResearchAgent
-    from atlas.bench.floor import profile_busy, ratio_text
-    from atlas.bench.machine import (
-        bench_model_cfg,
-        device_info,
-        device_line,
-        model_label,
-        resolve_bench_device,
-    )
     from atlas.dpo import DPOConfig, train_phase
     from atlas.evolution.database import ProgramDatabase
     from atlas.evolution.explorer import Explorer
-    from atlas.sandbox import Sandbox
     from atlas.schema import ExploreConfig, ModelConfig
-    from atlas.tasks import make_task
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -16,11 +16,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from atlas.bench.dpo import DATA, recorded_pairs
+from atlas.bench.machine import (
+    add_model_args,
+    bench_model_cfg,
+    device_info,
+    device_line,
+    model_label,
+    resolve_bench_device,
+)
+
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    from atlas.bench.dpo import DATA
-    from atlas.bench.machine import add_model_args
-
     p = argparse.ArgumentParser(prog="python -m atlas.bench parity", description=__doc__)
     add_model_args(p, default="llama3_1b_shape")
     p.add_argument("--programs", default=str(DATA), help="a run's programs.jsonl")
@@ -39,16 +46,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    # deferred: load torch, transformers, peft and lightning; --help stays fast
     from atlas.agent.adapters import POLICY, adapter, adapter_params
     from atlas.agent.research_agent import ResearchAgent
-    from atlas.bench.dpo import recorded_pairs
-    from atlas.bench.machine import (
-        bench_model_cfg,
-        device_info,
-        device_line,
-        model_label,
-        resolve_bench_device,
-    )
     from atlas.dpo import DPOConfig, evaluate_pairs
     from atlas.schema import ModelConfig
 

@@ -32,6 +32,9 @@ import sys
 import time
 from typing import Any
 
+from atlas.sandbox import Sandbox
+from atlas.sandbox.candidate import load_candidate
+
 CANDIDATES: dict[str, str] = {
     "unweighted": """def pinn_loss_strategy(residuals, ic_err, bc_err, extras):
     return jnp.mean(residuals ** 2) + jnp.mean(ic_err ** 2) + jnp.mean(bc_err ** 2)
@@ -94,6 +97,7 @@ def autodiff_residuals(params: Any, pts: Any, nu: Any) -> Any:
     import jax
     import jax.numpy as jnp
 
+    # deferred: loads numpy; python -m atlas.bench pinn --help stays fast
     from atlas.tasks.pinn import model
 
     def u(t: Any, x: Any) -> Any:
@@ -117,6 +121,7 @@ def fused_train(fn: Any, cfg: Any, points: Any, nu: float, round_index: int = 0,
     import jax.numpy as jnp
     import optax
 
+    # deferred: loads numpy; python -m atlas.bench pinn --help stays fast
     from atlas.tasks.pinn import model
     from atlas.tasks.pinn.problem import init_params
 
@@ -174,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from atlas.sandbox.candidate import load_candidate
+    # deferred: load numpy and torch (the reference trainer); --help stays fast
     from atlas.tasks.pinn import PinnTask
     from atlas.tasks.pinn.evaluator import make_evaluator
     from atlas.tasks.pinn.problem import training_points
@@ -207,7 +212,6 @@ def main(argv: list[str] | None = None) -> None:
     for key in ("s", "w"):
         if key not in loops:
             continue
-        from atlas.sandbox import Sandbox
 
         with Sandbox.for_task(task, workers=1, threads_per_worker=args.threads) as sb:
             t0 = time.perf_counter()

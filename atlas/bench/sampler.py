@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from atlas.agent.fastlinear import _is_lora_linear, _merged_weight, drop_packed
 from atlas.bench.machine import (
     add_model_args,
     bench_model_cfg,
@@ -35,6 +36,8 @@ from atlas.bench.machine import (
     model_label,
     resolve_bench_device,
 )
+from atlas.tasks import make_task
+from atlas.types import Evaluation, Program
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -51,10 +54,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _requests(agent: Any, islands: int, samples: int, seed: int) -> list:
+    # deferred: load transformers, pydantic and omegaconf; --help stays fast
     from atlas.agent.sampling import Request
     from atlas.evolution.prompts import build_prompt
-    from atlas.tasks import make_task
-    from atlas.types import Evaluation, Program
 
     task = make_task("bandit")
     seed_prog = Program(id=0, island=0, round=0, code=task.seed_program(),
@@ -73,8 +75,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = _parse(argv or [])
     if args.threads:
         torch.set_num_threads(args.threads)
+    # deferred: load transformers, peft, pydantic and omegaconf; --help stays fast
     from atlas.agent.adapters import POLICY, adapter_params
-    from atlas.agent.fastlinear import _is_lora_linear, _merged_weight, drop_packed
     from atlas.agent.research_agent import ResearchAgent
     from atlas.agent.sampling import sample_requests
     from atlas.evolution.explorer import STOP

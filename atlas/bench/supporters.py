@@ -78,6 +78,7 @@ def start_server(log_dir: Path, threads: int, wait_s: float = 180.0
 
 def requests() -> dict[str, Any]:
     """One request per role, shaped like a bandit run's (as in the server tests)."""
+    # deferred: loads openai, pydantic and omegaconf; --help stays fast
     from atlas.supporters import (
         DpoMetrics,
         ExplorationRequest,
@@ -117,6 +118,7 @@ def requests() -> dict[str, Any]:
 def run(url: str, model: str, n: int, modes: tuple[str, ...], seed: int,
         roles: tuple[str, ...] = ROLES) -> dict:
     """``{mode: {role: {"ok": k, "n": n, "causes": {...}, "answered_in": {...}}}}``."""
+    # deferred: load openai, pydantic and omegaconf; --help stays fast
     from atlas.supporters import make_supporters
     from atlas.supporters.config import role_configs
     from atlas.supporters.openai_backend import forget_negotiated
@@ -179,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
+    # deferred: loads openai; --help stays fast
     from atlas.supporters.openai_backend import negotiated_modes
     print("\nvalid answers per role (used instead of the embedded rule):")
     print(f"  {'mode':<19} " + " ".join(f"{r:>12}" for r in roles) + f" {'all':>8}")
