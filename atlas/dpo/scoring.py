@@ -23,6 +23,7 @@ import torch
 
 from atlas.agent.adapters import POLICY, REF, adapter, get_adapter_state, set_adapter_state
 from atlas.agent.fastlinear import packed_linears
+from atlas.agent.precision import native_bf16
 from atlas.dpo.prefix import PromptGroup, completion_logits, encode_group
 from atlas.types import GateItem, ReferenceMode
 
@@ -131,8 +132,9 @@ def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[Po
     (``atlas.dpo.prefix``); the reference's full-vocabulary log-probs live for one item only.
 
     Two savings that leave every number bit for bit as it was: a completion written twice
-    (the same program sampled again) runs once, and on a CPU in bf16 the frozen base weights
-    run pre-packed (``packed_linears(merge_lora=False)``: peft's LoRA terms untouched)."""
+    (the same program sampled again) runs once, and on a CPU with native bf16 (where the
+    identity was measured) the frozen base weights run pre-packed
+    (``packed_linears(merge_lora=False)``: peft's LoRA terms untouched)."""
     check_items(items, need_scores)
     policies = [check_spec(s, f"policies[{i}]") for i, s in enumerate(policies)]
     if kl_reference is not None:
@@ -148,7 +150,7 @@ def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[Po
     was_training = model.training
     model.eval()
     try:
-        with packed_linears(model, merge_lora=False):
+        with packed_linears(model, enabled=native_bf16(), merge_lora=False):
             for i, item in enumerate(items):
                 scored = list(item.completions) if need_scores else []
                 texts = list(dict.fromkeys(scored))  # each distinct completion once
