@@ -447,3 +447,19 @@ def test_audit_lists_the_runners_calls_and_task_syscalls_extend_the_list(capsys)
         allowed = sb.evaluate(memfd, {})
     assert blocked.failure_kind == "blocked" and "memfd_create" in blocked.message, blocked
     assert allowed.passed, allowed
+
+
+def test_the_isolation_line_names_each_missing_part(monkeypatch):
+    """A runner without a part (Landlock on an old kernel, a pid namespace...) is named at
+    start with what it leaves open; a runner with every part is left with the memory gap
+    only, as on this machine's kernel where Landlock is present."""
+    from atlas.sandbox import landlock
+
+    isolation.runner_features.cache_clear()
+    monkeypatch.setattr(isolation, "runner_features", lambda mode: ())
+    gaps = isolation.isolation_gaps("rlimits")
+    assert gaps == [*isolation.FEATURE_GAPS.values(), isolation.MEMORY_GAP]
+    assert any(g.startswith("no Landlock") for g in gaps)
+    monkeypatch.undo()
+    if landlock.abi_version() >= 1 and _private_scratch_works():
+        assert "landlock" in isolation.runner_features(isolation.FALLBACK)

@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 import atlas
+from atlas.sandbox import landlock
 
 log = logging.getLogger("atlas.sandbox")
 
@@ -335,6 +336,9 @@ FEATURE_GAPS = {
                "and its metadata channels are closed by seccomp alone",
     "nproc": "no task count of the runner's own (RLIMIT_NPROC): threads are capped by the "
              "watchdog only (1024 per runner, polled every 0.1 s)",
+    "landlock": "no Landlock (Linux < 5.13, or disabled): reads are bounded by bubblewrap's "
+                "binds and masks, or in the rlimits mode by the runner's uid, and /proc/stat's "
+                "fork count is readable",
 }
 #: what no mode here has: memory is counted by polling, not by the kernel
 MEMORY_GAP = ("memory (resident + scratch tmpfs) is counted by the watchdog every 0.1 s, not "
@@ -357,6 +361,8 @@ def _features_here(workdir: str) -> list[str]:
             got = prepare_runner(workdir, 16, got)
             if host_root():
                 got.add("nproc")  # each runner switches to a uid of its own
+            if landlock.abi_version() >= 1:
+                got.add("landlock")
             os.write(out_w, json.dumps(sorted(got)).encode())
         finally:
             os._exit(0)
