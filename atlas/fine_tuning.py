@@ -261,7 +261,8 @@ def gate_fields(owner: ReferenceCallback, evidence: Evidence, outcome: Reference
                 gk_prompt_hashes=sorted({prompt_hash(it.prompt) for it in owner.items}),
                 online=online.records if online is not None else None,
                 promoted=outcome.promoted, vetoed=outcome.vetoed, inspector=outcome.verdict,
-                seconds_gate=outcome.seconds + owner.prepare_seconds)
+                seconds_gate=outcome.seconds + owner.prepare_seconds,
+                seconds_gate_parts={"evidence": owner.prepare_seconds, **outcome.parts})
 
 
 def adapter_snapshot(agent: Any) -> dict[str, Any]:

@@ -375,6 +375,9 @@ class PhaseRecord:
     vetoed: bool = False
     inspector: dict[str, Any] | None = None
     seconds_gate: float = 0.0
+    # seconds_gate's parts: evidence (gathering G_k), pass (C_k and the reference over G_k),
+    # estimate (Eq. 4/5's bootstrap), review (the inspector), promote
+    seconds_gate_parts: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
@@ -412,7 +415,8 @@ class PhaseRecord:
         out.update(dpo=self.dpo, seconds_dpo=self.seconds_dpo)
         if self.gate is not None:
             out.update(gate=self.gate_event(), promoted=self.promoted, vetoed=self.vetoed,
-                       inspector=self.inspector, seconds_gate=self.seconds_gate)
+                       inspector=self.inspector, seconds_gate=self.seconds_gate,
+                       seconds_gate_parts=self.seconds_gate_parts)
         out["seconds"] = self.seconds
         return out
 

@@ -192,9 +192,15 @@ def test_a_phase_below_the_minimum_evidence_is_insufficient_not_rejected(agent):
     assert not record.promoted and same(state(agent, REF), before)
     assert record.evidence["informative_completions"] == 8 and not record.evidence["sufficient"]
     assert record.gate.gain != record.gate.gain  # NaN: nothing measured
+    assert "pass" not in record.seconds_gate_parts  # no forward pass ran
 
     enough = dataclasses.replace(thin, min_completions=8)
     _, record, _ = run_phase(agent, ATLAS, enough)
     assert record.gate.reason == "accepted" and record.promoted
     assert record.evidence["mode"] == "buffer" and record.evidence["in_sample"]
     assert record.to_event()["gate"]["evidence"] == record.evidence
+    # the gate's seconds, split by part: they add up, and the forward passes are measured
+    parts = record.to_event()["seconds_gate_parts"]
+    assert set(parts) == {"evidence", "pass", "estimate", "review", "other"}
+    assert all(v >= 0 for v in parts.values()) and parts["pass"] > 0
+    assert sum(parts.values()) == pytest.approx(record.seconds_gate, rel=1e-9)

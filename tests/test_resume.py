@@ -2,7 +2,7 @@
 
 What is compared: ``results.json``, ``programs.jsonl`` and ``events.jsonl`` of the resumed run
 against those of an uninterrupted run with the same seed, after removing wall-clock fields
-(``VOLATILE``: ``seconds``, ``wall_seconds``, ``seconds_dpo``, ``seconds_gate``,
+(``VOLATILE``: ``seconds``, ``wall_seconds``, ``seconds_dpo``, ``seconds_gate`` and its parts,
 ``reference_table_seconds``, and ``agent_threads``, the thread counts generation ran with,
 which follow when sandbox workers happened to be busy; they measure time and scheduling,
 which no two runs share) and the ``config`` event's ``run_dir`` (the two runs live in
@@ -41,7 +41,7 @@ import torch
 from atlas import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-VOLATILE = frozenset({"seconds", "wall_seconds", "seconds_dpo", "seconds_gate",
+VOLATILE = frozenset({"seconds", "wall_seconds", "seconds_dpo", "seconds_gate", "seconds_gate_parts",
                       "reference_table_seconds", "agent_threads",
                       # the round event's sampler timings
                       "setup_s", "prefill_s", "decode_s", "tok_s"})

@@ -217,7 +217,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                    "gate_items": len(items), "gate_completions": sum(len(i.completions)
                                                                     for i in items),
                    "candidates": d.to_dict()["candidates"], "dpo_s": t1 - t0,
-                   "gate_s": gate_s, "evidence": args.evidence,
+                   "gate_s": gate_s, "gate_parts": res.reference.parts,
+                   "evidence": args.evidence,
                    # the raw numbers behind S and KL, so another statistic can be recomputed
                    "raw": raw_pass(passes[0], res.candidates, items) if passes else None}
             rows.append(row)
@@ -225,7 +226,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   f"gain {d.gain:+.4f} lower {d.lower_bound:+.4f} se {d.se:.4f} KL {d.kl:.2e} "
                   f"| {len(arm_pairs)} pairs, G_k {len(items)} prompts / "
                   f"{row['gate_completions']} completions | DPO {t1 - t0:.0f} s, gate "
-                  f"{row['gate_s']:.0f} s", flush=True)
+                  f"{row['gate_s']:.0f} s (pass {res.reference.parts.get('pass', 0):.0f} s)",
+                  flush=True)
             if args.json:  # partial results survive an interrupted bench
                 Path(args.json).write_text(json.dumps({"rows": rows}, default=str))
     return {"rows": rows, "gate": dataclasses.asdict(gate), "dpo": dpo.to_dict(),

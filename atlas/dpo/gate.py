@@ -26,6 +26,7 @@ the numbers are still computed and recorded. The caller promotes an accepted dec
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 
 from atlas.dpo.config import GateConfig
@@ -124,7 +125,8 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
                     gate: GateConfig, *, enabled: bool = True,
                     reference: ReferenceMode | str = ReferenceMode.ADAPTIVE,
                     online_score: Callable[[PolicySpec, str], float] | None = None,
-                    seed: int = 0, keep_pass: list | None = None) -> GateDecision:
+                    seed: int = 0, keep_pass: list | None = None,
+                    timings: dict[str, float] | None = None) -> GateDecision:
     """Score C_k and the reference on G_k, choose c* (Eq. 4), test it (Eq. 5).
 
     ``items`` must be held out of the phase's D_k (the caller's duty; ``FineTuner`` does it).
@@ -137,6 +139,8 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
     ``atlas.dpo.online_inspection.OnlineInspector``); KL stays teacher-forced on G_k.
     ``keep_pass``: a list the forward passes' ``GatePass`` is appended to (the gate bench
     records the raw log-probs so other statistics can be recomputed without re-training).
+    ``timings``: a dict that receives the seconds of the forward passes (``pass``) and of the
+    scores, bounds and decision (``estimate``), so a run can say which part costs what.
     """
     if not isinstance(gate, GateConfig):
         raise TypeError(f"gate must be a GateConfig (GateConfig.from_cfg(cfg.gate)), got {type(gate).__name__}")
@@ -155,9 +159,11 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
         if enabled:
             d.reason = NO_ITEMS
         return d
+    t0 = time.perf_counter()
     res = gate_pass(model, tokenizer, items, [PolicySpec.of(c.state) for c in candidates],
                     kl_reference=PolicySpec.reference(reference), need_scores=True,
                     max_length=gate.max_length)
+    t1 = time.perf_counter()
     if keep_pass is not None:
         keep_pass.append(res)
     kls = [mean_kl(k) for k in res.kl]
@@ -178,6 +184,8 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
     chosen = names.index(decision.chosen)
     decision.candidate_preferred = [_argmax(lp) for lp in res.mean_logps[chosen]]
     decision.reference_preferred = [_argmax(lp) for lp in res.ref_mean_logps]
+    if timings is not None:
+        timings.update({"pass": t1 - t0, "estimate": time.perf_counter() - t1})
     return decision
 
 

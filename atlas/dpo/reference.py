@@ -68,6 +68,7 @@ class ReferenceOutcome:
     verdict: dict[str, Any] | None
     candidate: str | None  # the promoted candidate's name (None: the reference stayed)
     seconds: float
+    parts: dict[str, float] = field(default_factory=dict)  # pass, estimate, review, other
 
 
 Review = Callable[[GateDecision], Any]  # the inspector's review of an accepted decision
@@ -155,20 +156,23 @@ class ReferenceCallback(PolicySnapshotCallback):
         self.candidates.append(PolicyCandidate(name="final", state=get_adapter_state(model, POLICY),
                                                step=trainer.global_step))
         was_training = model.training
+        parts: dict[str, float] = {}
         try:
             decision = (self._decide(self.candidates) if self._decide is not None else
                         select_and_gate(model, self.tokenizer, self.candidates, self.items,
                                         self.gate, enabled=self.gated, reference=self.reference,
                                         online_score=self.online_score, seed=self.seed,
-                                        keep_pass=self.keep_pass))
+                                        keep_pass=self.keep_pass, timings=parts))
         finally:
             model.train(was_training)
         promoted, vetoed, verdict = decision.accepted, False, None
+        t_review = time.perf_counter()
         if decision.accepted and self.gated and self.review is not None:
             answer = self.review(decision)
             vetoed = bool(answer.veto)
             verdict = answer.model_dump() if hasattr(answer, "model_dump") else dict(answer)
             promoted = not vetoed
+        parts["review"] = time.perf_counter() - t_review
         candidate = None
         if promoted and self.promote_accepted:
             state = decision.promoted_state(self.candidates)
@@ -179,9 +183,11 @@ class ReferenceCallback(PolicySnapshotCallback):
             self.state.current = f"phase {self.phase} {candidate}"
             self.state.promotions.append({"phase": self.phase, "candidate": candidate,
                                           "step": step})
+        seconds = time.perf_counter() - t0
+        parts["other"] = seconds - sum(parts.values())  # C_k's list, checks, the promotion
         self.outcome = ReferenceOutcome(decision=decision, promoted=promoted, vetoed=vetoed,
-                                        verdict=verdict, candidate=candidate,
-                                        seconds=time.perf_counter() - t0)
+                                        verdict=verdict, candidate=candidate, seconds=seconds,
+                                        parts=parts)
 
 
 def no_decision(candidates: list[PolicyCandidate], gate: GateConfig, reason: str,
