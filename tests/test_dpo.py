@@ -68,7 +68,7 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 # -- config -----------------------------------------------------------------------------------
 def test_config_mirrors_yaml_validates_and_clamps():
     cfg = DPOConfig.from_cfg(OmegaConf.load(CONF / "dpo" / "default.yaml"))
-    assert (cfg.beta, cfg.lr, cfg.epochs, cfg.batch_size, cfg.checkpoints) == (0.1, 5e-5, 1, 2, 2)
+    assert (cfg.beta, cfg.lr, cfg.epochs, cfg.batch_size, cfg.checkpoints) == (0.1, 5e-5, 1, 2, 1)
     assert cfg.score_threshold is None and cfg.bounds["lr"] == (1e-6, 1e-3)
     wild = DPOConfig(beta=7.0, lr=0.5, epochs=40).clamped()
     assert (wild.beta, wild.lr, wild.epochs) == (2.0, 1e-3, 5)

@@ -145,6 +145,25 @@ def test_bench_runs_end_to_end_on_the_tiny_model(tmp_path: Path, capsys) -> None
     assert f"gain {old['gain']:+.4f}" in text
 
 
+def test_bench_rows_re_decide_on_a_smaller_c_k() -> None:
+    """``--candidates``: a recorded trial re-decided on some of C_k's candidates only; Eq. 4
+    then chooses among those kept (here the best one, step_2, is dropped: final is chosen)."""
+    ref = [[-10.0, -12.0], [-11.0, -9.0]]
+    better = [[-9.0, -13.0], [-12.0, -8.0]]  # more mass on the better completion of each item
+    row = {"seed": 0, "arm": "correct", "raw": {
+        "names": ["step_2", "step_4", "final"], "ref_sum_logps": ref,
+        "sum_logps": [[[-8.0, -14.0], [-13.0, -7.0]], ref, better],  # step_2 is best
+        "kl": [[1e-4, 1e-4], [1e-4, 1e-4], [1e-4, 1e-4]],
+        "scores": [[1.0, 0.0], [0.0, 1.0]]}}
+    gate = GateConfig(epsilon=-1.0, resamples=200)
+    assert bench.redecide(row, gate)["chosen"] == "step_2"
+    kept = bench.keep_candidates(row, [1, -1])
+    assert kept["raw"]["names"] == ["step_4", "final"]
+    assert kept["raw"]["sum_logps"] == [ref, better] and len(kept["raw"]["kl"]) == 2
+    assert bench.redecide(kept, gate)["chosen"] == "final"
+    assert bench.keep_candidates(row, [0, -1, 0])["raw"]["names"] == ["step_2", "final"]
+
+
 def test_bench_rows_are_resummarised_at_other_epsilons(tmp_path: Path, capsys) -> None:
     """A bench's recorded rows give the acceptance rates at any epsilon without re-running:
     c* (Eq. 4) does not depend on epsilon, so Eq. 5 is the lower bound and KL vs thresholds."""

@@ -146,6 +146,18 @@ def raw_pass(res: Any, candidates: list, items: list) -> dict[str, Any]:
             "scores": [list(map(float, it.scores)) for it in items]}
 
 
+def keep_candidates(row: dict[str, Any], keep: list[int]) -> dict[str, Any]:
+    """The row with C_k cut to the candidates at positions ``keep`` (C_k's order: the
+    snapshots, then the phase-final policy; -1 is the final one): the same trial with a
+    smaller C_k, to weigh what each candidate adds to Eq. 4's choice."""
+    raw = row["raw"]
+    n = len(raw["names"])
+    idx = sorted({k % n for k in keep})
+    return {**row, "raw": {**raw, "names": [raw["names"][i] for i in idx],
+                           "sum_logps": [raw["sum_logps"][i] for i in idx],
+                           "kl": [raw["kl"][i] for i in idx]}}
+
+
 def redecide(row: dict[str, Any], gate: Any) -> dict[str, Any]:
     """The row's gate decision recomputed from its raw log-probs under ``gate`` (another
     ``scale``, ``bound``, ``confidence``, ``epsilon``...): Eq. 4 and Eq. 5 exactly as
@@ -401,6 +413,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="re-summarise the rows of an earlier run's --json file (no training): "
                          "its rates at the default gate settings and at --epsilons; rows with "
                          "raw log-probs are re-decided under the gate settings of this command")
+    ap.add_argument("--candidates", default="",
+                    help="with --rows: re-decide on these positions of C_k only, e.g. -1 (the "
+                         "final policy) or 1,-1 (the second snapshot and the final one)")
     ap.add_argument("--scale", choices=("subset", "item"), default=None,
                     help="gate.scale for this command (default: conf/gate/default.yaml)")
     ap.add_argument("--bound", choices=("bc", "percentile", "normal"), default=None,
@@ -430,6 +445,12 @@ def main(argv: list[str] | None = None) -> None:
         g = gate_config(args)
         rows = [r for f in args.rows for r in json.loads(Path(f).read_text())["rows"]]
         raw = all(r.get("raw") for r in rows)
+        if args.candidates and not raw:
+            raise SystemExit("--candidates needs rows with raw log-probs (bench runs with --json)")
+        if args.candidates:
+            keep = [int(k) for k in args.candidates.split(",") if k.strip()]
+            rows = [keep_candidates(r, keep) for r in rows]
+            print(f"C_k cut to positions {keep}")
         if raw:
             rows = [redecide(r, g) for r in rows]
         print(f"{len(rows)} rows from {', '.join(args.rows)}; "

@@ -54,7 +54,7 @@ class DPOConfig:
     """Count-based top-k passed candidates per island used as "chosen" (pair builder)."""
     grad_clip: Num = Field(1.0, ge=0.0)
     """Max global L2 norm of the adapter gradient; 0 disables clipping."""
-    checkpoints: Int = Field(2, ge=0)
+    checkpoints: Int = Field(1, ge=0)
     """Intermediate policy snapshots per phase that join C_k (the phase-final is always added)."""
     gradient_checkpointing: Annotated[bool | str, BeforeValidator(_checkpointing)] = "auto"
     """Recompute activations in the backward pass instead of keeping them: same losses, less
