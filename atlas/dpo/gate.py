@@ -140,7 +140,8 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
     ``keep_pass``: a list the forward passes' ``GatePass`` is appended to (the gate bench
     records the raw log-probs so other statistics can be recomputed without re-training).
     ``timings``: a dict that receives the seconds of the forward passes (``pass``) and of the
-    scores, bounds and decision (``estimate``), so a run can say which part costs what.
+    scores, bounds and decision (``estimate``; on-line sampling and scoring included), so a
+    run can say which part costs what.
     """
     if not isinstance(gate, GateConfig):
         raise TypeError(f"gate must be a GateConfig (GateConfig.from_cfg(cfg.gate)), got {type(gate).__name__}")
