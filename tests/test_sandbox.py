@@ -451,8 +451,8 @@ def test_audit_lists_the_runners_calls_and_task_syscalls_extend_the_list(capsys)
 
 def test_the_isolation_line_names_each_missing_part(monkeypatch):
     """A runner without a part (Landlock on an old kernel, a pid namespace...) is named at
-    start with what it leaves open; a runner with every part is left with the memory gap
-    only, as on this machine's kernel where Landlock is present."""
+    start with what it leaves open, each part in its own words; where the kernel has
+    Landlock, the probe of a real runner reports it."""
     from atlas.sandbox import landlock
 
     isolation.runner_features.cache_clear()
