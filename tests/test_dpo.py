@@ -442,9 +442,10 @@ def test_train_phase_trains_against_the_reference_as_it_stands():
     assert res.history[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
 
 
-def test_dpo_benchmark_compares_the_two_paths_on_recorded_pairs(tmp_path):
-    """The bench rebuilds D_k from the shipped run's programs.jsonl and runs the per-row and
-    shared-prompt paths in separate processes: same losses on pairs that fit max_length."""
+def test_dpo_benchmark_compares_the_paths_on_recorded_pairs(tmp_path):
+    """The bench rebuilds D_k from the shipped run's programs.jsonl and runs the per-row,
+    shared-prompt and padded paths in separate processes: same losses on pairs that fit
+    max_length; the two shared-prompt paths also time the gate's pass."""
     import json
     import subprocess
     import sys
@@ -458,8 +459,8 @@ def test_dpo_benchmark_compares_the_two_paths_on_recorded_pairs(tmp_path):
                            "--pairs", "4", "--max-length", "4096", "--dtypes", "float32", "--no-floor",
                            "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    old, new = json.loads(out.read_text())
-    assert (old["setting"], new["setting"]) == ("per-row", "shared")
+    old, new, pad = json.loads(out.read_text())
+    assert (old["setting"], new["setting"], pad["setting"]) == ("per-row", "shared", "padded")
     # step 1 is the same maths on the same weights; step 2 follows one AdamW step, whose first
     # update is ~lr * sign(gradient), so float32 rounding of near-zero gradient entries (long
     # byte-level sequences here) moves the second loss by ~3e-5
@@ -468,6 +469,10 @@ def test_dpo_benchmark_compares_the_two_paths_on_recorded_pairs(tmp_path):
     assert new["tokens"] < old["tokens"] and new["reference_table_s"] > 0
     assert old["peak_rss_gb"] > 0.1 and new["peak_rss_gb"] > 0.1
     assert "| float32 | shared |" in proc.stdout and "shared / per-row" in proc.stdout
+    assert pad["losses"] == pytest.approx(new["losses"], abs=1e-5)
+    assert pad["tokens"] == new["tokens"]  # tokens run count real tokens, not padding
+    assert old["gate_pass_s"] is None and new["gate_pass_s"] > 0 and pad["gate_pass_s"] > 0
+    assert "padded / shared time per pair" in proc.stdout
 
 
 def test_train_phase_leaves_the_model_where_it_was(monkeypatch):
@@ -481,3 +486,53 @@ def test_train_phase_leaves_the_model_where_it_was(monkeypatch):
     train_phase(model, tok, make_pairs(2), cfg, "fixed", seed=0)
     assert moved == []
     assert next(model.parameters()).device.type == "cpu"
+
+
+def test_padded_completions_give_the_row_path_s_log_probs_and_gradients():
+    """``padded``: a prompt's completions (lengths 1, 4 and 9 tokens with EOS) in one
+    right-padded batch after the shared prompt give each row's sum log-prob and the same
+    gradient on the policy adapter, within float32 rounding."""
+    from atlas.dpo.prefix import cut_group, group_logps
+
+    model, tok = tiny_peft()
+    randomise(model, POLICY, 2)
+    eos = tok.eos_token_id
+    g = cut_group(list(range(5, 30)), [[], [7, 8, 9], list(range(40, 48))], eos, 64)
+    assert sorted(len(c) for c in g.completions) == [1, 4, 9]
+    params = [p for n, p in model.named_parameters() if f".{POLICY}." in n]
+    grads = {}
+    for padded in (False, True):
+        model.zero_grad()
+        total = group_logps(model, g, "sum", padded=padded)
+        total.sum().backward()
+        grads[padded] = (total.detach(), [p.grad.clone() for p in params])
+    rows, padded = grads[False], grads[True]
+    torch.testing.assert_close(padded[0], rows[0], rtol=1e-5, atol=1e-5)
+    assert rows[0][0] != rows[0][1]  # the rows are different sequences
+    for a, b in zip(padded[1], rows[1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    with torch.no_grad():
+        mean = group_logps(model, g, "mean", padded=True)
+    torch.testing.assert_close(mean, rows[0] / torch.tensor([1.0, 4.0, 9.0]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_padded_phase_trains_as_the_row_phase_and_records_its_path():
+    from atlas.dpo.prefix import resolve_padded
+
+    pairs = make_pairs(4)
+    runs = {}
+    for padded in (False, True):
+        model, tok = tiny_peft()
+        cfg = DPOConfig(lr=1e-3, epochs=2, batch_size=2, max_length=64, checkpoints=0,
+                        padded=padded)
+        runs[padded] = train_phase(model, tok, pairs, cfg, "fixed", seed=1)
+    losses = [h["loss"] for h in runs[False].history]
+    assert [h["loss"] for h in runs[True].history] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+    assert runs[True].metrics["padded"] == 1.0 and runs[False].metrics["padded"] == 0.0
+    assert math.isnan(runs[True].metrics["gate_padded"])  # no reference callback: no gate
+    assert DPOConfig().padded == "auto"
+    assert resolve_padded("auto", "cpu") is False
+    assert resolve_padded("auto", torch.device("cuda:0")) is True
+    assert resolve_padded(True, "cpu") is True
+    with pytest.raises(ValueError, match="padded must be true, false or auto"):
+        resolve_padded("yes", "cpu")

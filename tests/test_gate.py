@@ -520,3 +520,27 @@ def test_gate_pass_is_bit_identical_with_packed_weights_and_duplicate_completion
         assert fast.mean_logps[0][i][:n] == plain.mean_logps[0][i]
     assert fast.kl == plain.kl
     assert all(math.isfinite(x) for row in fast.sum_logps[0] for x in row)
+
+
+def test_the_padded_gate_pass_gives_the_row_pass_s_numbers():
+    """``gate.padded``: an item's completions in one padded batch after its prompt give the
+    per-completion log-probs and the KL on the preferred completion of the row pass (float32,
+    within rounding), and a gate on either path decides the same."""
+    model, tok = tiny_peft()
+    set_adapter_state(model, REF, random_state(model, 3, 0.05))
+    cand = PolicySpec.of(random_state(model, 1, 0.05))
+    rows = gate_pass(model, tok, ITEMS, [cand], kl_reference=REFERENCE, padded=False)
+    padded = gate_pass(model, tok, ITEMS, [cand], kl_reference=REFERENCE, padded=True)
+    for a, b in ((padded.sum_logps[0], rows.sum_logps[0]), (padded.mean_logps[0], rows.mean_logps[0]),
+                 (padded.ref_sum_logps, rows.ref_sum_logps)):
+        for x, y in zip(a, b):
+            assert x == pytest.approx(y, rel=1e-5, abs=1e-5)
+    assert padded.kl[0] == pytest.approx(rows.kl[0], **KL_TOL)
+    assert [len(x) for x in rows.sum_logps[0]] == [3, 2, 1]
+    assert len(set(rows.sum_logps[0][0])) == 3  # distinct completions, distinct numbers
+    cands = [PolicyCandidate("final", random_state(model, 1, 0.05), 1)]
+    decisions = [select_and_gate(model, tok, cands, ITEMS, GateConfig(padded=p)) for p in (False, True)]
+    assert decisions[0].accepted == decisions[1].accepted
+    assert decisions[0].lower_bound == pytest.approx(decisions[1].lower_bound, abs=1e-6)
+    assert decisions[0].gain == pytest.approx(decisions[1].gain, abs=1e-6)
+    assert decisions[0].items == decisions[1].items > 0

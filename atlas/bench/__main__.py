@@ -6,7 +6,8 @@ import importlib
 import sys
 
 BENCHES = {"accept": "atlas.bench.accept", "agent": "atlas.bench.agent",
-           "decode": "atlas.bench.decode", "dpo": "atlas.bench.dpo", "gate": "atlas.bench.gate",
+           "decode": "atlas.bench.decode", "dpo": "atlas.bench.dpo",
+           "engine": "atlas.bench.engine", "gate": "atlas.bench.gate",
            "paper": "atlas.bench.paper",
            "parity": "atlas.bench.parity", "pinn": "atlas.bench.pinn",
            "sampler": "atlas.bench.sampler",

@@ -10,7 +10,13 @@ Settings (each in a fresh child process, since peak resident memory is per proce
 - ``per-row``: what a phase did before: every (prompt, completion) row in full, the
   reference forward repeated every step, transformers' activation checkpointing on;
 - ``shared``: each prompt once per step, the reference once per phase, recomputation only
-  when a step's estimate exceeds ``dpo.memory_budget_gb`` (``gradient_checkpointing=auto``).
+  when a step's estimate exceeds ``dpo.memory_budget_gb`` (``gradient_checkpointing=auto``),
+  each completion one unpadded row after its prompt (``dpo.padded=false``);
+- ``padded``: the same, with a prompt's completions in one right-padded batch
+  (``dpo.padded=true``).
+The shared and padded settings also time the gate's forward pass (``gate.padded`` false and
+true) over the phase's prompts as gate items, with two candidates of C_k and the reference:
+what ``dpo.padded`` and ``gate.padded`` default to per device is chosen from these rows.
 Printed per setting and precision: phase seconds, seconds per pair, tokens/s, the phase
 against the profiler's floor (``atlas.bench.floor``, a second profiled phase), peak RSS (peak
 GPU memory on CUDA) and the per-step losses (equal across paths within float32 rounding).
@@ -44,7 +50,8 @@ from atlas.types import Program
 
 DATA = Path(__file__).with_name("data") / "bandit_cpu_programs.jsonl"
 SETTINGS = {"per-row": {"shared_prompt": False, "gradient_checkpointing": True},
-            "shared": {"shared_prompt": True, "gradient_checkpointing": "auto"}}
+            "shared": {"shared_prompt": True, "gradient_checkpointing": "auto", "padded": False},
+            "padded": {"shared_prompt": True, "gradient_checkpointing": "auto", "padded": True}}
 
 
 def recorded_pairs(path: Path, phase: int, max_pairs: int, top_k: int, seed: int) -> list:
@@ -84,6 +91,28 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     cfg = DPOConfig(batch_size=args.batch_size, max_length=args.max_length, checkpoints=0,
                     **SETTINGS[args.setting])
 
+    def gate_seconds() -> float | None:
+        """The gate's pass over the phase's prompts (C_k of two and the reference)."""
+        if args.setting == "per-row":
+            return None
+        from atlas.dpo.scoring import POLICY_NOW, REFERENCE, gate_pass
+        from atlas.types import GateItem
+
+        texts: dict[str, list[str]] = {}
+        for p in pairs:
+            comps = texts.setdefault(p.prompt, [])
+            comps += [c for c in (p.chosen, p.rejected) if c not in comps]
+        items = [GateItem(prompt, comps, [float(i) for i in range(len(comps))], comps[0])
+                 for prompt, comps in texts.items()]
+        if cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        gate_pass(agent.model, agent.tokenizer, items, [POLICY_NOW, POLICY_NOW],
+                  kl_reference=REFERENCE, max_length=args.max_length, padded=cfg.padded)
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t
+
     def phase() -> Any:
         agent.model.to(agent.device)  # a phase's teardown may leave it elsewhere
         return train_phase(agent.model, agent.tokenizer, pairs, cfg, "adaptive", seed=0)
@@ -98,6 +127,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     after = str(next(agent.model.parameters()).device)
+    gate_s = gate_seconds()
     floor: dict[str, Any] = {}
     if args.floor:
         t1 = time.perf_counter()
@@ -113,7 +143,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
             "reference_table_s": res.metrics["reference_table_seconds"],
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
             "peak_gpu_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
-            "device_after_phase": after, **floor,
+            "device_after_phase": after, "gate_pass_s": gate_s, **floor,
             "losses": [h["loss"] for h in res.history]}
 
 
@@ -136,7 +166,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--dtypes", default="auto",
                     help="precisions to measure; auto: float32,bfloat16 on the CPU, bfloat16 "
                          "on CUDA")
-    ap.add_argument("--settings", default="per-row,shared", help="paths to measure")
+    ap.add_argument("--settings", default="per-row,shared,padded", help="paths to measure")
     ap.add_argument("--json", default="", help="also write the results to this file")
     ap.add_argument("--setting", choices=tuple(SETTINGS), help=argparse.SUPPRESS)
     ap.add_argument("--dtype", help=argparse.SUPPRESS)
@@ -208,6 +238,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             print(f"{dtype}: shared / per-row time per pair {new['per_pair_s'] / old['per_pair_s']:.2f}x"
                   f" (target <= 0.33x), tokens {new['tokens'] / old['tokens']:.2f}x, peak RSS "
                   f"{new['peak_rss_gb'] / old['peak_rss_gb']:.2f}x, max |loss difference| {worst:.2e}")
+        unpadded, pad = by.get((dtype, "shared")), by.get((dtype, "padded"))
+        if unpadded and pad:
+            worst = max(abs(a - b) for a, b in zip(unpadded["losses"], pad["losses"]))
+            print(f"{dtype}: padded / shared time per pair {pad['per_pair_s'] / unpadded['per_pair_s']:.2f}x, "
+                  f"gate pass {pad['gate_pass_s']:.1f} s / {unpadded['gate_pass_s']:.1f} s = "
+                  f"{pad['gate_pass_s'] / unpadded['gate_pass_s']:.2f}x, max |loss difference| "
+                  f"{worst:.2e} (dpo.padded / gate.padded auto: padded on CUDA, rows on the CPU)")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

@@ -20,7 +20,7 @@ from atlas.knobs import HARD_BOUNDS
 from atlas.schema import Bool, Int, Num, group
 
 
-def _checkpointing(value: Any) -> bool | str:
+def _bool_or_auto(value: Any) -> bool | str:
     if value != "auto" and not isinstance(value, bool):
         raise PydanticCustomError("atlas_type", "must be {kind}",
                                   {"kind": "true, false or auto", "example": "auto"})
@@ -56,7 +56,7 @@ class DPOConfig:
     """Max global L2 norm of the adapter gradient; 0 disables clipping."""
     checkpoints: Int = Field(1, ge=0)
     """Intermediate policy snapshots per phase that join C_k (the phase-final is always added)."""
-    gradient_checkpointing: Annotated[bool | str, BeforeValidator(_checkpointing)] = "auto"
+    gradient_checkpointing: Annotated[bool | str, BeforeValidator(_bool_or_auto)] = "auto"
     """Recompute activations in the backward pass instead of keeping them: same losses, less
     peak memory, one more forward pass. ``auto``: only when a step's estimated activations
     exceed ``memory_budget_gb`` (``python -m atlas.bench dpo`` measures both)."""
@@ -67,6 +67,11 @@ class DPOConfig:
     """Run each prompt once per step for all its completions (chosen and rejected share it)
     and the reference once per phase (a table), instead of every (prompt, completion) row in
     full at every step; same losses (``atlas/dpo/prefix.py``). false: the per-row path."""
+    padded: Annotated[bool | str, BeforeValidator(_bool_or_auto)] = "auto"
+    """Shared-prompt path: a prompt's completions run as one right-padded batch after it
+    instead of one unpadded row each; the same log-probs within float rounding, fewer and
+    wider passes. ``auto``: padded on CUDA, rows on the CPU (``python -m atlas.bench dpo``
+    measures both; docs/results.md). Each phase records the path it ran."""
     bounds: dict[str, Any] = Field(default_factory=lambda: dict(HARD_BOUNDS),
                                    validate_default=True)
     """Hard [low, high] limits that ``clamped`` applies to the named knobs."""
@@ -187,3 +192,7 @@ class GateConfig:
     score's importance weights (1: the exact ratio)."""
     max_length: Int = Field(768, ge=2)
     """Prompt+completion tokens kept per gate sequence (prompt truncated from the left)."""
+    padded: Annotated[bool | str, BeforeValidator(_bool_or_auto)] = "auto"
+    """The gate's forward passes: an item's completions as one right-padded batch after its
+    prompt instead of one unpadded row each (as ``dpo.padded``; ``auto``: padded on CUDA,
+    rows on the CPU). Each phase records the path it ran."""

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from atlas.dpo.config import GateConfig
+from atlas.dpo.prefix import resolve_padded
 from atlas.dpo.scoring import (
     GainEstimate,
     PolicySpec,
@@ -163,7 +164,8 @@ def select_and_gate(model, tokenizer, candidates: list[PolicyCandidate], items: 
     t0 = time.perf_counter()
     res = gate_pass(model, tokenizer, items, [PolicySpec.of(c.state) for c in candidates],
                     kl_reference=PolicySpec.reference(reference), need_scores=True,
-                    max_length=gate.max_length)
+                    max_length=gate.max_length,
+                    padded=resolve_padded(gate.padded, next(model.parameters()).device))
     t1 = time.perf_counter()
     if keep_pass is not None:
         keep_pass.append(res)

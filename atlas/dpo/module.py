@@ -27,7 +27,8 @@ class DPOModule(pl.LightningModule):
 
     def __init__(self, model: torch.nn.Module, cfg: DPOConfig, reference: ReferenceMode | str,
                  optimizer_state: dict | None = None,
-                 encoded: list[PromptGroup] | None = None, recompute: bool = False) -> None:
+                 encoded: list[PromptGroup] | None = None, recompute: bool = False,
+                 padded: bool = False) -> None:
         super().__init__()
         self.model = model
         self.cfg = cfg
@@ -37,6 +38,7 @@ class DPOModule(pl.LightningModule):
         # computed once at train start
         self.encoded = encoded
         self.recompute = recompute
+        self.padded = padded  # a prompt's completions in one padded batch (dpo.padded)
         self.ref_table: torch.Tensor | None = None
         self.ref_seconds = 0.0
         self.history: list[dict[str, float]] = []
@@ -64,7 +66,7 @@ class DPOModule(pl.LightningModule):
         if self.encoded is not None:
             t0 = time.perf_counter()
             with reference_forward(self.model, self.reference):
-                self.ref_table = pair_logps_table(self.model, self.encoded)
+                self.ref_table = pair_logps_table(self.model, self.encoded, self.padded)
             self.ref_seconds = time.perf_counter() - t0
         self._t0 = time.perf_counter()
 
@@ -72,7 +74,8 @@ class DPOModule(pl.LightningModule):
         if "groups" in batch:  # shared-prompt path
             with adapter(self.model, POLICY):
                 flat = torch.cat(grouped_logps(self.model, batch["groups"], "sum",
-                                               recompute=self.recompute))
+                                               recompute=self.recompute,
+                                               padded=self.padded))
             policy = flat[batch["slots"].to(flat.device)]
             ref = self.ref_table[batch["index"].to(self.ref_table.device)]
             terms = dpo_loss(policy[:, 0], policy[:, 1], ref[:, 0], ref[:, 1], self.cfg.beta)

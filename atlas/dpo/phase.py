@@ -28,7 +28,7 @@ from atlas.dpo.batching import IndexedPairCollator, SharedPromptCollator
 from atlas.dpo.callbacks import PolicySnapshotCallback, snapshot_steps
 from atlas.dpo.config import DPOConfig
 from atlas.dpo.module import DPOModule
-from atlas.dpo.prefix import PromptGroup, encode_group
+from atlas.dpo.prefix import PromptGroup, encode_group, resolve_padded
 from atlas.dpo.reference import ReferenceCallback, ReferenceOutcome
 from atlas.types import PolicyCandidate, PreferencePair, ReferenceMode
 
@@ -135,8 +135,9 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     encoded, collate, step_gb = _collation(model, tokenizer, chosen, cfg)
     recompute = (cfg.gradient_checkpointing is True
                  or (cfg.gradient_checkpointing == "auto" and step_gb > cfg.memory_budget_gb))
+    padded = cfg.shared_prompt and resolve_padded(cfg.padded, device)
     module = DPOModule(model, cfg, reference, optimizer_state=optimizer_state, encoded=encoded,
-                       recompute=recompute and cfg.shared_prompt)
+                       recompute=recompute and cfg.shared_prompt, padded=padded)
     snaps = reference_callback if reference_callback is not None else PolicySnapshotCallback([])
     snaps.steps = snapshot_steps(total_steps, cfg.checkpoints)
     was_training = model.training
@@ -153,7 +154,10 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     _emit(logger, history)
     candidates = _candidates(model, trainer, snaps, reference_callback)
     metrics = _summary(history, trainer.global_step, seconds, len(chosen))
-    metrics.update(shared_prompt=float(cfg.shared_prompt), recompute=float(recompute),
+    gate_padded = (resolve_padded(reference_callback.gate.padded, device)
+                   if reference_callback is not None else math.nan)
+    metrics.update(shared_prompt=float(cfg.shared_prompt), padded=float(padded),
+                   gate_padded=float(gate_padded), recompute=float(recompute),
                    step_gb_estimate=step_gb, reference_table_seconds=module.ref_seconds)
     opt_state = _cpu_state(trainer.optimizers[0].state_dict()) if trainer.optimizers else None
     return PhaseResult(candidates=candidates, metrics=metrics, history=history,

@@ -5,7 +5,9 @@ pairs come from a handful of prompts (one per island served), while prompts are 
 than completions. Running every (prompt, completion) row in full repeats the prompt's work
 in every row; here a prompt is run once (with gradient, when training), its keys and values
 are handed to the completions of that prompt as a KV cache, and each completion runs after
-it as one unpadded row (no work on padding; completions differ in length by 2x and more).
+it as one unpadded row (no work on padding; completions differ in length by 2x and more), or,
+with ``padded``, all of a prompt's completions as one right-padded batch after it (fewer,
+wider passes: what keeps a GPU busy; ``resolve_padded`` picks per device).
 The maths is the same teacher-forced log-probability as
 ``atlas.dpo.logprobs`` (a test checks equality within float32 rounding); only the work
 differs. Used by the DPO step (policy, with gradient), by the once-per-phase reference table
@@ -86,6 +88,40 @@ def _after_prefix(model: torch.nn.Module, n: int, first: torch.Tensor,
     return torch.cat([first[None], rest])  # token j is predicted at completion position j - 1
 
 
+def resolve_padded(setting: bool | str, device: torch.device | str) -> bool:
+    """``dpo.padded`` / ``gate.padded``: true or false as given; ``auto``: padded on CUDA (one
+    wide pass per prompt keeps the GPU busy; ``atlas.bench accept`` measures it there), one
+    row each on the CPU (``python -m atlas.bench dpo`` measured both, docs/results.md)."""
+    if isinstance(setting, bool):
+        return setting
+    if setting != "auto":
+        raise ValueError(f"padded must be true, false or auto, got {setting!r}")
+    return torch.device(device).type == "cuda"
+
+
+def _after_prefix_padded(model: torch.nn.Module, n: int, first: torch.Tensor,
+                         kv: list[tuple[torch.Tensor, torch.Tensor]],
+                         comps: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``_after_prefix`` for all ``comps`` at once: one right-padded batch after the prompt's
+    cache (its rows expanded, not copied, until the cache concatenates). Right padding sits
+    after every real token, so causal attention never reads it and no mask is needed; the
+    padded positions' logits are dropped."""
+    rest = [c[:-1] for c in comps]
+    width = max(r.shape[0] for r in rest)
+    if width == 0:
+        return [first[None] for _ in comps]
+    k = len(comps)
+    ids = torch.zeros(k, width, dtype=torch.long, device=first.device)
+    for i, r in enumerate(rest):
+        ids[i, : r.shape[0]] = r
+    cache = DynamicCache(ddp_cache_data=[(key.expand(k, -1, -1, -1), value.expand(k, -1, -1, -1))
+                                         for key, value in kv])
+    pos = torch.arange(n, n + width, device=first.device)[None].expand(k, -1)
+    logits = model(input_ids=ids, position_ids=pos, past_key_values=cache,
+                   use_cache=True).logits.float()
+    return [torch.cat([first[None], logits[i, : r.shape[0]]]) for i, r in enumerate(rest)]
+
+
 def _token_logps(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return logits.gather(-1, ids[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
@@ -97,6 +133,14 @@ def _group_sums(model: torch.nn.Module, prompt: torch.Tensor, *comps: torch.Tens
     n = prompt.shape[0]
     return torch.stack([_token_logps(_after_prefix(model, n, first, kv, c), c).sum()
                         for c in comps])
+
+
+def _group_sums_padded(model: torch.nn.Module, prompt: torch.Tensor, *comps: torch.Tensor
+                       ) -> torch.Tensor:
+    """``_group_sums`` with the completions in one padded batch."""
+    first, kv = _prefix(model, prompt)
+    logits = _after_prefix_padded(model, prompt.shape[0], first, kv, comps)
+    return torch.stack([_token_logps(lg, c).sum() for lg, c in zip(logits, comps)])
 
 
 def group_tensors(model: torch.nn.Module, group: PromptGroup
@@ -112,30 +156,36 @@ def group_tensors(model: torch.nn.Module, group: PromptGroup
             [torch.tensor(c, dtype=torch.long, device=device) for c in group.completions])
 
 
-def completion_logits(model: torch.nn.Module, group: PromptGroup
+def completion_logits(model: torch.nn.Module, group: PromptGroup, padded: bool = False
                       ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """For each completion of ``group``: (float32 logits (L, V) predicting its tokens, its ids
-    (L,)). The prompt runs once for all. What the gate's KL needs beyond log-probs."""
+    (L,)). The prompt runs once for all. What the gate's KL needs beyond log-probs.
+    ``padded``: the completions run as one padded batch (``resolve_padded``)."""
     prompt, comps = group_tensors(model, group)
     first, kv = _prefix(model, prompt)
+    if padded:
+        yield from zip(_after_prefix_padded(model, prompt.shape[0], first, kv, comps), comps)
+        return
     for c in comps:
         yield _after_prefix(model, prompt.shape[0], first, kv, c), c
 
 
 def group_logps(model: torch.nn.Module, group: PromptGroup, reduction: str = "sum",
-                recompute: bool = False) -> torch.Tensor:
+                recompute: bool = False, padded: bool = False) -> torch.Tensor:
     """Sequence log-prob of each completion of ``group``: ``sum`` (DPO) or ``mean`` (gate).
 
     ``recompute``: keep only the inputs of this group's forward and recompute it in the
     backward pass (activation checkpointing at the granularity of one prompt group).
+    ``padded``: the completions run as one padded batch (``resolve_padded``).
     """
     if reduction not in ("sum", "mean"):
         raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
     prompt, comps = group_tensors(model, group)
+    sums = _group_sums_padded if padded else _group_sums
     if recompute and torch.is_grad_enabled():
-        total = checkpoint(_group_sums, model, prompt, *comps, use_reentrant=False)
+        total = checkpoint(sums, model, prompt, *comps, use_reentrant=False)
     else:
-        total = _group_sums(model, prompt, *comps)
+        total = sums(model, prompt, *comps)
     if reduction == "sum":
         return total
     lengths = torch.tensor([c.shape[0] for c in comps], dtype=total.dtype, device=total.device)
@@ -143,13 +193,15 @@ def group_logps(model: torch.nn.Module, group: PromptGroup, reduction: str = "su
 
 
 def grouped_logps(model: torch.nn.Module, groups: Sequence[PromptGroup],
-                  reduction: str = "sum", recompute: bool = False) -> list[torch.Tensor]:
+                  reduction: str = "sum", recompute: bool = False, padded: bool = False
+                  ) -> list[torch.Tensor]:
     """``group_logps`` for each group, in order."""
-    return [group_logps(model, g, reduction, recompute) for g in groups]
+    return [group_logps(model, g, reduction, recompute, padded) for g in groups]
 
 
 @torch.no_grad()
-def pair_logps_table(model: torch.nn.Module, encoded: Sequence[PromptGroup]) -> torch.Tensor:
+def pair_logps_table(model: torch.nn.Module, encoded: Sequence[PromptGroup], padded: bool = False
+                     ) -> torch.Tensor:
     """(n, 2) sequence log-probs of every pair's (chosen, rejected) under ``model`` as it is
     now: each distinct prompt of the whole phase runs once, each distinct completion once.
     The reference's table is computed once per phase, not once per step and epoch."""
@@ -158,5 +210,5 @@ def pair_logps_table(model: torch.nn.Module, encoded: Sequence[PromptGroup]) -> 
     batch = SharedPromptCollator(encoded)(range(len(encoded)))
     # bit-identical where measured (native bf16 CPUs), and only there
     with packed_linears(model, enabled=native_bf16(), merge_lora=False):
-        flat = torch.cat([group_logps(model, g, "sum") for g in batch["groups"]])
+        flat = torch.cat([group_logps(model, g, "sum", padded=padded) for g in batch["groups"]])
     return flat[batch["slots"].to(flat.device)]

@@ -126,7 +126,7 @@ def running_policy(model, spec: PolicySpec) -> Iterator[None]:
 @torch.no_grad()
 def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[PolicySpec], *,
               kl_reference: PolicySpec | None, need_scores: bool = True,
-              max_length: int = 768) -> GatePass:
+              max_length: int = 768, padded: bool = False) -> GatePass:
     """Run every policy (and the KL reference) over the gate items, item by item: each item's
     prompt runs once per policy and each distinct completion after it, one unpadded row each
     (``atlas.dpo.prefix``); the reference's full-vocabulary log-probs live for one item only.
@@ -134,7 +134,9 @@ def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[Po
     Two savings that leave every number bit for bit as it was: a completion written twice
     (the same program sampled again) runs once, and on a CPU with native bf16 (where the
     identity was measured) the frozen base weights run pre-packed
-    (``packed_linears(merge_lora=False)``: peft's LoRA terms untouched)."""
+    (``packed_linears(merge_lora=False)``: peft's LoRA terms untouched). ``padded``: an
+    item's completions run as one padded batch (``gate.padded``; the same numbers within
+    float rounding)."""
     check_items(items, need_scores)
     policies = [check_spec(s, f"policies[{i}]") for i, s in enumerate(policies)]
     if kl_reference is not None:
@@ -165,10 +167,11 @@ def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[Po
                 if kl_reference is not None:
                     with _running(model, kl_reference, original):
                         ref_logsm = _item_pass(model, group, slots, ref_mean[i], pref,
-                                               ref_total[i])
+                                               ref_total[i], padded)
                 for p, spec in enumerate(policies):
                     with _running(model, spec, original):
-                        logsm = _item_pass(model, group, slots, mean[p][i], pref, total[p][i])
+                        logsm = _item_pass(model, group, slots, mean[p][i], pref, total[p][i],
+                                           padded)
                     if ref_logsm is not None and logsm is not None and logsm.shape[0] > 0:
                         kl[p][i] = float((logsm.exp() * (logsm - ref_logsm)).sum(-1).mean())
     finally:
@@ -181,7 +184,8 @@ def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[Po
 
 
 def _item_pass(model, group: PromptGroup, slots: list[int], mean_out: list[float],
-               pref: int | None, sum_out: list[float]) -> torch.Tensor | None:
+               pref: int | None, sum_out: list[float], padded: bool = False
+               ) -> torch.Tensor | None:
     """One policy over one item: each scored completion's mean and summed log-prob into
     ``mean_out`` and ``sum_out`` (completion j is the group's ``slots[j]``) and, when ``pref``
     is given, the log-softmax over the vocabulary at the preferred completion's tokens (T, V)."""
@@ -189,7 +193,7 @@ def _item_pass(model, group: PromptGroup, slots: list[int], mean_out: list[float
     means: dict[int, float] = {}
     sums: dict[int, float] = {}
     needed = set(slots)
-    for k, (logits, ids) in enumerate(completion_logits(model, group)):
+    for k, (logits, ids) in enumerate(completion_logits(model, group, padded)):
         logsm = torch.log_softmax(logits, dim=-1)
         if k in needed:
             token_lp = logsm.gather(-1, ids[:, None])
