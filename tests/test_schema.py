@@ -77,6 +77,8 @@ def test_knobs_are_defined_once() -> None:
     (lambda: DPOConfig(max_length="long"), TypeError,
      "dpo.max_length must be an integer, got 'long'; set dpo.max_length=<an integer>"),
     (lambda: DPOConfig(shared_prompt="yes"), TypeError, "dpo.shared_prompt must be true or false"),
+    (lambda: DPOConfig(padded="yes"), TypeError, "dpo.padded must be true, false or auto"),
+    (lambda: GateConfig(padded=1), TypeError, "gate.padded must be true, false or auto"),
     (lambda: DPOConfig(betta=1), ValueError, "unknown dpo field(s) ['betta']: dpo.betta is not a "
                                              "known field"),
     (lambda: GateConfig(score_mode="vibes"), ValueError,
