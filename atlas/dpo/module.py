@@ -63,10 +63,10 @@ class DPOModule(pl.LightningModule):
         return opt
 
     def on_train_start(self) -> None:
-        if self.encoded is not None:
+        if self.encoded is not None and not self.padded:
             t0 = time.perf_counter()
             with reference_forward(self.model, self.reference):
-                self.ref_table = pair_logps_table(self.model, self.encoded, self.padded)
+                self.ref_table = pair_logps_table(self.model, self.encoded)
             self.ref_seconds = time.perf_counter() - t0
         self._t0 = time.perf_counter()
 
@@ -77,7 +77,7 @@ class DPOModule(pl.LightningModule):
                                                recompute=self.recompute,
                                                padded=self.padded))
             policy = flat[batch["slots"].to(flat.device)]
-            ref = self.ref_table[batch["index"].to(self.ref_table.device)]
+            ref = self._reference(batch)
             terms = dpo_loss(policy[:, 0], policy[:, 1], ref[:, 0], ref[:, 1], self.cfg.beta)
             tokens = int(batch["tokens"])
         else:
@@ -88,6 +88,19 @@ class DPOModule(pl.LightningModule):
         self.history.append(record)
         self.log("dpo/loss", record["loss"], on_step=True, batch_size=len(terms.losses))
         return terms.loss
+
+    def _reference(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The batch's (chosen, rejected) reference log-probs. Rows: from the phase's table.
+        Padded: run on the step's own groups, since a padded batch's shape (its rows and
+        width) changes the kernels' rounding, and in bf16 a table padded another way started
+        the log-ratios ~1 nat off zero; the same shapes give the same numbers."""
+        if not self.padded:
+            return self.ref_table[batch["index"].to(self.ref_table.device)]
+        t0 = time.perf_counter()
+        with reference_forward(self.model, self.reference):
+            flat = torch.cat(grouped_logps(self.model, batch["groups"], "sum", padded=True))
+        self.ref_seconds += time.perf_counter() - t0
+        return flat[batch["slots"].to(flat.device)]
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer,
                                     gradient_clip_val: float | None = None,

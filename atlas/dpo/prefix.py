@@ -27,8 +27,6 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
-from atlas.agent.fastlinear import packed_linears
-from atlas.agent.precision import native_bf16
 from atlas.dpo.batching import PromptGroup, SharedPromptCollator
 
 
@@ -200,15 +198,17 @@ def grouped_logps(model: torch.nn.Module, groups: Sequence[PromptGroup],
 
 
 @torch.no_grad()
-def pair_logps_table(model: torch.nn.Module, encoded: Sequence[PromptGroup], padded: bool = False
-                     ) -> torch.Tensor:
+def pair_logps_table(model: torch.nn.Module, encoded: Sequence[PromptGroup]) -> torch.Tensor:
     """(n, 2) sequence log-probs of every pair's (chosen, rejected) under ``model`` as it is
     now: each distinct prompt of the whole phase runs once, each distinct completion once.
-    The reference's table is computed once per phase, not once per step and epoch."""
+    The reference's table is computed once per phase, not once per step and epoch.
+
+    It runs on the very kernels the policy's training forward runs on (no pre-packed
+    weights): DPO subtracts the two, and in bf16 SmolLM2's packed and plain linear layers
+    differ by up to ~1.4 nats in a sequence's log-prob, which would start a phase's
+    log-ratios off zero (``tests/test_dpo.py`` checks the first step's loss is log 2)."""
     if not encoded:
         raise ValueError("encoded: the table needs at least one pair")
     batch = SharedPromptCollator(encoded)(range(len(encoded)))
-    # bit-identical where measured (native bf16 CPUs), and only there
-    with packed_linears(model, enabled=native_bf16(), merge_lora=False):
-        flat = torch.cat([group_logps(model, g, "sum", padded=padded) for g in batch["groups"]])
+    flat = torch.cat([group_logps(model, g, "sum") for g in batch["groups"]])
     return flat[batch["slots"].to(flat.device)]
