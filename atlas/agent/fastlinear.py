@@ -3,7 +3,7 @@
 On CPU, ``F.linear`` in bf16 re-packs the weight into oneDNN's blocked (AMX) layout on every
 call; for a 135M model decoding a few rows at a time that re-packing costs as much as the
 matmul itself. Packing once (``torch.ops.mkldnn._reorder_linear_weight``) and calling
-``_linear_pointwise`` gives bit-identical outputs about 1.5x faster. LoRA layers are run with
+``_linear_pointwise`` gives the same outputs up to bf16 rounding about 1.5x faster. LoRA layers are run with
 their active adapter merged into the packed weight (no per-token LoRA matmuls in fp32).
 
 On every other device and dtype, ``merged_lora`` runs each LoRA layer as one plain linear
@@ -129,8 +129,10 @@ def packed_linears(model: nn.Module, enabled: bool = True, merge_lora: bool = Tr
     """Run bf16 CPU linear layers of ``model`` on packed weights inside the block.
 
     ``merge_lora=False`` packs only the frozen base weights and leaves peft's LoRA terms as
-    they are: outputs bit-identical to the unpatched model (the gate, whose likelihood ratios
-    a bf16-rounded merged weight would blur). Yields whether packing is active (False: wrong
+    they are (the gate, whose likelihood ratios a bf16-rounded merged weight would blur).
+    Outputs equal the unpatched model's bit for bit on small shapes, not over long bf16
+    prefills (SmolLM2, 700-token prompts: up to ~1.4 nats in a sequence's log-prob), so both
+    sides of a ratio must run on the same path (the gate packs all; DPO packs none). Yields whether packing is active (False: wrong
     device/dtype, unsupported build, or ``enabled=False``), so callers can report which path
     ran. Use only under no_grad.
     """

@@ -131,12 +131,13 @@ def gate_pass(model, tokenizer, items: Sequence[GateItem], policies: Sequence[Po
     prompt runs once per policy and each distinct completion after it, one unpadded row each
     (``atlas.dpo.prefix``); the reference's full-vocabulary log-probs live for one item only.
 
-    Two savings that leave every number bit for bit as it was: a completion written twice
-    (the same program sampled again) runs once, and on a CPU with native bf16 (where the
-    identity was measured) the frozen base weights run pre-packed
-    (``packed_linears(merge_lora=False)``: peft's LoRA terms untouched). ``padded``: an
-    item's completions run as one padded batch (``gate.padded``; the same numbers within
-    float rounding)."""
+    Two savings: a completion written twice (the same program sampled again) runs once (bit
+    for bit), and on a CPU with native bf16 the frozen base weights run pre-packed
+    (``packed_linears(merge_lora=False)``: peft's LoRA terms untouched). Packed bf16 layers
+    match plain ones bit for bit on small shapes but not over SmolLM2's long prompts (up to
+    ~1.4 nats in a sequence's log-prob), so every policy and the reference run packed alike:
+    the ratios the gate reads compare like with like. ``padded``: an item's completions run
+    as one padded batch (``gate.padded``; the same numbers within float rounding)."""
     check_items(items, need_scores)
     policies = [check_spec(s, f"policies[{i}]") for i, s in enumerate(policies)]
     if kl_reference is not None:
