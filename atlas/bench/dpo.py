@@ -95,6 +95,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         """The gate's pass over the phase's prompts (C_k of two and the reference)."""
         if args.setting == "per-row":
             return None
+        # deferred: loads torch and transformers; the parent process never runs it
         from atlas.dpo.scoring import POLICY_NOW, REFERENCE, gate_pass
         from atlas.types import GateItem
 

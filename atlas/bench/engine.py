@@ -90,6 +90,7 @@ def write_lora_gguf(model: Any, adapter: str, path: Path) -> int:
 
 def _trajectories(tokenizer: Any, n: int, max_length: int) -> list[tuple[list[int], int]]:
     """Recorded (prompt + completion) token lists and where the completion starts."""
+    # deferred: loads pydantic and omegaconf; --help stays fast
     from atlas.bench.dpo import DATA, recorded_pairs
 
     pairs = recorded_pairs(DATA, 2, 24, 4, 0)
@@ -146,6 +147,7 @@ def _batched(llm: Any, tokenizer: Any, prompts: list[list[int]], samples: int, t
     import torch
     from llama_cpp import _internals, llama_cpp
 
+    # deferred: loads torch and transformers; --help stays fast
     from atlas.agent.sampling import next_tokens
 
     rows = len(prompts) * samples
@@ -238,6 +240,7 @@ def _sequential(llm: Any, prompts_text: list[str], samples: int, temps: list[flo
 
 def _ours(agent: Any, prompts_text: list[str], samples: int, temps: list[float], seeds: list[int],
           top_p: float, max_new: int, stop: list[str]) -> dict[str, Any]:
+    # deferred: loads torch and transformers; --help stays fast
     from atlas.agent.sampling import Request
 
     reqs = [Request(t, samples, temp, seed) for t, temp, seed in zip(prompts_text, temps, seeds)]
@@ -252,6 +255,7 @@ def _ours(agent: Any, prompts_text: list[str], samples: int, temps: list[float],
 
 def _phase_lora(agent: Any, seed: int) -> None:
     """One DPO phase on the shipped run's recorded pairs: a real phase's policy adapter."""
+    # deferred: loads torch, lightning and omegaconf; --help stays fast
     from atlas.bench.dpo import DATA, recorded_pairs
     from atlas.dpo import DPOConfig, train_phase
 
@@ -262,6 +266,7 @@ def _phase_lora(agent: Any, seed: int) -> None:
 def _random_lora(agent: Any, seed: int, scale: float) -> None:
     import torch
 
+    # deferred: loads peft; --help stays fast
     from atlas.agent.adapters import POLICY, get_adapter_state, set_adapter_state
 
     g = torch.Generator().manual_seed(seed)
@@ -295,6 +300,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"llama-cpp-python is needed: {err} (pip install llama-cpp-python)") from None
     import torch
 
+    # deferred: loads torch, transformers and peft; --help stays fast
     from atlas.agent.adapters import POLICY
     from atlas.agent.model import smollm2_gguf_path
     from atlas.agent.research_agent import ResearchAgent
