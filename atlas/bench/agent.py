@@ -156,7 +156,8 @@ def decode_floor(agent, prompt: str, batch: int, tokens: int, args: argparse.Nam
     return {"batch": batch, "steps": timed.steps, "step_s": step, "floor_step_s": floor_step,
             "ratio": step / floor_step if floor_step > 0 else float("nan"),
             "floor_kind": busy_many.kind,
-            "floor_tokens_per_s": batch / floor_step if floor_step > 0 else float("nan")}
+            "floor_tokens_per_s": batch / floor_step if floor_step > 0 else float("nan"),
+            "top_kernels": [{"name": k[:120], "seconds": s} for k, s in busy_many.top]}
 
 
 def sandbox_row(samples: int = 8) -> dict[str, float] | str:
@@ -274,7 +275,7 @@ def speed_rows(agents: dict[str, Any], cfg: dict[str, Any], prompt: str,
     gen = (args.temperature, args.top_p, args.seed)
     device = next(iter(agents.values())).device
     if args.baseline_tokens > 0:
-        base32, tok = load_base_model(ModelConfig.from_cfg({**cfg, "dtype": "float32"}))
+        base32, tok = load_base_model(ModelConfig.from_cfg({**cfg, "dtype": "float32"}), device)
         base32.to(device)
         hf_generate(base32, tok, prompt, 1, 4, *gen)  # warm-up
         add("naive fp32 HF generate", 1, hf_generate(base32, tok, prompt, 1,
@@ -283,7 +284,7 @@ def speed_rows(agents: dict[str, Any], cfg: dict[str, Any], prompt: str,
     for dtype in agents:
         if not _ints(args.hf_batches):
             break
-        base, tok = load_base_model(ModelConfig.from_cfg({**cfg, "dtype": dtype}))
+        base, tok = load_base_model(ModelConfig.from_cfg({**cfg, "dtype": dtype}), device)
         base.to(device)
         for b in _ints(args.hf_batches):
             hf_generate(base, tok, prompt, b, 4, *gen)
@@ -311,6 +312,8 @@ def speed_rows(agents: dict[str, Any], cfg: dict[str, Any], prompt: str,
         print(f"  decode step, sampler ({dtype}) batch {batch}: "
               f"{ratio_text(fl['step_s'], fl['floor_step_s'], fl['floor_kind'])}; floor "
               f"{fl['floor_tokens_per_s']:.0f} tok/s", flush=True)
+        for k in fl["top_kernels"]:
+            print(f"    {k['seconds'] * 1e3:8.2f} ms  {k['name']}", flush=True)
     llama = None
     if args.model == "smollm2" and not args.no_llama_cpp and device == "cpu":
         llama = llama_cpp_row(prompt, args.max_new_tokens, torch.get_num_threads(), args)

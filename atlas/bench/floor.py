@@ -24,6 +24,8 @@ class Busy:
 
     seconds: float
     kind: str
+    #: the device's busiest kernels (name, seconds), most first: where a step's time goes
+    top: tuple[tuple[str, float], ...] = ()
 
 
 def busy_seconds(events: Any, device: str) -> float:
@@ -41,6 +43,17 @@ def busy_seconds(events: Any, device: str) -> float:
     return total_us / 1e6
 
 
+def top_kernels(events: Any, n: int = 8) -> tuple[tuple[str, float], ...]:
+    """The ``n`` CUDA kernels (by name) that kept the device busiest, with their seconds."""
+    from torch.autograd import DeviceType
+
+    by: dict[str, float] = {}
+    for e in events:
+        if e.device_type == DeviceType.CUDA:
+            by[e.name] = by.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e6
+    return tuple(sorted(by.items(), key=lambda kv: -kv[1])[:n])
+
+
 def profile_busy(fn: Callable[[], T], device: str) -> tuple[T, Busy]:
     """Run ``fn`` once under the torch profiler; return its result and the busy time."""
     import torch
@@ -54,7 +67,9 @@ def profile_busy(fn: Callable[[], T], device: str) -> tuple[T, Busy]:
         out = fn()
         if cuda:
             torch.cuda.synchronize()
-    return out, Busy(busy_seconds(prof.events(), device), CUDA_KIND if cuda else CPU_KIND)
+    events = prof.events()
+    return out, Busy(busy_seconds(events, device), CUDA_KIND if cuda else CPU_KIND,
+                     top_kernels(events) if cuda else ())
 
 
 def ratio_text(wall_s: float, floor_s: float, kind: str) -> str:
