@@ -42,7 +42,7 @@ from atlas.evolution.evaluation import regime_key
 from atlas.evolution.explorer import Explorer
 from atlas.evolution.seeding import score_seed
 from atlas.fine_tuning import FineTuner, adapter_snapshot
-from atlas.provenance import provenance
+from atlas.provenance import LoadMeter, provenance
 from atlas.results import summarise
 from atlas.runfolder import new_folder_hint
 from atlas.sandbox import Sandbox
@@ -155,6 +155,7 @@ class EvolutionLoop:
         self.next_round = 0
         self.regime = regime_key(self.task.context(0))  # the equation scores are compared on
         self.started = time.time()
+        self.load = LoadMeter()
         self.wall_before = 0.0  # wall seconds spent before a resume
 
     # -- checkpointing --------------------------------------------------------------------
@@ -361,7 +362,8 @@ class EvolutionLoop:
                 "dtype": self.precision.dtype, "dtype_reason": self.precision.reason,
                 "wall_seconds": wall, "score_label": self.task.score_label,
                 "supporters": self.supporters.stats() if self.supporters else None,
-                "provenance": provenance(self.agent.device, self.precision.dtype)}
+                "provenance": provenance(self.agent.device, self.precision.dtype),
+                "load": self.load.record()}
         self.export_adapters()
         results = summarise(self.run_dir, meta)
         self.telemetry.event("end", results=results)

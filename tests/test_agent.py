@@ -457,6 +457,36 @@ def test_the_step_cuda_captures_compiles_as_one_graph_without_a_break(agent, mon
     torch._dynamo.reset()
 
 
+def test_capture_warm_up_stays_inside_a_one_token_call(agent, monkeypatch):
+    """``capture`` runs the step twice before recording it. On a call of one new token a
+    warm-up that walked on wrote column 1 of one-column tables (on an H200: a device-side
+    assert that killed the bench). ``warm_up`` runs each step at the loaded position."""
+    from atlas.agent import graph_step
+    from atlas.agent.sampling import sample_requests
+
+    seen = {}
+
+    def runner(step):
+        loaded = (int(step.step), int(step.slot), step.pos.clone())
+        graph_step.warm_up(step)
+        seen.update(step=step, loaded=loaded,
+                    after=(int(step.step), int(step.slot), step.pos.clone()))
+        return step
+
+    monkeypatch.setattr(graph_step, "CPU_RUNNER", runner)
+    out, st = sample_requests(agent.model, agent.tokenizer, _islands(agent), path="graph",
+                              top_p=0.9, max_new_tokens=1)
+    assert st.steps == 1 and all(len(rows) for rows in out)
+    step, loaded, after = seen["step"], seen["loaded"], seen["after"]
+    assert step.steps == 1 and after[:2] == loaded[:2] and torch.equal(after[2], loaded[2])
+    with torch.inference_mode():
+        step.step.fill_(loaded[0])
+        step.slot.fill_(loaded[1])
+        step()
+        with pytest.raises((IndexError, RuntimeError), match="out of"):  # a step walked on
+            step()
+
+
 def test_graph_step_runs_a_new_adapter_without_new_buffers(agent):
     """A phase boundary refreshes the merged weight buffers in place (what a captured CUDA
     graph reads), and the graph path then samples the new policy, as the compact one does."""

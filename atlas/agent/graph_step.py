@@ -222,14 +222,24 @@ def static_weights(model: nn.Module) -> Iterator[tuple[int, int]]:
             module.__dict__.pop("forward", None)
 
 
+def warm_up(step: DecodeStep, times: int = 2) -> None:
+    """Run ``step()`` ``times`` times, each at the loaded position: a warm-up that walked on
+    would index past a call of fewer steps (``max_new_tokens`` 1) or past the cache's end.
+    It still writes tokens and KV: ``load`` again before the real steps."""
+    for _ in range(times):
+        step()
+        step.step.sub_(1)
+        step.slot.sub_(1)
+        step.pos.sub_(1)
+
+
 def capture(step: DecodeStep) -> torch.cuda.CUDAGraph:
-    """Record ``step()`` as a CUDA graph (after two warm-up steps on a side stream, which
-    change the state: ``load`` it again before replaying)."""
+    """Record ``step()`` as a CUDA graph after a warm-up on a side stream (which changes the
+    state: ``load`` it again before replaying)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
+        warm_up(step)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

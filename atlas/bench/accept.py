@@ -103,7 +103,7 @@ def plan(part: str, device: str, toy: bool, out: Path) -> tuple[list[str], float
     if part == "agent":
         size = (["--hidden", "64", "--layers", "1", "--batches", "2,3", "--max-new-tokens", "4",
                  "--dtypes", "float32", "--threads", "1"] if toy else
-                ["--batches", "8,48", "--max-new-tokens", "1024", "--floor-tokens", "16"])
+                ["--batches", "8,48", "--max-new-tokens", "1024", "--floor-tokens", "0"])
         return bench + ["agent", "--model", "llama3_1b_shape", "--device", device,
                         "--hf-batches", "", "--baseline-tokens", "0", "--no-sandbox",
                         "--no-llama-cpp", "--json", js, *size], 90

@@ -23,8 +23,6 @@ import os
 import threading
 from typing import Any
 
-import openai
-
 from atlas.supporters.config import RoleConfig
 
 #: ``auto``'s order: the OpenAI form, the schema-in-json_object form, free text
@@ -87,6 +85,10 @@ class ChatBackend:
         self.seed = seed
         self.last_mode: str | None = None
         api_key = cfg.api_key or os.environ.get(cfg.api_key_env) or "not-needed"
+        # deferred: the embedded supporters never reach a server, so a node without the
+        # openai package runs them
+        import openai
+
         self.client = openai.OpenAI(base_url=cfg.base_url, api_key=api_key,
                                     timeout=cfg.timeout_s, max_retries=cfg.max_retries)
 
@@ -123,6 +125,8 @@ class ChatBackend:
         raise AssertionError("unreachable: the last mode returns or raises")  # pragma: no cover
 
     def _create(self, system: str, user: str, fmt: dict | None, probe: bool) -> str:
+        import openai  # deferred: see __init__
+
         kwargs: dict[str, Any] = {}
         if fmt is not None:
             kwargs["response_format"] = fmt
