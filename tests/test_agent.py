@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -485,6 +486,47 @@ def test_capture_warm_up_stays_inside_a_one_token_call(agent, monkeypatch):
         step()
         with pytest.raises((IndexError, RuntimeError), match="out of"):  # a step walked on
             step()
+
+
+@pytest.mark.parametrize("temperature_top_p", [(None, 0.9), (0.0, 1.0)])
+def test_grouped_step_attention_samples_what_the_layer_forward_samples(monkeypatch,
+                                                                       temperature_top_p):
+    """The graph step's grouped attention (query heads folded into SDPA's query length, K and
+    V read once) against the decoder layer's own forward (K and V repeated per query head):
+    the same tokens for the same uniforms, greedy and sampled, three islands, padded rows, on
+    the 1B's shape shrunk (8 query heads over 2 KV heads), fp32."""
+    from atlas.agent import graph_step
+    from atlas.agent.sampling import sample_requests
+
+    agent = ResearchAgent(model_settings("llama3_1b_shape", hidden_size=64, num_layers=2,
+                                         num_heads=8, dtype="float32"), seed=0)
+    _perturb(agent, POLICY, seed=6, scale=0.5)
+    config = agent.model.config
+    assert config.num_attention_heads == 4 * config.num_key_value_heads == 8
+    temperature, top_p = temperature_top_p
+    requests = _islands(agent)
+    if temperature is not None:
+        requests = [dataclasses.replace(r, temperature=temperature) for r in requests]
+    uniforms = torch.rand((7, 16), generator=torch.Generator().manual_seed(11))
+    kw = {"top_p": top_p, "max_new_tokens": 16, "uniforms": uniforms}
+    runs = {}
+    for kind in ("grouped", "layer"):
+        monkeypatch.setattr(graph_step, "STEP_ATTENTION", kind)
+        out, st = sample_requests(agent.model, agent.tokenizer, requests, path="graph", **kw)
+        assert st.step_attention == kind and st.add_to(None)["step_attention"] == kind
+        runs[kind] = out
+    assert runs["grouped"] == runs["layer"]
+    assert len({tuple(r) for r in runs["grouped"]}) > 1  # the rows differ: a real comparison
+
+
+def test_a_layer_the_grouped_step_cannot_stand_in_for_runs_its_own_forward(agent, monkeypatch):
+    from atlas.agent import graph_step
+    from atlas.agent.sampling import sample_requests
+
+    monkeypatch.setattr(graph_step, "_grouped_rotate", lambda layer: None)
+    _, st = sample_requests(agent.model, agent.tokenizer, _islands(agent), path="graph",
+                            top_p=0.9, max_new_tokens=4)
+    assert st.step_attention == "layer" and st.path == "graph"
 
 
 def test_graph_step_runs_a_new_adapter_without_new_buffers(agent):

@@ -3,7 +3,7 @@
 What is compared: ``results.json``, ``programs.jsonl`` and ``events.jsonl`` of the resumed run
 against those of an uninterrupted run with the same seed, after removing wall-clock fields
 (``VOLATILE``: ``seconds``, ``wall_seconds``, ``seconds_dpo``, ``seconds_gate`` and its parts,
-``reference_table_seconds``, and ``agent_threads``, the thread counts generation ran with,
+``reference_table_seconds``, ``load`` (the machine's load average), and ``agent_threads``, the thread counts generation ran with,
 which follow when sandbox workers happened to be busy; they measure time and scheduling,
 which no two runs share) and the ``config`` event's ``run_dir`` (the two runs live in
 different folders). Everything else, scores, metrics, DPO losses, KL, gate decisions, every
@@ -44,7 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 VOLATILE = frozenset({"seconds", "wall_seconds", "seconds_dpo", "seconds_gate", "seconds_gate_parts",
                       "reference_table_seconds", "agent_threads",
                       # the round event's sampler timings
-                      "setup_s", "prefill_s", "decode_s", "tok_s"})
+                      "setup_s", "prefill_s", "decode_s", "tok_s",
+                      # results.json: the machine's load and this process tree's CPU seconds
+                      "load"})
 KILL_PHASE = 3  # fast test: phases 1-2 train before the kill, 3-4 after it
 MARKER_ENV = "ATLAS_RESUME_TEST_KILL_MARKER"  # driver: kill once, then leave a marker file
 KILL_PHASE_ENV = "ATLAS_RESUME_TEST_KILL_PHASE"

@@ -32,6 +32,11 @@ from torch import nn
 from atlas.agent.fastlinear import _active, _merged_weight, _stamp
 
 CHECK_EVERY = 8  # decode steps between the host's looks at EOS and stop strings
+#: how the step attends: "grouped" (each KV head's query heads folded into SDPA's query
+#: length, so K and V are read once) or "layer" (the decoder layer's own forward, whose SDPA
+#: call repeats K and V for every query head whenever a mask is given on CUDA: 4x the cache
+#: traffic on the 1B). "grouped" needs a Llama-style layer; another runs "layer".
+STEP_ATTENTION = "grouped"
 _WEIGHTS_ATTR = "_atlas_static_weight"
 #: how the CPU runs a ``DecodeStep`` (``step`` itself, eagerly, unless a test sets it, e.g. to
 #: ``torch.compile(step.__call__, fullgraph=True)``); CUDA always captures ``step``
@@ -71,7 +76,46 @@ def llama_parts(model: nn.Module) -> dict[str, Any] | None:
     if cache_kw is None:
         return None
     return {"embed": core.embed_tokens, "layers": layers, "cache_kw": cache_kw,
-            "norm": core.norm, "rotary": core.rotary_emb, "lm_head": base.lm_head}
+            "norm": core.norm, "rotary": core.rotary_emb, "lm_head": base.lm_head,
+            "rotate": _grouped_rotate(layers[0])}
+
+
+_GROUPED_NEEDS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling",
+                                "layer_idx"),
+                  "": ("input_layernorm", "post_attention_layernorm", "mlp")}
+
+
+def _grouped_rotate(layer: nn.Module) -> Callable | None:
+    """The rotary function of a Llama-style layer, or None where ``grouped_layer`` cannot
+    stand in for the layer's forward (another architecture)."""
+    attn = getattr(layer, "self_attn", None)
+    if attn is None or type(layer).__name__ != "LlamaDecoderLayer":
+        return None
+    if not all(hasattr(layer, n) for n in _GROUPED_NEEDS[""]) or \
+            not all(hasattr(attn, n) for n in _GROUPED_NEEDS["self_attn"]):
+        return None
+    return getattr(inspect.getmodule(type(attn)), "apply_rotary_pos_emb", None)
+
+
+def grouped_layer(layer: nn.Module, hidden: torch.Tensor, cos_sin: tuple[torch.Tensor, ...],
+                  cache: StepCache, valid: torch.Tensor, rotate: Callable) -> torch.Tensor:
+    """A Llama decoder layer for one new token per row, its attention over the whole cache
+    with the ``g`` query heads of each KV head as SDPA's query length: the same sums as the
+    layer's forward, without the copy of K and V per query head."""
+    attn = layer.self_attn
+    x = layer.input_layernorm(hidden)  # (rows, 1, hidden)
+    rows, d = x.shape[0], attn.head_dim
+    q = attn.q_proj(x).view(rows, 1, -1, d).transpose(1, 2)  # (rows, heads, 1, d)
+    k = attn.k_proj(x).view(rows, 1, -1, d).transpose(1, 2)  # (rows, kv heads, 1, d)
+    v = attn.v_proj(x).view(rows, 1, -1, d).transpose(1, 2)
+    q, k = rotate(q, k, *cos_sin)
+    keys, values = cache.update(k, v, attn.layer_idx)  # (rows, kv heads, capacity, d)
+    # query head h reads KV head h // g (transformers' repeat_kv order)
+    q = q.reshape(rows, keys.shape[1], -1, d).to(keys.dtype)  # (rows, kv heads, g, d)
+    out = nn.functional.scaled_dot_product_attention(
+        q, keys, values, attn_mask=valid[:, None, None, :], scale=attn.scaling)
+    h = hidden + attn.o_proj(out.reshape(rows, 1, -1).to(hidden.dtype))
+    return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
 def pick_tokens(logits: torch.Tensor, scale: torch.Tensor, greedy: torch.Tensor, top_p: float,
@@ -104,8 +148,14 @@ class DecodeStep:
 
     def __init__(self, parts: dict[str, Any], rows: int, capacity: int, steps: int,
                  layers_kv: list[tuple[int, int, int]], kv_dtype: torch.dtype,
-                 vocab: int, eos: list[int], top_p: float, device: torch.device) -> None:
+                 vocab: int, eos: list[int], top_p: float, device: torch.device,
+                 attention: str | None = None) -> None:
         self.parts, self.top_p = parts, float(top_p)
+        wanted = attention or STEP_ATTENTION
+        if wanted not in ("grouped", "layer"):
+            raise ValueError(f"step attention {wanted!r} must be grouped or layer")
+        #: how this step attends (``STEP_ATTENTION``; "layer" where "grouped" cannot run)
+        self.attention = "grouped" if wanted == "grouped" and parts.get("rotate") else "layer"
         self.rows, self.capacity, self.steps = rows, capacity, steps
         dev = {"device": device}
         self.keys = [torch.zeros((rows, h, capacity, d), dtype=kv_dtype, **dev)
@@ -161,6 +211,10 @@ class DecodeStep:
         embeddings = p["rotary"](hidden, position_ids=self.pos)
         mask = self.valid[:, None, None, :]
         for layer in p["layers"]:
+            if self.attention == "grouped":
+                hidden = grouped_layer(layer, hidden, embeddings, self.cache, self.valid,
+                                       p["rotate"])
+                continue
             out = layer(hidden, attention_mask=mask, position_ids=self.pos, use_cache=True,
                         position_embeddings=embeddings, **{p["cache_kw"]: self.cache})
             hidden = out[0] if isinstance(out, tuple) else out

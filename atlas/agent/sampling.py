@@ -64,6 +64,7 @@ class SampleStats:
     path: str = ""  # "compact" (rows leave the batch) | "graph" (fixed shape) | "cuda-graph"
     fallback: str = ""  # why the path asked for did not run (then ``path`` says what did)
     setup_seconds: float = 0.0  # one-off: weight buffers refreshed, CUDA graph captured
+    step_attention: str = ""  # graph paths: "grouped" | "layer" (graph_step.STEP_ATTENTION)
     finish: list[str] = field(default_factory=list)  # per row: "eos" | "stop" | "length"
     threads: list[int] = field(default_factory=list)  # torch threads used, each time they changed
 
@@ -86,6 +87,8 @@ class SampleStats:
         paths = [p for p in (e["path"].split("+") if e["path"] else []) if p]
         e["path"] = "+".join(paths + ([self.path] if self.path not in paths else []))
         e["fallback"] = e["fallback"] or self.fallback
+        if self.step_attention:
+            e["step_attention"] = self.step_attention
         e["calls"] += 1
         for key, value in (("rows", self.rows), ("prompt_tokens", self.prompt_tokens),
                            ("new_tokens", self.new_tokens), ("steps", self.steps)):
@@ -647,7 +650,8 @@ def _graph_loop(model, tokenizer: PreTrainedTokenizerBase, parts: dict, pre: _Pr
     # a graph reads weights by address: one moved or reallocated (a phase that took the model
     # off the device and back) makes a new key, so nothing replays over freed memory
     key = (total, capacity, max_new_tokens, float(top_p), tuple(eos_ids), pre.keys[0].dtype,
-           tuple(shapes), hash(tuple(p.data_ptr() for p in model.parameters())))
+           tuple(shapes), hash(tuple(p.data_ptr() for p in model.parameters())),
+           graph_step.STEP_ATTENTION)
     held: dict = model.__dict__.setdefault(_STEPS_ATTR, {}) if cuda else {}
     if fresh_weights:
         held.clear()  # new weight buffers: graphs captured against the old ones are stale
@@ -668,6 +672,7 @@ def _graph_loop(model, tokenizer: PreTrainedTokenizerBase, parts: dict, pre: _Pr
                 with contextlib.suppress(Exception):
                     torch.cuda.synchronize(device)
     step, graph = entry["step"], entry["graph"]
+    stats.step_attention = step.attention
     stats.fallback = stats.fallback or entry["error"]
     stats.path = "cuda-graph" if graph is not None else "graph"
     step.load(pre.keys, pre.values, pre.prompt_mask, pre.logits, row_temp, uniforms)

@@ -12,7 +12,10 @@ order:
 - ``paper``: ``experiment=paper`` with the 1B shape, projected hours a seed;
 - ``parity``: the DPO loss of one seeded policy on recorded pairs in fp32 and in bf16
   (``atlas.bench parity``; the gate's thresholds were set in fp32 on a CPU);
-- ``gate``: the gate bench (SmolLM2) on the device: correct arm accepted, inverted rejected.
+- ``gate``: the gate bench (SmolLM2) on the device: correct arm accepted, inverted rejected;
+- ``profile``: no target; the 1B shape's decode step at batch 48 under the profiler: its time
+  against the kernels' busy time, and the busiest kernels (last: a profiler that fails on a
+  node costs no other part).
 
 Each part writes its own JSON as it finishes (``<json stem>.parts/<part>.json``) and the
 combined file (``--json``) is rewritten after every part, so a run cut off keeps what it
@@ -87,7 +90,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=520.0,
                    help="seconds for all parts together; a part gets what is left, at most its "
                         "own limit")
-    p.add_argument("--parts", default="agent,decode,dpo,main,paper,parity,gate",
+    p.add_argument("--parts", default="agent,decode,dpo,main,paper,parity,gate,profile",
                    help="parts to run, in this order")
     return p.parse_args(list(argv))
 
@@ -104,10 +107,18 @@ def plan(part: str, device: str, toy: bool, out: Path) -> tuple[list[str], float
     if part == "agent":
         size = (["--hidden", "64", "--layers", "1", "--batches", "2,3", "--max-new-tokens", "4",
                  "--dtypes", "float32", "--threads", "1"] if toy else
-                ["--batches", "8,48", "--max-new-tokens", "1024", "--floor-tokens", "0"])
+                ["--batches", "8,48", "--max-new-tokens", "1024", "--floor-tokens", "0",
+                 "--step-attention", "layer"])
         return bench + ["agent", "--model", "llama3_1b_shape", "--device", device,
                         "--hf-batches", "", "--baseline-tokens", "0", "--no-sandbox",
                         "--no-llama-cpp", "--json", js, *size], 90
+    if part == "profile":  # no target: where a batch-48 step's time goes
+        size = (["--hidden", "64", "--layers", "1", "--batches", "3", "--max-new-tokens", "4",
+                 "--dtypes", "float32", "--threads", "1", "--floor-tokens", "4"] if toy else
+                ["--batches", "48", "--max-new-tokens", "64", "--floor-tokens", "16"])
+        return bench + ["agent", "--model", "llama3_1b_shape", "--device", device,
+                        "--hf-batches", "", "--baseline-tokens", "0", "--no-sandbox",
+                        "--no-llama-cpp", "--json", js, *size], 60
     if part == "decode":
         model = "smollm2" if _smollm2() else "llama3_1b_shape"
         size = (["--model", "tiny", "--max-new-tokens", "8", "--threads", "1"] if toy else
@@ -145,7 +156,7 @@ def plan(part: str, device: str, toy: bool, out: Path) -> tuple[list[str], float
                  "--threads", "1"] if toy else ["--model", "smollm2", "--trials", "3"])
         return bench + ["gate", "--device", device, "--json", js, *size], 200
     raise SystemExit(f"--parts: unknown part {part!r}; use agent, decode, dpo, main, paper, "
-                     "parity, gate")
+                     "parity, gate, profile")
 
 
 def read(part: str, out: Path, toy: bool) -> dict[str, float | None]:
@@ -161,8 +172,12 @@ def read(part: str, out: Path, toy: bool) -> dict[str, float | None]:
     if part == "agent":
         big, small = (3, 2) if toy else (48, 8)
         by = {r["batch"]: r["tokens_per_s"] for r in data.get("rows", [])
-              if str(r.get("path", "")).startswith("atlas sampler")}
+              if str(r.get("path", "")).startswith("atlas sampler")
+              and "step attention" not in str(r.get("path"))}  # the default attention's
         return {names[0]: by.get(big), names[1]: by.get(small)}
+    if part == "profile":  # no target: the decode step against the device's busy time
+        fl = data.get("floor") or {}
+        return {"decode step / its kernels' busy time": fl.get("ratio")}
     if part == "decode":  # no target: how often the decode paths sample the same tokens
         return {f"{k} ({data['model']}, {data['dtype']})": v["rows_identical"]
                 for k, v in data.get("agreement", {}).items()}
@@ -259,6 +274,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"\ntargets ({device_line(info)}; {result.get('seconds', 0):.0f} s in all):")
     for row in result["targets"]:
         print(_line(row))
+    prof = result["parts"].get("profile") or {}
+    for name, ratio in (prof.get("values") or {}).items():
+        print(f"  {name} (1B shape, the largest batch): {ratio:.2f}x (no target; busiest kernels in "
+              f"{prof.get('log', 'profile.log')})")
     decode = result["parts"].get("decode") or {}
     for pair, share in (decode.get("values") or {}).items():
         print(f"  decode paths, same uniforms, rows identical: {pair}: {share:.0%} (no target)")

@@ -19,6 +19,7 @@ import ast
 import json
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,6 +66,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     p.add_argument("--ablate", action="store_true", help="also run the sampler without packing")
+    p.add_argument("--step-attention", default="",
+                   help="also time the graph step with these attention kinds (grouped, layer: "
+                        "graph_step.STEP_ATTENTION), rows named after them; '' = the default")
     p.add_argument("--no-sandbox", action="store_true", help="skip the bandit candidates/s row")
     p.add_argument("--valid", action="store_true", help="run the valid-program study")
     p.add_argument("--valid-samples", type=int, default=8)
@@ -131,7 +135,7 @@ def sampler_row(agent, prompt: str, batch: int, args: argparse.Namespace,
     return {"tokens": st.new_tokens, "seconds": st.seconds, "tokens_per_s": st.tokens_per_second,
             "prefill_s": st.prefill_seconds, "decode_s": st.decode_seconds, "steps": st.steps,
             "packed": st.packed, "decode_path": st.path, "fallback": st.fallback,
-            "setup_s": st.setup_seconds}
+            "setup_s": st.setup_seconds, "step_attention": st.step_attention}
 
 
 def decode_floor(agent, prompt: str, batch: int, tokens: int, args: argparse.Namespace
@@ -303,6 +307,20 @@ def speed_rows(agents: dict[str, Any], cfg: dict[str, Any], prompt: str,
             if args.ablate:
                 add(f"atlas sampler ({dtype}, unpacked)", b,
                     sampler_row(agent, prompt, b, args, False))
+        for kind in [k for k in args.step_attention.split(",") if k]:
+            # deferred: the graph step's module; only these rows switch its attention
+            from atlas.agent import graph_step
+
+            default, graph_step.STEP_ATTENTION = graph_step.STEP_ATTENTION, kind
+            try:
+                sampler_row(agent, prompt, 1, warm)  # a new step shape: its one-off costs
+                for b in _ints(args.batches):
+                    add(f"atlas sampler ({dtype}, step attention {kind})", b,
+                        sampler_row(agent, prompt, b, args))
+            finally:
+                graph_step.STEP_ATTENTION = default
+    if args.json:  # the rows survive a floor profile that fails
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     if args.floor_tokens > 0 and _ints(args.batches):
         dtype, agent = next(iter(agents.items()))
         batch = max(_ints(args.batches))
