@@ -286,10 +286,12 @@ class EvolutionLoop:
                          round_programs: list[Program], last: bool) -> list[Program]:
         """ATLAS: the exploration supporter reviews each island served: a critique for its
         next prompt, a temperature, and patches the explorer files within the budget
-        (``Explorer.file_patches``) as completions of the prompt the island was served."""
+        (``atlas.evolution.patches``) as completions of the prompt the island was served.
+        Every island's patches go to the sandbox before any is waited for, so they are
+        scored side by side; they are filed in island order, as one after another would."""
         exploration = self.settings.supporters["exploration"]
         assert isinstance(exploration, ExplorationConfig)  # role_configs builds it so
-        added: list[Program] = []
+        reviews = []
         for island in islands:
             request = supporter_requests.exploration_request(
                 self.task, island, self.db.island(island),
@@ -302,9 +304,12 @@ class EvolutionLoop:
                 self.temperatures[island] = float(advice.temperature)
             prompt = next((p.prompt for p in round_programs if p.island == island and p.prompt),
                           "")
-            filed = self.explorer.file_patches(advice.patches, island, r, phase, prompt,
-                                               as_preferences=exploration.as_preferences,
-                                               last=last)
+            reviews.append((island, advice, self.explorer.submit_patches(
+                advice.patches, island, r, phase, prompt,
+                as_preferences=exploration.as_preferences, last=last)))
+        added: list[Program] = []
+        for island, advice, pending in reviews:
+            filed = pending.file(self.explorer)
             added += filed.programs
             self.telemetry.event("exploration", round=r, island=island, backend=advice.backend,
                                  fallback_cause=advice.fallback_cause, critique=advice.critique,

@@ -126,6 +126,42 @@ def test_atlas_embedded_runs_on_both_tasks(tmp_path, task):
     assert len(consulted) == stats["strategist"]["calls"] >= 1
 
 
+def test_a_round_s_patches_are_scored_side_by_side(tmp_path, monkeypatch):
+    """Two islands a round, two patches each: every patch of a round reaches the sandbox
+    before the round waits for any score (they were scored one after another), and they are
+    still filed in island order."""
+    from atlas.evolution import patches
+
+    log: list[tuple[str, int]] = []
+    submit, outcome = patches.submit, patches.outcome
+
+    def submitting(sandbox, code, context):
+        log.append(("submit", len(log)))
+        return submit(sandbox, code, context)
+
+    def waiting(fut):
+        log.append(("wait", len(log)))
+        return outcome(fut)
+
+    monkeypatch.setattr(patches, "submit", submitting)
+    monkeypatch.setattr(patches, "outcome", waiting)
+    _, events = _run(tmp_path, ["experiment=test", "method=atlas", "task=bandit",
+                                "progress=false", "task.timeout_s=60",
+                                "explore.islands_per_round=2", "explore.samples_per_prompt=4"])
+    exploration = [e for e in events if e["event"] == "exploration"]
+    filed = sum(e["patches"] for e in exploration)
+    kinds = [k for k, _ in log]
+    assert filed >= 3 and kinds.count("submit") == kinds.count("wait") == filed
+    # per round: its submits, then its waits (never a wait between two submits of a round)
+    runs = "".join("s" if k == "submit" else "w" for k in kinds)
+    rounds = [r for r in runs.replace("ws", "w|s").split("|") if r]
+    assert all(r == "s" * r.count("s") + "w" * r.count("w") for r in rounds)
+    assert any(r.count("s") >= 3 for r in rounds)  # two islands' patches in one round
+    for rnd in (e for e in events if e["event"] == "round"):
+        served = [e["island"] for e in exploration if e["round"] == rnd["round"]]
+        assert served == rnd["islands_served"] and len(served) == 2
+
+
 # ------------------------------------------------------------------ a real llama.cpp server
 
 @pytest.mark.server

@@ -29,7 +29,13 @@ from typing import Any, Protocol
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.evaluation import Sandbox, outcome, regime_key, submit
 from atlas.evolution.extract import extract_program
-from atlas.evolution.patches import PatchFiling, add_external, file_patches
+from atlas.evolution.patches import (
+    PatchFiling,
+    PendingPatches,
+    add_external,
+    file_patches,
+    submit_patches,
+)
 from atlas.evolution.prompts import build_prompt
 from atlas.evolution.rescoring import rescore
 from atlas.evolution.seeding import seed_islands
@@ -292,6 +298,12 @@ class Explorer:
         """Score and file a supporter's patches within the budget (``atlas.evolution.patches``)."""
         return file_patches(self, patches, island, round_index, phase, prompt,
                             as_preferences=as_preferences, last=last)
+
+    def submit_patches(self, patches: Sequence[str], island: int, round_index: int, phase: int,
+                       prompt: str, *, as_preferences: bool, last: bool) -> PendingPatches:
+        """A supporter's patches sent to the sandbox; ``.file(explorer)`` files them."""
+        return submit_patches(self, patches, island, round_index, phase, prompt,
+                              as_preferences=as_preferences, last=last)
 
     def rescore(self, programs: Sequence[Program], round_index: int, phase: int
                 ) -> list[Program]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Protocol
 
 from atlas.evolution.database import ProgramDatabase
@@ -52,6 +53,39 @@ def add_external(explorer: Filer, code: str, island: int, round_index: int, phas
     then the program evaluated is the one the completion yields after the prompt's
     prefill (exactly what the agent would have produced with those tokens).
     """
+    return _submit(explorer, code, island, round_index, phase, source, parents,
+                   prompt=prompt, completion=completion).file(explorer)
+
+
+@dataclasses.dataclass
+class _External:
+    """A program from outside the agent on its way through the sandbox, filed once scored."""
+
+    code: str | None
+    context: dict
+    future: Future
+    island: int
+    round: int
+    phase: int
+    source: ProgramSource
+    parents: list[int]
+    prompt: str
+    completion: str
+
+    def file(self, explorer: Filer) -> Program:
+        """Wait for the score and add the program to the database (its id taken now)."""
+        prog = Program(id=explorer.db.next_id(), island=self.island, round=self.round,
+                       code=self.code or "", evaluation=outcome(self.future),
+                       prompt=self.prompt, completion=self.completion,
+                       parents=list(self.parents), source=self.source, phase=self.phase,
+                       regime=regime_key(self.context))
+        explorer.db.add(prog)
+        return prog
+
+
+def _submit(explorer: Filer, code: str, island: int, round_index: int, phase: int,
+            source: ProgramSource, parents: list[int], *, prompt: str = "",
+            completion: str = "") -> _External:
     islands, entry = explorer.settings.islands, explorer.spec.entry_point
     if not 0 <= island < islands:
         raise ValueError(f"add_external: island={island} is outside [0, {islands}) "
@@ -63,19 +97,37 @@ def add_external(explorer: Filer, code: str, island: int, round_index: int, phas
     else:
         extracted = extract_program("", code, entry)
     context = explorer.task.context(round_index)
-    ev = outcome(submit(explorer.sandbox, extracted, context))
-    prog = Program(id=explorer.db.next_id(), island=island, round=round_index,
-                   code=extracted or "", evaluation=ev, prompt=prompt,
-                   completion=completion, parents=list(parents), source=source, phase=phase,
-                   regime=regime_key(context))
-    explorer.db.add(prog)
-    return prog
+    return _External(extracted, context, submit(explorer.sandbox, extracted, context), island,
+                     round_index, phase, source, parents, prompt, completion)
+
+
+@dataclasses.dataclass
+class PendingPatches:
+    """One island's patches submitted to the sandbox (``submit_patches``); ``file`` waits
+    for their scores and files them. Submitting every island's patches before filing any
+    scores them in parallel on the sandbox's workers."""
+
+    filing: PatchFiling
+    pending: list[_External]
+
+    def file(self, explorer: Filer) -> PatchFiling:
+        self.filing.programs = [p.file(explorer) for p in self.pending]
+        return self.filing
 
 
 def file_patches(explorer: Filer, patches: Sequence[str], island: int, round_index: int,
                  phase: int, prompt: str, *, as_preferences: bool, last: bool) -> PatchFiling:
     """Score and file an exploration supporter's patches for ``island`` as ``supporter``
-    programs, within the budget.
+    programs, within the budget (``submit_patches``, then ``PendingPatches.file``)."""
+    return submit_patches(explorer, patches, island, round_index, phase, prompt,
+                          as_preferences=as_preferences, last=last).file(explorer)
+
+
+def submit_patches(explorer: Filer, patches: Sequence[str], island: int, round_index: int,
+                   phase: int, prompt: str, *, as_preferences: bool,
+                   last: bool) -> PendingPatches:
+    """Send an exploration supporter's patches for ``island`` to the sandbox, within the
+    budget; ``PendingPatches.file`` files them as ``supporter`` programs.
 
     Budget: each patch filed is taken from the next round's agent samples
     (``supporter_debt``), at most ``round_budget - islands_per_round`` of them so each
@@ -90,22 +142,21 @@ def file_patches(explorer: Filer, patches: Sequence[str], island: int, round_ind
     supporter = ProgramSource.SUPPORTER
     entry = explorer.spec.entry_point
     parents = [p.id for p in explorer.db.top_k(island, 1)]
-    out = PatchFiling(programs=[])
+    out = PendingPatches(filing=PatchFiling(programs=[]), pending=[])
     for code in patches:
         if last or explorer.supporter_debt >= cap:
-            out.dropped_for_budget += 1
+            out.filing.dropped_for_budget += 1
             continue
         completion = as_completion(prefill_of(prompt), code, entry) if prompt else None
         if completion is None:
-            out.not_writable_as_completion += 1
-            prog = add_external(explorer, code, island, round_index, phase, supporter, parents)
+            out.filing.not_writable_as_completion += 1
+            job = _submit(explorer, code, island, round_index, phase, supporter, parents)
         elif as_preferences:
-            prog = add_external(explorer, code, island, round_index, phase, supporter, parents,
-                                prompt=prompt, completion=completion)
+            job = _submit(explorer, code, island, round_index, phase, supporter, parents,
+                          prompt=prompt, completion=completion)
         else:  # the ablation scores the very program the completion would have
             written = extract_program(prefill_of(prompt), completion, entry) or code
-            prog = add_external(explorer, written, island, round_index, phase, supporter,
-                                parents)
-        out.programs.append(prog)
+            job = _submit(explorer, written, island, round_index, phase, supporter, parents)
+        out.pending.append(job)
         explorer.supporter_debt += 1
     return out
