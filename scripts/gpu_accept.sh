@@ -28,6 +28,12 @@ for dir in "$wheels" "$root/.whl-smol"; do
     [ -e "$first" ] || continue
     whl=$(basename "${first%.part-aa}")
     cat "$(dirname "$first")/$whl".part-* > "$out/joined/$whl"
+    if ! "${PYTHON:-python3}" -m zipfile -t "$out/joined/$whl" >/dev/null 2>&1; then
+      echo "$whl: its pieces in $(dirname "$first") do not make a whole wheel (one missing?);" \
+        "the parts that need it will say 'not measured'"
+      rm -f "$out/joined/$whl"
+      continue
+    fi
     echo "joined $whl from $(ls "$(dirname "$first")/$whl".part-* | wc -l) pieces"
   done
 done

@@ -73,3 +73,32 @@ def test_decode_bench_finds_the_paths_agree_on_the_tiny_fp32_model(tmp_path: Pat
                                                      "positions_agree": 1.0}}
     assert decode.agreement(["abc", "xy"], ["abd", "xy"]) == {"rows_identical": 0.5,
                                                               "positions_agree": 0.8}
+
+
+def test_gpu_accept_joins_whole_wheels_only(tmp_path: Path):
+    """The bare-node script joins a wheel that travelled in pieces, and says so (never
+    installs it) when a piece is missing."""
+    import subprocess
+    import sys
+    import zipfile
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    whole = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whole, "w") as z:
+        z.writestr("demo/__init__.py", "x = 1\n" * 2000)
+    data = whole.read_bytes()
+    (wheels / f"{whole.name}.part-aa").write_bytes(data[: len(data) // 2])
+    (wheels / f"{whole.name}.part-ab").write_bytes(data[len(data) // 2:])
+    (wheels / "broken-1.0-py3-none-any.whl.part-aa").write_bytes(data[:100])
+    out = tmp_path / "out"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(["bash", str(root / "scripts" / "gpu_accept.sh"), str(out), "--help"],
+                          env={"PATH": "/usr/bin:/bin", "ATLAS_WHEELS": str(wheels),
+                               "PYTHON": sys.executable, "ATLAS_DEVICE": "cpu"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"joined {whole.name} from 2 pieces" in proc.stdout
+    assert (out / "joined" / whole.name).read_bytes() == data
+    assert "broken-1.0-py3-none-any.whl: its pieces" in proc.stdout
+    assert not (out / "joined" / "broken-1.0-py3-none-any.whl").exists()
