@@ -42,8 +42,9 @@ def refresh_results(run: Path, dest: Path) -> None:
     dest.write_text(dumps(new) + "\n")
 
 
-def archive(sweeps: list[Path], out: Path) -> list[Path]:
-    """Copy each sweep's run folders (those holding an events.jsonl) and secrets below ``out``."""
+def archive(sweeps: list[Path], out: Path, finished: bool = False) -> list[Path]:
+    """Copy each sweep's run folders (those holding an events.jsonl; with ``finished``, only
+    those that wrote results.json) and secrets below ``out``."""
     written: list[Path] = []
     for sweep in sweeps:
         dest_sweep = out / sweep.name
@@ -54,6 +55,8 @@ def archive(sweeps: list[Path], out: Path) -> list[Path]:
             written.append(dest)
         for events in sorted(sweep.glob("*/events.jsonl")):
             run = events.parent
+            if finished and not (run / "results.json").exists():
+                continue  # a run still going (a sweep archived between sittings)
             dest = dest_sweep / run.name
             dest.mkdir(parents=True, exist_ok=True)
             for name in RUN_FILES:
@@ -74,11 +77,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweeps", nargs="+", type=Path, help="sweep folders (multirun/<name>)")
     parser.add_argument("--out", type=Path, required=True, help="e.g. docs/study/runs")
+    parser.add_argument("--finished", action="store_true",
+                        help="only the runs that finished (results.json): a sweep still running")
     args = parser.parse_args()
     for sweep in args.sweeps:
         if not sweep.is_dir():
             parser.error(f"{sweep} is not a folder: pass a sweep folder (multirun/<name>)")
-    written = archive(args.sweeps, args.out)
+    written = archive(args.sweeps, args.out, finished=args.finished)
     print(f"wrote {len(written)} files under {args.out}")
 
 
