@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -288,12 +289,11 @@ def load_base_model(cfg: ModelConfig,
     """
     source = cfg.source
     loaders = {"smollm2": _load_smollm2, "tiny": _load_tiny, "hf": _load_hf,
-               "llama3_1b_shape": _load_shape}
+               "llama3_1b_shape": functools.partial(_load_shape, device=device)}
     if source not in loaders:
         raise ValueError(f"model.source={source!r} is unknown; use one of {list(SOURCES)}")
     dtype = resolve_dtype(cfg)
-    model, tokenizer = (_load_shape(cfg, dtype, device) if source == "llama3_1b_shape"
-                        else loaders[source](cfg, dtype))
+    model, tokenizer = loaders[source](cfg, dtype)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
