@@ -3,7 +3,7 @@
     python scripts/profile_dpo_phase.py <run>/programs.jsonl 2 --attention sdpa,eager
 
 Rebuilds phase ``PHASE``'s D_k from a run's ``programs.jsonl`` as ``atlas.bench dpo`` does
-(the agent's own pairs), trains it on SmolLM2 in the run's precision on the shared-prompt path
+(the agent's own pairs), trains it on SmolLM2 in ``--dtype`` (bf16 unless told) on the shared-prompt path
 once per attention kernel (twice each, alternating, every time from the same adapter
 state, so the losses compare), then profiles one more phase with the first kernel and prints
 the ops that took the most self CPU time. ``math`` runs transformers' SDPA restricted to
