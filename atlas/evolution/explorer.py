@@ -30,10 +30,8 @@ from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.evaluation import Sandbox, outcome, regime_key, submit
 from atlas.evolution.extract import extract_program
 from atlas.evolution.patches import (
-    PatchFiling,
     PendingPatches,
     add_external,
-    file_patches,
     submit_patches,
 )
 from atlas.evolution.prompts import build_prompt
@@ -292,12 +290,6 @@ class Explorer:
         """Evaluate and file a program from outside the agent (``atlas.evolution.patches``)."""
         return add_external(self, code, island, round_index, phase, source, parents,
                             prompt=prompt, completion=completion)
-
-    def file_patches(self, patches: Sequence[str], island: int, round_index: int, phase: int,
-                     prompt: str, *, as_preferences: bool, last: bool) -> PatchFiling:
-        """Score and file a supporter's patches within the budget (``atlas.evolution.patches``)."""
-        return file_patches(self, patches, island, round_index, phase, prompt,
-                            as_preferences=as_preferences, last=last)
 
     def submit_patches(self, patches: Sequence[str], island: int, round_index: int, phase: int,
                        prompt: str, *, as_preferences: bool, last: bool) -> PendingPatches:

@@ -115,14 +115,6 @@ class PendingPatches:
         return self.filing
 
 
-def file_patches(explorer: Filer, patches: Sequence[str], island: int, round_index: int,
-                 phase: int, prompt: str, *, as_preferences: bool, last: bool) -> PatchFiling:
-    """Score and file an exploration supporter's patches for ``island`` as ``supporter``
-    programs, within the budget (``submit_patches``, then ``PendingPatches.file``)."""
-    return submit_patches(explorer, patches, island, round_index, phase, prompt,
-                          as_preferences=as_preferences, last=last).file(explorer)
-
-
 def submit_patches(explorer: Filer, patches: Sequence[str], island: int, round_index: int,
                    phase: int, prompt: str, *, as_preferences: bool,
                    last: bool) -> PendingPatches:
