@@ -105,10 +105,14 @@ def test_sampler_logits_match_full_forward_with_padding(agent):
     hook = base.lm_head.register_forward_hook(
         lambda mod, inp, out: seen.append(out[:, -1].detach().float().clone()))
     prompts = [_prompt(agent, "x"), _prompt(agent, "a longer, padded prompt")]
+    agent.decode_path = "compact"  # one lm_head call per step: the hook sees each step
     try:
         ours = agent.generate(prompts, 2, max_new_tokens=12, adapter=None, **GREEDY)
     finally:
         hook.remove()
+    agent.decode_path = "lookup"  # its ragged cache and masks, under the same sharp attention
+    assert agent.generate(prompts, 2, max_new_tokens=12, adapter=None, **GREEDY) == ours
+    assert agent.last_stats.path == "lookup"
     assert agent.last_stats.finish == ["length"] * 4 and len(seen) == 12
     for i, prompt in enumerate(prompts):
         ids = tok(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
@@ -435,6 +439,61 @@ def test_graph_step_follows_each_stream_until_a_row_ends(agent):
             == sample_requests(agent.model, agent.tokenizer, requests, path="graph", **kw)[0])
 
 
+@pytest.mark.parametrize("top_p", [0.9, 1.0])
+def test_lookup_path_gives_the_compact_tokens_for_the_same_uniforms(agent, top_p):
+    """Guessed tokens verified in one pass: token for token what the one-token loop draws
+    for the same uniforms (tiny fp32 model, padded batch, islands with their own
+    temperatures, a greedy one among them, rows ending on EOS and stop strings), and the
+    same rows handed on, in fewer passes whenever a guess was kept."""
+    from atlas.agent.sampling import sample_requests
+
+    _perturb(agent, POLICY, seed=5, scale=0.5)
+    stop, requests = _finishing(agent), _islands(agent)
+    n = 40
+    uniforms = torch.rand((7, n), generator=torch.Generator().manual_seed(3))
+    out, stats = {}, {}
+    for path in ("compact", "lookup"):
+        seen: dict[int, str] = {}
+        out[path], stats[path] = sample_requests(
+            agent.model, agent.tokenizer, requests, top_p=top_p, max_new_tokens=n, stop=stop,
+            uniforms=uniforms, path=path, on_done=lambda row, text, s=seen: s.update({row: text}))
+        stats[path].seen = seen
+    c, lk = stats["compact"], stats["lookup"]
+    assert (c.path, lk.path) == ("compact", "lookup") and not lk.fallback
+    assert out["lookup"] == out["compact"]
+    assert lk.finish == c.finish and lk.new_tokens == c.new_tokens
+    assert {"eos", "stop"} <= set(c.finish) and lk.seen == c.seen and len(c.seen) >= 3
+    assert 0 < lk.accepted < lk.drafted and lk.steps <= c.steps
+
+
+def test_lookup_path_keeps_guesses_on_repetitive_text_and_follows_the_graph_path(agent):
+    """A greedy row that repeats its prompt: most guesses are kept, so far fewer passes than
+    tokens; with no uniform table it draws each stream's uniforms as the graph path does,
+    so both give the same completions (greedy and sampled, ``sample`` and
+    ``sample_requests``)."""
+    from atlas.agent.sampling import sample_requests
+
+    prompts = [_prompt(agent, "x"), _prompt(agent, "a longer, padded prompt")]
+    kw = {"top_p": 0.95, "max_new_tokens": 24}
+    for temperature in (0.0, 0.8):
+        a = sample(agent.model, agent.tokenizer, prompts, 3, temperature=temperature, seed=4,
+                   path="graph", **kw)[0]
+        b, st = sample(agent.model, agent.tokenizer, prompts, 3, temperature=temperature,
+                       seed=4, path="lookup", **kw)
+        assert a == b and st.path == "lookup"
+    requests = _islands(agent)
+    assert (sample_requests(agent.model, agent.tokenizer, requests, path="graph", **kw)[0]
+            == sample_requests(agent.model, agent.tokenizer, requests, path="lookup", **kw)[0])
+    # an untrained tiny model, greedy, falls into a loop: its own text is the guess
+    out, st = sample(agent.model, agent.tokenizer, [_prompt(agent, "ab" * 20)], 1,
+                     temperature=0.0, top_p=1.0, max_new_tokens=60, seed=0, path="lookup")
+    assert st.new_tokens == 60 and st.accepted > 30 and st.steps < 30
+    assert st.steps == st.new_tokens - st.accepted  # each pass: one drawn token, plus kept guesses
+    ref = sample(agent.model, agent.tokenizer, [_prompt(agent, "ab" * 20)], 1, temperature=0.0,
+                 top_p=1.0, max_new_tokens=60, seed=0, path="compact")[0]
+    assert out == ref
+
+
 def test_the_step_cuda_captures_compiles_as_one_graph_without_a_break(agent, monkeypatch):
     """``DecodeStep.__call__``, the callable ``graph_step.capture`` records on CUDA, traced by
     Dynamo with ``fullgraph=True`` over a whole padded decode: one graph, no break, no
@@ -568,7 +627,7 @@ def test_default_sampling_leaves_bf16_base_weights_bit_identical():
 
 
 def test_unknown_decode_path_is_named(agent):
-    with pytest.raises(ValueError, match=r"path='fast' must be one of auto, compact, graph"):
+    with pytest.raises(ValueError, match=r"path=.fast. must be one of auto, lookup, compact, graph"):
         sample(agent.model, agent.tokenizer, ["x"], 1, temperature=0.0, top_p=1.0,
                max_new_tokens=2, path="fast")
 

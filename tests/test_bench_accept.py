@@ -20,7 +20,7 @@ def test_accept_measures_a_part_writes_its_json_and_leaves_the_rest_not_measured
     assert result["size"] == "toy" and result["parts"]["agent"]["status"] == "ok"
     assert (tmp_path / "out.parts" / "agent.json").is_file()
     rows = json.loads((tmp_path / "out.parts" / "agent.json").read_text())["rows"]
-    assert {r["decode_path"] for r in rows} == {"compact"}  # the CPU default, recorded
+    assert {r["decode_path"] for r in rows} == {"lookup"}  # the CPU default, recorded
     agent = _targets(result, "agent")
     assert len(agent) == 2 and all(t["value"] > 0 for t in agent)
     assert all(t["verdict"] in ("pass", "fail") for t in agent)
@@ -68,9 +68,10 @@ def test_decode_bench_finds_the_paths_agree_on_the_tiny_fp32_model(tmp_path: Pat
 
     out = decode.main(["--model", "tiny", "--device", "cpu", "--max-new-tokens", "8",
                        "--threads", "1", "--json", str(tmp_path / "d.json")])
-    assert [p["path"] for p in out["paths"].values()] == ["compact", "graph"]
-    assert out["agreement"] == {"compact vs graph": {"rows_identical": 1.0,
-                                                     "positions_agree": 1.0}}
+    assert [p["path"] for p in out["paths"].values()] == ["compact", "lookup", "graph"]
+    same = {"rows_identical": 1.0, "positions_agree": 1.0}
+    assert out["agreement"] == {"compact vs lookup": same, "compact vs graph": same,
+                                "lookup vs graph": same}
     assert decode.agreement(["abc", "xy"], ["abd", "xy"]) == {"rows_identical": 0.5,
                                                               "positions_agree": 0.8}
 

@@ -22,6 +22,7 @@ def test_sampler_bench_rows_decode_the_same_round():
     rows = out["rows"]
     assert list(rows) == ["islands one by one, peft layers", "islands one by one, merged copy",
                           "islands in one batch, merged copy",
+                          "islands in one batch, lookup",
                           "islands in one batch, graph step",
                           "islands in one batch, in-place merge"]
     assert len({r["tokens"] for r in rows.values()}) == 1  # the same samples every way

@@ -24,6 +24,7 @@ from transformers.cache_utils import DynamicLayer
 from atlas.agent import graph_step
 from atlas.agent.fastlinear import merged_lora, packed_linears
 from atlas.agent.graph_step import CHECK_EVERY, DecodeStep, capture, llama_parts, static_weights
+from atlas.agent.lookup import DRAFT_TOKENS, Drafts
 
 TOPK_TRIES = (64, 1024)  # nucleus searched among these top-k first; full sort as a last resort
 THREAD_POLL = 8  # decode steps between looks at the thread budget
@@ -61,10 +62,12 @@ class SampleStats:
     packed: bool = False  # bf16 CPU linear layers ran on oneDNN-packed weights
     merged: bool = False  # LoRA layers ran as one linear layer over a merged weight copy
     device: str = ""  # where the model decoded
-    path: str = ""  # "compact" (rows leave the batch) | "graph" (fixed shape) | "cuda-graph"
+    path: str = ""  # "lookup" | "compact" (rows leave the batch) | "graph" | "cuda-graph"
     fallback: str = ""  # why the path asked for did not run (then ``path`` says what did)
     setup_seconds: float = 0.0  # one-off: weight buffers refreshed, CUDA graph captured
     step_attention: str = ""  # graph paths: "grouped" | "layer" (graph_step.STEP_ATTENTION)
+    drafted: int = 0  # lookup path: guessed tokens run through the model
+    accepted: int = 0  # lookup path: guessed tokens the sampler drew as they were guessed
     finish: list[str] = field(default_factory=list)  # per row: "eos" | "stop" | "length"
     threads: list[int] = field(default_factory=list)  # torch threads used, each time they changed
 
@@ -89,6 +92,9 @@ class SampleStats:
         e["fallback"] = e["fallback"] or self.fallback
         if self.step_attention:
             e["step_attention"] = self.step_attention
+        if self.path == "lookup":
+            e["drafted"] = e.get("drafted", 0) + self.drafted
+            e["accepted"] = e.get("accepted", 0) + self.accepted
         e["calls"] += 1
         for key, value in (("rows", self.rows), ("prompt_tokens", self.prompt_tokens),
                            ("new_tokens", self.new_tokens), ("steps", self.steps)):
@@ -137,6 +143,41 @@ class _BufferLayer(DynamicLayer):
         self.kbuf = self.kbuf.index_select(0, indices)
         self.vbuf = self.vbuf.index_select(0, indices)
         self._views()
+
+
+class _RaggedLayer(DynamicLayer):
+    """A KV layer whose rows keep their own lengths (the lookup path): a pass writes each
+    row's new keys and values at that row's ``slots`` and attention reads the buffer up to
+    ``span`` under the pass's mask, so a row's rejected guesses are simply overwritten."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+        super().__init__()
+        b, h, n, d = keys.shape
+        # zeros, not empty: a masked slot weighs 0 in attention, and 0 * NaN is NaN
+        self.kbuf = keys.new_zeros((b, h, capacity, d))
+        self.vbuf = values.new_zeros((b, h, capacity, d))
+        self.kbuf[:, :, :n].copy_(keys)
+        self.vbuf[:, :, :n].copy_(values)
+        self.span, self.slots = n, None
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+        self.keys, self.values = self.kbuf[:, :, :n], self.vbuf[:, :, :n]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        at = self.slots[:, None, :, None].expand(-1, key_states.shape[1], -1,
+                                                 key_states.shape[-1])
+        self.kbuf.scatter_(2, at, key_states.to(self.kbuf.dtype))
+        self.vbuf.scatter_(2, at, value_states.to(self.vbuf.dtype))
+        self.keys = self.kbuf[:, :, : self.span]
+        self.values = self.vbuf[:, :, : self.span]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.span
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.kbuf = self.kbuf.index_select(0, indices)
+        self.vbuf = self.vbuf.index_select(0, indices)
 
 
 def next_tokens(logits: torch.Tensor, temperature: float | torch.Tensor, top_p: float,
@@ -316,7 +357,7 @@ def _prefill(model, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
     return out.past_key_values, out.logits[:, -1].float(), mask
 
 
-PATHS = ("auto", "compact", "graph")
+PATHS = ("auto", "lookup", "compact", "graph")
 
 
 def _decode(model, tokenizer: PreTrainedTokenizerBase, requests: list[Request],
@@ -337,7 +378,8 @@ def _decode(model, tokenizer: PreTrainedTokenizerBase, requests: list[Request],
     batch = _batch(model, tokenizer, requests, streams, seeds, top_p=top_p,
                    max_new_tokens=max_new_tokens, stop=stop, uniforms=uniforms)
     stats = SampleStats(prompts=len(requests), rows=sum(batch.counts))
-    parts = _graph_parts(model, path, batch, stats)
+    want = path if path != "auto" else ("graph" if batch.device.type == "cuda" else "lookup")
+    parts = _graph_parts(model, want, batch, stats)
     stats.device = str(batch.device)
     with _restore_threads(torch.get_num_threads()):
         _set_threads(threads, stats)
@@ -345,6 +387,9 @@ def _decode(model, tokenizer: PreTrainedTokenizerBase, requests: list[Request],
         if parts is not None:
             result = _try_graph(model, tokenizer, parts, batch, on_done, threads, stats,
                                 uniforms)
+        elif want == "lookup":
+            result = _try_lookup(model, tokenizer, batch, pack, on_done, threads, stats,
+                                 uniforms)
         if result is None:
             result = _decode_compact(model, tokenizer, batch, pack, on_done, threads, stats,
                                      uniforms)
@@ -396,10 +441,9 @@ def _batch(model, tokenizer: PreTrainedTokenizerBase, requests: list[Request],
                   top_p=top_p, max_new_tokens=max_new_tokens)
 
 
-def _graph_parts(model, path: str, batch: _Batch, stats: SampleStats) -> dict | None:
+def _graph_parts(model, want: str, batch: _Batch, stats: SampleStats) -> dict | None:
     """The decoder's parts for the graph path, or None (compact) with ``stats.fallback``
     saying why when the graph path was wanted."""
-    want = path if path != "auto" else ("graph" if batch.device.type == "cuda" else "compact")
     if want != "graph":
         return None
 
@@ -454,6 +498,45 @@ def _try_graph(model, tokenizer: PreTrainedTokenizerBase, parts: dict, batch: _B
         for g, state in zip(batch.gens, states):
             g.set_state(state)
     return result
+
+
+def _try_lookup(model, tokenizer: PreTrainedTokenizerBase, batch: _Batch, pack: bool,
+                on_done: Callable[[int, str], None] | None,
+                threads: Callable[[], int] | None, stats: SampleStats,
+                uniforms: torch.Tensor | None) -> tuple[list[list[int]], list[str]] | None:
+    """The lookup path's tokens and finish reasons; None when it failed before it handed
+    any row on (the streams rewound, ``stats.fallback`` says why: the compact path runs)."""
+    states = [g.get_state() for g in batch.gens]
+    reported: list[int] = []
+
+    def report(row: int, text: str) -> None:
+        reported.append(row)
+        if on_done is not None:
+            on_done(row, text)
+
+    stats.path = "lookup"
+    try:
+        with packed_linears(model, enabled=pack) as stats.packed, \
+                merged_lora(model, enabled=pack) as stats.merged:
+            prefilled = _prefilled(model, tokenizer, batch.requests, batch.streams,
+                                   batch.counts, batch.device, stats)
+            table = uniforms if uniforms is not None else _stream_table(
+                batch.gens, batch.counts, batch.streams, batch.stream_temp,
+                batch.max_new_tokens, batch.device)
+            prompts = [list(tokenizer(r.prompt, add_special_tokens=False)["input_ids"])
+                       for r in batch.requests]
+            contexts = [prompts[j] for j, n in enumerate(batch.counts) for _ in range(n)]
+            return _lookup_loop(model, tokenizer, prefilled, contexts, batch.max_new_tokens,
+                                batch.top_p, batch.stop, report, threads, stats,
+                                batch.row_temp, batch.eos_ids, table, DRAFT_TOKENS)
+    except Exception as e:  # noqa: BLE001 - the run goes on, compact, and says why
+        if reported or isinstance(e, (KeyboardInterrupt, MemoryError)):
+            raise  # rows were already handed on: a second decode would repeat them
+        stats.fallback = f"lookup path failed ({type(e).__name__}: {e})"[:300]
+        stats.steps = stats.drafted = stats.accepted = 0
+        for g, state in zip(batch.gens, states):
+            g.set_state(state)
+    return None
 
 
 def _decode_compact(model, tokenizer: PreTrainedTokenizerBase, batch: _Batch, pack: bool,
@@ -601,6 +684,122 @@ def _compact_loop(model, tokenizer: PreTrainedTokenizerBase, pre: _Prefilled,
                     position_ids=next_pos, past_key_values=cache, use_cache=True)
         next_pos = next_pos + 1
         logits = out.logits[:, -1]
+    stats.decode_seconds = time.perf_counter() - t0
+    return generated, finish
+
+
+def _lookup_loop(model, tokenizer: PreTrainedTokenizerBase, pre: _Prefilled,
+                 contexts: list[list[int]], max_new_tokens: int, top_p: float,
+                 stop: list[str], on_done: Callable[[int, str], None] | None,
+                 threads: Callable[[], int] | None, stats: SampleStats,
+                 row_temp: torch.Tensor, eos_ids: list[int], uniforms: torch.Tensor,
+                 draft_tokens: int
+                 ) -> tuple[list[list[int]], list[str]]:
+    """Prompt-lookup decoding, exact: each pass feeds every live row its last sampled token
+    and up to ``draft_tokens`` guessed ones (``lookup.Drafts``), samples a token at each
+    of those positions with the row's uniform for that position, and keeps the sampled
+    tokens up to the first that differs from the guess (that one included). A kept token is
+    the one the one-token loop draws from the same logits with the same uniform, so the
+    output is the graph path's for the same uniform table, up to the float rounding of a
+    wider pass; a good guess only saves passes. Finished rows leave the batch."""
+    device = pre.logits.device
+    total, width = pre.prompt_mask.shape
+    k = max(0, int(draft_tokens))
+    capacity = width + max_new_tokens + k + 1
+    cache = DynamicCache()
+    cache.layers = [_RaggedLayer(kk, v, capacity) for kk, v in zip(pre.keys, pre.values)]
+    valid = torch.zeros((total, capacity), dtype=torch.bool, device=device)
+    valid[:, :width] = pre.prompt_mask.bool()
+    filled = [width] * total  # per live row: cache slots written and kept
+    pos = pre.prompt_mask.sum(-1).tolist()  # per live row: the next position id
+    eos = set(eos_ids)
+    window = max((len(s) for s in stop), default=0) + 4  # tokens of tail text to scan
+    uniforms = uniforms.to(device=device, dtype=torch.float32)
+    drafts = [Drafts(c) for c in contexts]
+    generated: list[list[int]] = [[] for _ in range(total)]
+    finish = ["length"] * total
+
+    def emit(r: int, toks: list[int]) -> bool:
+        """Append a row's tokens up to its end; whether it ended."""
+        for t in toks:
+            generated[r].append(t)
+            if t in eos:
+                finish[r] = "eos"
+            elif stop and _cut_at_stop(tokenizer.decode(generated[r][-window:]), stop)[1]:
+                finish[r] = "stop"
+            else:
+                if len(generated[r]) >= max_new_tokens:
+                    return True
+                continue
+            if on_done is not None:
+                on_done(r, _final_text(tokenizer, generated[r], finish[r], stop))
+            return True
+        return False
+
+    t0 = time.perf_counter()
+    first = next_tokens(pre.logits, row_temp, top_p, None, u=uniforms[:, :1]).tolist()
+    stats.steps += 1
+    rows = list(range(total))  # original row of each live batch row
+    live_temp = row_temp
+    pending = first  # per live row: its last sampled token, not yet in the cache
+    done = [emit(r, [t]) for r, t in zip(rows, first)]
+    for r, t in zip(rows, first):
+        drafts[r].extend([t])
+    additive = getattr(model.config, "_attn_implementation", "sdpa") != "sdpa"
+    while True:
+        if any(done):
+            keep = [j for j, d in enumerate(done) if not d]
+            if not keep:
+                break
+            index = torch.tensor(keep, device=device)
+            for layer in cache.layers:
+                layer.batch_select_indices(index)
+            valid, live_temp = valid[index], live_temp[index]
+            rows, pending = [rows[j] for j in keep], [pending[j] for j in keep]
+            filled, pos = [filled[j] for j in keep], [pos[j] for j in keep]
+        if threads is not None:
+            _set_threads(threads, stats)
+        n = len(rows)
+        guesses = [drafts[r].guess(min(k, max_new_tokens - len(generated[r]) - 1))
+                   for r in rows]
+        width_t = 1 + max(len(g) for g in guesses)
+        ids = [[p, *g, *([p] * (width_t - 1 - len(g)))] for p, g in zip(pending, guesses)]
+        step = torch.arange(width_t, device=device)
+        base = torch.tensor(filled, device=device)
+        span = max(filled) + width_t
+        slots = base[:, None] + step
+        at = torch.arange(span, device=device)
+        fresh = (at >= base[:, None, None]) & (at <= slots[:, :, None])  # (n, T, span)
+        mask = (valid[:, None, :span] | fresh)[:, None]
+        if additive:  # eager attention adds its mask
+            mask = torch.zeros(mask.shape, dtype=pre.keys[0].dtype, device=device).masked_fill_(
+                ~mask, torch.finfo(pre.keys[0].dtype).min)
+        for layer in cache.layers:
+            layer.slots, layer.span = slots, span
+        out = model(input_ids=torch.tensor(ids, device=device),
+                    position_ids=torch.tensor(pos, device=device)[:, None] + step,
+                    attention_mask=mask, past_key_values=cache, use_cache=True)
+        logits = out.logits.reshape(n * width_t, -1)
+        col = (torch.tensor([len(generated[r]) for r in rows], device=device)[:, None]
+               + step).clamp_(max=max_new_tokens - 1)
+        u = uniforms[torch.tensor(rows, device=device)[:, None], col].reshape(-1, 1)
+        sampled = next_tokens(logits, live_temp.repeat_interleave(width_t), top_p, None,
+                              u=u).view(n, width_t).tolist()
+        stats.steps += 1
+        done = []
+        for j, (r, g, s) in enumerate(zip(rows, guesses, sampled)):
+            m = 0
+            while m < len(g) and s[m] == g[m]:
+                m += 1
+            stats.drafted += len(g)
+            stats.accepted += m
+            valid[j, filled[j]:filled[j] + m + 1] = True  # the fed token and the m kept guesses
+            filled[j] += m + 1
+            pos[j] += m + 1
+            kept = s[:m + 1]
+            drafts[r].extend(kept)
+            pending[j] = kept[-1]
+            done.append(emit(r, kept))
     stats.decode_seconds = time.perf_counter() - t0
     return generated, finish
 

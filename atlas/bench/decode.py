@@ -83,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               f"{st.new_tokens} tokens", flush=True)
 
     run("compact", "compact")
+    run("lookup", "lookup")
     run("graph", "graph")
     if device.startswith("cuda"):
         agent.model.__dict__.pop("_atlas_decode_steps", None)  # the captured graph: dropped

@@ -135,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows = [("islands one by one, peft layers", lambda: one_by_one(False)),
             ("islands one by one, merged copy", lambda: one_by_one(True)),
             ("islands in one batch, merged copy", lambda: batched(True)),
+            ("islands in one batch, lookup", lambda: batched(True, "lookup")),
             ("islands in one batch, graph step", lambda: batched(True, "graph")),
             ("islands in one batch, in-place merge", batched_inplace)]
     out: dict[str, Any] = {"machine": device_line(info), "rows": {}}
