@@ -283,7 +283,8 @@ def test_shared_prompt_path_trains_like_the_per_row_path_with_less_work(referenc
         randomise(model, REF, 5)
         ref_before = get_adapter_state(model, REF)
         cfg = DPOConfig(lr=1e-3, epochs=2, batch_size=2, max_length=64, checkpoints=1,
-                        shared_prompt=shared, gradient_checkpointing=recompute)
+                        shared_prompt=shared, gradient_checkpointing=recompute,
+                        group_by_prompt=False)  # the per-row path's very batches
         res = train_phase(model, tok, pairs, cfg, reference, seed=1)
         assert same(get_adapter_state(model, REF), ref_before)  # the reference stayed frozen
         runs[(shared, recompute)] = (res, get_adapter_state(model, POLICY))
@@ -299,6 +300,43 @@ def test_shared_prompt_path_trains_like_the_per_row_path_with_less_work(referenc
         assert res.metrics["tokens"] < 0.8 * base_res.metrics["tokens"]  # less work
         assert res.metrics["recompute"] == float(key[1])
     assert base_res.metrics["shared_prompt"] == 0.0 and runs[(True, False)][0].metrics["shared_prompt"] == 1.0
+
+
+def test_prompt_batches_put_a_prompts_pairs_together_and_every_pair_once():
+    from atlas.dpo.batching import PromptBatches
+
+    keys = list("aabbbcaaad")  # 5 pairs of a, 3 of b, 1 of c, 1 of d
+    for seed in range(5):
+        sampler = PromptBatches(keys, 2, torch.Generator().manual_seed(seed))
+        batches = list(sampler)
+        assert len(batches) == len(sampler) == 5
+        assert sorted(i for b in batches for i in b) == list(range(10))
+        mixed = [b for b in batches if len({keys[i] for i in b}) > 1]
+        assert len(mixed) <= 2  # only the leftovers (one of a, one of b, c, d) mix
+        again = list(PromptBatches(keys, 2, torch.Generator().manual_seed(seed)))
+        assert again == batches  # seeded
+    orders = {tuple(map(tuple, PromptBatches(keys, 2, torch.Generator().manual_seed(s))))
+              for s in range(5)}
+    assert len(orders) > 1  # and shuffled
+    with pytest.raises(ValueError, match="batch_size"):
+        PromptBatches(keys, 0, torch.Generator())
+
+
+def test_grouped_batches_train_every_pair_in_the_same_steps_with_fewer_prompt_passes():
+    """``dpo.group_by_prompt``: the same number of steps over the same pairs, fewer tokens
+    run (a prompt once per step), and training still lowers the loss."""
+    pairs = shared_prompt_pairs()
+    runs = {}
+    for grouped in (False, True):
+        model, tok = tiny_peft()
+        randomise(model, REF, 5)
+        cfg = DPOConfig(lr=1e-3, epochs=2, batch_size=2, max_length=64, checkpoints=1,
+                        group_by_prompt=grouped)
+        runs[grouped] = train_phase(model, tok, pairs, cfg, "adaptive", seed=1)
+    plain, grouped = runs[False], runs[True]
+    assert len(grouped.history) == len(plain.history) == 10
+    assert grouped.metrics["tokens"] < plain.metrics["tokens"]
+    assert grouped.history[-1]["loss"] < grouped.history[0]["loss"]
 
 
 def test_shared_prompt_groups_cut_prompt_once_and_match_row_logps():

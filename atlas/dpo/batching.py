@@ -9,7 +9,8 @@ right-padded so that positions stay 0..n-1 without passing position ids.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -139,6 +140,42 @@ class SharedPromptCollator:
         return {"groups": groups, "slots": torch.tensor(flat, dtype=torch.long),
                 "index": torch.tensor([int(i) for i in indices], dtype=torch.long),
                 "tokens": tokens}
+
+
+class PromptBatches:
+    """A DataLoader ``batch_sampler`` over pair indices that puts pairs of one prompt in one
+    batch where it can, so the shared-prompt step runs that prompt once, not once per pair
+    (a phase's pairs come from a few prompts several times longer than a completion).
+
+    Each epoch: a seeded shuffle of the pairs; each prompt's pairs, in that order, fill
+    batches of ``batch_size``; the pairs left over (fewer than a batch per prompt) are
+    batched together in that order; then the batches run in a shuffled order. Every pair
+    once an epoch, ``ceil(n / batch_size)`` steps, as a plain shuffle; only which pairs
+    share a step differs (``dpo.group_by_prompt``).
+    """
+
+    def __init__(self, keys: Sequence[Hashable], batch_size: int,
+                 generator: torch.Generator) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.keys, self.batch_size, self.generator = list(keys), batch_size, generator
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.keys) / self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        bs = self.batch_size
+        buckets: dict[Hashable, list[int]] = {}
+        for i in torch.randperm(len(self.keys), generator=self.generator).tolist():
+            buckets.setdefault(self.keys[i], []).append(i)
+        batches, rest = [], []
+        for members in buckets.values():
+            full = len(members) - len(members) % bs
+            batches += [members[j:j + bs] for j in range(0, full, bs)]
+            rest += members[full:]
+        batches += [rest[j:j + bs] for j in range(0, len(rest), bs)]
+        for b in torch.randperm(len(batches), generator=self.generator).tolist():
+            yield batches[b]
 
 
 class IndexedPairCollator(PairCollator):

@@ -67,6 +67,10 @@ class DPOConfig:
     """Run each prompt once per step for all its completions (chosen and rejected share it)
     and the reference once per phase (a table), instead of every (prompt, completion) row in
     full at every step; same losses (``atlas/dpo/prefix.py``). false: the per-row path."""
+    group_by_prompt: Bool = True
+    """Shared-prompt path: batch pairs of one prompt together where possible (then the
+    prompt runs once a step, not once per pair); every pair once an epoch, the same number
+    of steps; false: a plain shuffle (``atlas.dpo.batching.PromptBatches``)."""
     padded: Annotated[bool | str, BeforeValidator(_bool_or_auto)] = "auto"
     """Shared-prompt path: a prompt's completions run as one right-padded batch after it
     instead of one unpadded row each; the same log-probs within float rounding, fewer and

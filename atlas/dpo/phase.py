@@ -24,7 +24,7 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.utils.data import DataLoader
 
 from atlas.agent.adapters import POLICY, get_adapter_state
-from atlas.dpo.batching import IndexedPairCollator, SharedPromptCollator
+from atlas.dpo.batching import IndexedPairCollator, PromptBatches, SharedPromptCollator
 from atlas.dpo.callbacks import PolicySnapshotCallback, snapshot_steps
 from atlas.dpo.config import DPOConfig
 from atlas.dpo.module import DPOModule
@@ -146,7 +146,7 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     # group (transformers' checkpointing drops the prompt's KV cache in training)
     trainer = _fit(model, module, collate, len(chosen), cfg, seed=seed, device=device,
                    callbacks=[snaps], was_training=was_training,
-                   hf_checkpointing=recompute and not cfg.shared_prompt)
+                   hf_checkpointing=recompute and not cfg.shared_prompt, encoded=encoded)
     outcome = reference_callback.outcome if reference_callback is not None else None
     # DPO's own time: the reference's decision at the end of the fit is the gate's
     seconds = time.perf_counter() - t0 - (outcome.seconds if outcome is not None else 0.0)
@@ -195,7 +195,7 @@ def _collation(model, tokenizer, chosen: list[PreferencePair], cfg: DPOConfig
 
 def _fit(model, module: DPOModule, collate: Any, n_pairs: int, cfg: DPOConfig, *, seed: int,
          device: torch.device, callbacks: list[pl.Callback], was_training: bool,
-         hf_checkpointing: bool) -> pl.Trainer:
+         hf_checkpointing: bool, encoded: list | None = None) -> pl.Trainer:
     """One Lightning fit of ``cfg.epochs`` epochs, seeded with ``seed`` under a forked RNG
     (the caller's global RNG state is left as it was); the model ends where it started."""
     accelerator = "gpu" if device.type == "cuda" else "cpu"
@@ -203,8 +203,15 @@ def _fit(model, module: DPOModule, collate: Any, n_pairs: int, cfg: DPOConfig, *
     with torch.random.fork_rng(devices=fork_devices), _quiet_lightning():
         torch.manual_seed(seed)
         # a dataset of pair indices: the same shuffle, so the same batches, on either path
-        loader = DataLoader(list(range(n_pairs)), batch_size=cfg.batch_size, shuffle=True,
-                            collate_fn=collate, generator=torch.Generator().manual_seed(seed))
+        # (grouped by prompt: the shared-prompt path's own batches)
+        generator = torch.Generator().manual_seed(seed)
+        if encoded is not None and cfg.group_by_prompt:
+            loader = DataLoader(list(range(n_pairs)), collate_fn=collate, batch_sampler=
+                                PromptBatches([g.prompt for g in encoded], cfg.batch_size,
+                                              generator))
+        else:
+            loader = DataLoader(list(range(n_pairs)), batch_size=cfg.batch_size, shuffle=True,
+                                collate_fn=collate, generator=generator)
         trainer = pl.Trainer(
             accelerator=accelerator, devices=[device.index or 0] if accelerator == "gpu" else 1,
             strategy=StayOnDevice(device=device),
