@@ -578,6 +578,35 @@ def test_grouped_step_attention_samples_what_the_layer_forward_samples(monkeypat
     assert len({tuple(r) for r in runs["grouped"]}) > 1  # the rows differ: a real comparison
 
 
+def test_lookup_reads_grouped_query_heads_in_place_and_samples_the_compact_tokens():
+    """On a model whose query heads share KV heads (the 1B's shape shrunk, fp32) the lookup
+    pass runs SDPA with ``enable_gqa`` (K and V not copied per query head) and still gives
+    the compact loop's tokens for the same uniforms; the switch is off again afterwards."""
+    import os
+
+    from atlas.agent.sampling import _GQA_SWITCH, sample_requests
+
+    agent = ResearchAgent(model_settings("llama3_1b_shape", hidden_size=64, num_layers=2,
+                                         num_heads=8, dtype="float32"), seed=0)
+    _perturb(agent, POLICY, seed=6, scale=0.5)
+    assert agent.model.config.num_attention_heads == 4 * agent.model.config.num_key_value_heads
+    uniforms = torch.rand((7, 24), generator=torch.Generator().manual_seed(11))
+    kw = {"top_p": 0.9, "max_new_tokens": 24, "uniforms": uniforms}
+    assert _GQA_SWITCH not in os.environ
+    seen = []
+    import transformers.integrations.sdpa_attention as sdpa
+
+    real = sdpa.use_gqa_in_sdpa
+    sdpa.use_gqa_in_sdpa = lambda *a: seen.append(real(*a)) or seen[-1]
+    try:
+        out = {path: sample_requests(agent.model, agent.tokenizer, _islands(agent), path=path,
+                                     **kw)[0] for path in ("compact", "lookup")}
+    finally:
+        sdpa.use_gqa_in_sdpa = real
+    assert out["lookup"] == out["compact"] and len({tuple(r) for r in out["lookup"]}) > 1
+    assert True in seen and _GQA_SWITCH not in os.environ
+
+
 def test_a_layer_the_grouped_step_cannot_stand_in_for_runs_its_own_forward(agent, monkeypatch):
     from atlas.agent import graph_step
     from atlas.agent.sampling import sample_requests

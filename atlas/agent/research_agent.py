@@ -63,8 +63,8 @@ class ResearchAgent:
         self.model.eval()
         self.attention = choose_attention(self.device)
         self.last_stats: SampleStats | None = None
-        #: ``sampling``'s decode path: auto (a CUDA graph on CUDA, compact rows on the CPU),
-        #: compact or graph; each call's ``last_stats.path`` says which one ran
+        #: ``sampling``'s decode path: auto (a CUDA graph on CUDA, prompt lookup on the CPU),
+        #: lookup, compact or graph; each call's ``last_stats.path`` says which one ran
         self.decode_path = "auto"
         # generate(on_done=...) reports each finished row while the others decode
         self.streams_results = True
