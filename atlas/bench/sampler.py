@@ -4,10 +4,14 @@ A round of the CPU experiment serves 2 islands x 4 samples (``--islands``, ``--s
 from the bandit's seed prompt at each island's temperature. Rows, measured in one run on one
 machine (printed first) with the same prompts and seeds:
 
-- ``islands one by one, peft layers``: the sampler as it was, LoRA through peft;
-- ``islands one by one, merged copy``: LoRA folded into a weight copy (``merged_lora``);
-- ``islands in one batch, merged copy``: the run's default on the CPU (``explore.batch_islands``,
-  the ``compact`` decode path: finished rows leave the batch);
+- ``islands one by one, peft layers``: one token a step (the ``compact`` path), LoRA through
+  peft;
+- ``islands one by one, merged copy``: the same, LoRA folded into a weight copy
+  (``merged_lora``);
+- ``islands in one batch, merged copy``: the islands as one batch (``explore.batch_islands``),
+  the ``compact`` path (finished rows leave the batch);
+- ``islands in one batch, lookup``: the run's default on the CPU, the ``lookup`` path
+  (prompt-lookup guesses verified in one pass; ``atlas.agent.lookup``);
 - ``islands in one batch, graph step``: the ``graph`` decode path (``atlas.agent.graph_step``:
   fixed batch shape, the host looks every 8 steps), the default on CUDA (a CUDA graph there);
 - ``islands in one batch, in-place merge``: peft's ``merge_adapter`` before decoding and
@@ -100,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     def one_by_one(merge: bool) -> tuple[int, float]:
         tokens = seconds = 0.0
         for r in requests:
-            _, st = sample_requests(model, tok, [r], pack=merge, **kw)
+            _, st = sample_requests(model, tok, [r], pack=merge, path="compact", **kw)
             tokens, seconds = tokens + st.new_tokens, seconds + st.seconds
         return int(tokens), seconds
 
