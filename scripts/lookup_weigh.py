@@ -1,0 +1,146 @@
+"""What the lookup decode path stands on, measured three ways (docs/results.md, "Decoding by
+prompt lookup"):
+
+    python scripts/lookup_weigh.py replay <run dir> [--guess 4,8,12,16]
+    python scripts/lookup_weigh.py cost [--rows 1,4] [--width 1,5,9,13,17]
+    python scripts/lookup_weigh.py gqa [--repeats 2]
+
+``replay``: a run's agent completions replayed against ``atlas.agent.lookup.Drafts`` (the
+recorded tokens, guesses from the recorded prompts): tokens a pass would yield, no model run.
+``cost``: SmolLM2 (bf16 where native) forward of ``width`` tokens per row over an
+800-token cache, merged and packed as the sampler runs it: what a pass costs against a
+one-token step. ``gqa``: one round's shape on the lookup path with transformers'
+grouped-query switch off and on, alternating: seconds, and whether the completions agree.
+Timings belong to one machine: run them with nothing else running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+
+def _agent():
+    import torch
+
+    from atlas.agent.research_agent import ResearchAgent
+    from atlas.bench.machine import bench_model_cfg
+    from atlas.schema import ModelConfig
+
+    torch.set_num_threads(2)
+    return ResearchAgent(ModelConfig.from_cfg(bench_model_cfg("smollm2", dtype="auto")),
+                         device="cpu", seed=0)
+
+
+def replay(run: Path, guesses: list[int]) -> None:
+    from atlas.agent.lookup import Drafts
+
+    tok = _agent().tokenizer
+    rows = [json.loads(line) for line in (run / "programs.jsonl").read_text().splitlines()]
+    seqs = []
+    for r in rows:
+        if r["source"] != "agent":
+            continue
+        prompt = tok(r["prompt"], add_special_tokens=False)["input_ids"]
+        comp = tok(r["completion"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        seqs.append((prompt, comp[:320]))
+    for k in guesses:
+        tokens = passes = 0
+        for prompt, comp in seqs:
+            d, t = Drafts(prompt), 0
+            while t < len(comp):
+                g = d.guess(k)
+                m = 0
+                while m < len(g) and t + m < len(comp) and g[m] == comp[t + m]:
+                    m += 1
+                kept = comp[t:t + m + 1]
+                d.extend(kept)
+                t, passes = t + len(kept), passes + 1
+            tokens += len(comp)
+        print(f"guesses of {k:2d}: {tokens} tokens in {passes} passes, "
+              f"{tokens / passes:.2f} tokens a pass ({len(seqs)} completions)")
+
+
+def cost(rows: list[int], widths: list[int]) -> None:
+    import torch
+    from transformers import DynamicCache
+
+    from atlas.agent.fastlinear import merged_lora, packed_linears
+
+    agent = _agent()
+    m = agent.model
+    with torch.inference_mode(), packed_linears(m, enabled=True), merged_lora(m, enabled=True):
+        for n in rows:
+            cache = DynamicCache()
+            m(input_ids=torch.randint(100, 1000, (n, 800)), past_key_values=cache,
+              use_cache=True, logits_to_keep=1)
+            for w in widths:
+                x = torch.randint(100, 1000, (n, w))
+
+                pos = torch.arange(800, 800 + w)[None].expand(n, -1)
+                for i in range(9):  # one warm-up pass, then 8 timed
+                    if i == 1:
+                        t = time.perf_counter()
+                    for layer in cache.layers:  # back to the 800-token cache
+                        layer.keys, layer.values = layer.keys[:, :, :800], layer.values[:, :, :800]
+                    m(input_ids=x, position_ids=pos, past_key_values=cache, use_cache=True)
+                ms = (time.perf_counter() - t) / 8 * 1000
+                print(f"rows {n} width {w:2d}: {ms:6.1f} ms a pass", flush=True)
+
+
+def gqa(repeats: int) -> None:
+    import torch
+
+    import atlas.agent.sampling as sampling
+    from atlas.agent.adapters import POLICY, adapter_params
+    from atlas.agent.sampling import _GQA_SWITCH, _grouped_query_sdpa, sample_requests
+    from atlas.bench.sampler import _requests
+    from atlas.evolution.explorer import STOP
+
+    agent = _agent()
+    gen = torch.Generator().manual_seed(0)  # the sampler bench's trained-looking adapter
+    with torch.no_grad():
+        for p in adapter_params(agent.model, POLICY).values():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    requests = _requests(agent, 2, 4, 0)
+    outs = {}
+    for _ in range(repeats):
+        for on in (False, True):
+            sampling._grouped_query_sdpa = (_grouped_query_sdpa if on else
+                                            lambda enabled: _grouped_query_sdpa(False))
+            out, st = sample_requests(agent.model, agent.tokenizer, requests, top_p=0.95,
+                                      max_new_tokens=320, stop=STOP, path="lookup")
+            outs[on] = out
+            print(f"grouped-query switch {'on ' if on else 'off'}: {st.new_tokens} tokens in "
+                  f"{st.seconds:.2f} s", flush=True)
+    sampling._grouped_query_sdpa = _grouped_query_sdpa
+    assert _GQA_SWITCH not in os.environ
+    print("the same completions:", outs[False] == outs[True])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    r = sub.add_parser("replay")
+    r.add_argument("run", type=Path)
+    r.add_argument("--guess", default="4,8,12,16")
+    c = sub.add_parser("cost")
+    c.add_argument("--rows", default="1,4")
+    c.add_argument("--width", default="1,5,9,13,17")
+    g = sub.add_parser("gqa")
+    g.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+    if args.what == "replay":
+        replay(args.run, ints(args.guess))
+    elif args.what == "cost":
+        cost(ints(args.rows), ints(args.width))
+    else:
+        gqa(args.repeats)
+
+
+if __name__ == "__main__":
+    main()
