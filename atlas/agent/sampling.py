@@ -111,11 +111,13 @@ class SampleStats:
 class _BufferLayer(DynamicLayer):
     """A KV layer backed by a preallocated buffer; ``update`` writes in place, returns a view."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int,
+                 zeros: bool = False) -> None:
         super().__init__()
         b, h, n, d = keys.shape
-        self.kbuf = keys.new_empty((b, h, capacity, d))
-        self.vbuf = values.new_empty((b, h, capacity, d))
+        alloc = keys.new_zeros if zeros else keys.new_empty
+        self.kbuf = alloc((b, h, capacity, d))
+        self.vbuf = alloc((b, h, capacity, d))
         self.kbuf[:, :, :n].copy_(keys)
         self.vbuf[:, :, :n].copy_(values)
         self.length = n
@@ -146,39 +148,23 @@ class _BufferLayer(DynamicLayer):
         self._views()
 
 
-class _RaggedLayer(DynamicLayer):
+class _RaggedLayer(_BufferLayer):
     """A KV layer whose rows keep their own lengths (the lookup path): a pass writes each
     row's new keys and values at that row's ``slots`` and attention reads the buffer up to
-    ``span`` under the pass's mask, so a row's rejected guesses are simply overwritten."""
+    ``length`` (set per pass) under the pass's mask, so a row's rejected guesses are simply
+    overwritten. Zeros, not empty: a masked slot weighs 0 in attention, and 0 * NaN is NaN."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
-        super().__init__()
-        b, h, n, d = keys.shape
-        # zeros, not empty: a masked slot weighs 0 in attention, and 0 * NaN is NaN
-        self.kbuf = keys.new_zeros((b, h, capacity, d))
-        self.vbuf = values.new_zeros((b, h, capacity, d))
-        self.kbuf[:, :, :n].copy_(keys)
-        self.vbuf[:, :, :n].copy_(values)
-        self.span, self.slots = n, None
-        self.dtype, self.device = keys.dtype, keys.device
-        self.is_initialized = True
-        self.keys, self.values = self.kbuf[:, :, :n], self.vbuf[:, :, :n]
+        super().__init__(keys, values, capacity, zeros=True)
+        self.slots: torch.Tensor | None = None
 
     def update(self, key_states, value_states, *args, **kwargs):
         at = self.slots[:, None, :, None].expand(-1, key_states.shape[1], -1,
                                                  key_states.shape[-1])
         self.kbuf.scatter_(2, at, key_states.to(self.kbuf.dtype))
         self.vbuf.scatter_(2, at, value_states.to(self.vbuf.dtype))
-        self.keys = self.kbuf[:, :, : self.span]
-        self.values = self.vbuf[:, :, : self.span]
+        self._views()
         return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.span
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.kbuf = self.kbuf.index_select(0, indices)
-        self.vbuf = self.vbuf.index_select(0, indices)
 
 
 def next_tokens(logits: torch.Tensor, temperature: float | torch.Tensor, top_p: float,
@@ -458,14 +444,16 @@ def _graph_parts(model, want: str, batch: _Batch, stats: SampleStats) -> dict | 
     return parts
 
 
-def _try_graph(model, tokenizer: PreTrainedTokenizerBase, parts: dict, batch: _Batch,
-               on_done: Callable[[int, str], None] | None,
-               threads: Callable[[], int] | None, stats: SampleStats,
-               uniforms: torch.Tensor | None) -> tuple[list[list[int]], list[str]] | None:
-    """The graph path's tokens and finish reasons; None when it failed before it returned
-    them and before it handed any row on (the model is marked, the streams rewound,
-    ``stats.fallback`` says why)."""
+Decoded = tuple[list[list[int]], list[str]]  # each row's tokens, each row's finish reason
 
+
+def _guarded(name: str, batch: _Batch, on_done: Callable[[int, str], None] | None,
+             stats: SampleStats, decode: Callable[[Callable[[int, str], None]], Decoded]
+             ) -> tuple[Decoded | None, str]:
+    """Run a decode path that may fail: ``decode(report)`` hands finished rows on through
+    ``report``. On a failure before any row was handed on, the streams are rewound,
+    ``stats.fallback`` says why and (None, why) is returned, so the compact path can run;
+    after one, the error stands (a second decode would hand rows on twice)."""
     states = [g.get_state() for g in batch.gens]
     reported: list[int] = []
 
@@ -474,31 +462,51 @@ def _try_graph(model, tokenizer: PreTrainedTokenizerBase, parts: dict, batch: _B
         if on_done is not None:
             on_done(row, text)
 
-    result = None
-    t0 = time.perf_counter()
     try:
+        return decode(report), ""
+    except Exception as e:  # noqa: BLE001 - the run goes on, compact, and says why
+        if reported or isinstance(e, (KeyboardInterrupt, MemoryError)):
+            raise
+        stats.fallback = f"{name} path failed ({type(e).__name__}: {e})"[:300]
+        for g, state in zip(batch.gens, states):
+            g.set_state(state)
+        return None, stats.fallback
+
+
+def _try_graph(model, tokenizer: PreTrainedTokenizerBase, parts: dict, batch: _Batch,
+               on_done: Callable[[int, str], None] | None,
+               threads: Callable[[], int] | None, stats: SampleStats,
+               uniforms: torch.Tensor | None) -> Decoded | None:
+    """The graph path's tokens and finish reasons; None when it failed before it returned
+    them and before it handed any row on (the model is marked, the streams rewound,
+    ``stats.fallback`` says why)."""
+
+    def decode(report: Callable[[int, str], None]) -> Decoded:
+        t0 = time.perf_counter()
         with static_weights(model) as (allocated, _):
             stats.merged = True
             stats.setup_seconds = time.perf_counter() - t0
             prefilled = _prefilled(model, tokenizer, batch.requests, batch.streams,
                                    batch.counts, batch.device, stats)
-            table = uniforms if uniforms is not None else _stream_table(
-                batch.gens, batch.counts, batch.streams, batch.stream_temp,
-                batch.max_new_tokens, batch.device)
-            result = _graph_loop(
+            return _graph_loop(
                 model, tokenizer, parts, prefilled, batch.max_new_tokens, batch.top_p,
                 batch.stop, report, threads, stats, batch.row_temp, batch.eos_ids,
-                table.to(batch.device), fresh_weights=allocated > 0)
-    except Exception as e:  # noqa: BLE001 - the run goes on, compact, and says why
-        if reported or isinstance(e, (KeyboardInterrupt, MemoryError)):
-            raise  # rows were already handed on: a second decode would repeat them
-        why = f"graph path failed ({type(e).__name__}: {e})"[:300]
+                _table(batch, uniforms), fresh_weights=allocated > 0)
+
+    result, why = _guarded("graph", batch, on_done, stats, decode)
+    if why:
         model.__dict__[_BROKEN_ATTR] = why  # not tried again in this process
         model.__dict__.pop(_STEPS_ATTR, None)
-        stats.fallback = why
-        for g, state in zip(batch.gens, states):
-            g.set_state(state)
     return result
+
+
+def _table(batch: _Batch, uniforms: torch.Tensor | None) -> torch.Tensor:
+    """The (rows, max_new_tokens) uniforms a fixed-table path draws from: the caller's, or
+    each stream's drawn up front (``_stream_table``)."""
+    table = uniforms if uniforms is not None else _stream_table(
+        batch.gens, batch.counts, batch.streams, batch.stream_temp, batch.max_new_tokens,
+        batch.device)
+    return table.to(batch.device)
 
 
 _GQA_SWITCH = "TRANSFORMERS_SDPA_FORCE_GQA"
@@ -531,40 +539,28 @@ def _grouped_query_sdpa(enabled: bool) -> Iterator[None]:
 def _try_lookup(model, tokenizer: PreTrainedTokenizerBase, batch: _Batch, pack: bool,
                 on_done: Callable[[int, str], None] | None,
                 threads: Callable[[], int] | None, stats: SampleStats,
-                uniforms: torch.Tensor | None) -> tuple[list[list[int]], list[str]] | None:
+                uniforms: torch.Tensor | None) -> Decoded | None:
     """The lookup path's tokens and finish reasons; None when it failed before it handed
     any row on (the streams rewound, ``stats.fallback`` says why: the compact path runs)."""
-    states = [g.get_state() for g in batch.gens]
-    reported: list[int] = []
 
-    def report(row: int, text: str) -> None:
-        reported.append(row)
-        if on_done is not None:
-            on_done(row, text)
-
-    stats.path = "lookup"
-    try:
+    def decode(report: Callable[[int, str], None]) -> Decoded:
         with packed_linears(model, enabled=pack) as stats.packed, \
                 merged_lora(model, enabled=pack) as stats.merged:
             prefilled = _prefilled(model, tokenizer, batch.requests, batch.streams,
                                    batch.counts, batch.device, stats)
-            table = uniforms if uniforms is not None else _stream_table(
-                batch.gens, batch.counts, batch.streams, batch.stream_temp,
-                batch.max_new_tokens, batch.device)
             prompts = [list(tokenizer(r.prompt, add_special_tokens=False)["input_ids"])
                        for r in batch.requests]
             contexts = [prompts[j] for j, n in enumerate(batch.counts) for _ in range(n)]
             return _lookup_loop(model, tokenizer, prefilled, contexts, batch.max_new_tokens,
                                 batch.top_p, batch.stop, report, threads, stats,
-                                batch.row_temp, batch.eos_ids, table, DRAFT_TOKENS)
-    except Exception as e:  # noqa: BLE001 - the run goes on, compact, and says why
-        if reported or isinstance(e, (KeyboardInterrupt, MemoryError)):
-            raise  # rows were already handed on: a second decode would repeat them
-        stats.fallback = f"lookup path failed ({type(e).__name__}: {e})"[:300]
+                                batch.row_temp, batch.eos_ids, _table(batch, uniforms),
+                                DRAFT_TOKENS)
+
+    stats.path = "lookup"
+    result, why = _guarded("lookup", batch, on_done, stats, decode)
+    if why:
         stats.steps = stats.drafted = stats.accepted = 0
-        for g, state in zip(batch.gens, states):
-            g.set_state(state)
-    return None
+    return result
 
 
 def _decode_compact(model, tokenizer: PreTrainedTokenizerBase, batch: _Batch, pack: bool,
@@ -803,7 +799,7 @@ def _lookup_loop(model, tokenizer: PreTrainedTokenizerBase, pre: _Prefilled,
             mask = torch.zeros(mask.shape, dtype=pre.keys[0].dtype, device=device).masked_fill_(
                 ~mask, torch.finfo(pre.keys[0].dtype).min)
         for layer in cache.layers:
-            layer.slots, layer.span = slots, span
+            layer.slots, layer.length = slots, span
         with _grouped_query_sdpa(device.type == "cpu" and width_t > 1):
             out = model(input_ids=torch.tensor(ids, device=device),
                         position_ids=torch.tensor(pos, device=device)[:, None] + step,
