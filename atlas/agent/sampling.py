@@ -4,7 +4,9 @@ Why not ``model.generate``: the n samples of one prompt share the prompt, so we 
 once and copy its KV cache n times; rows that finish (EOS or a stop string) leave the batch
 instead of decoding padding; the KV cache is a preallocated buffer (no ``torch.cat`` per
 step); sampling draws one uniform per row instead of ``multinomial`` over the vocabulary;
-and bf16 linear layers run on pre-packed oneDNN weights (``fastlinear``).
+and bf16 linear layers run on pre-packed oneDNN weights (``fastlinear``). On the CPU a pass
+feeds each row guessed tokens as well (prompt lookup, ``atlas.agent.lookup``) and keeps the
+sampler's own draws up to the first that differs: several tokens a pass, the same tokens.
 Tokens/s counts only real generated tokens.
 """
 
