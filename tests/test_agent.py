@@ -393,10 +393,13 @@ def _islands(agent: ResearchAgent):
 
 
 @pytest.mark.parametrize("top_p", [0.9, 1.0])
-def test_graph_step_gives_the_compact_tokens_for_the_same_uniforms(agent, top_p):
-    """Fixed batch shape, finished rows masked, EOS and stop strings read every few steps:
-    token for token what the compact loop gives for the same uniforms (tiny fp32 model,
-    padded batch, islands with their own temperatures, a greedy one among them)."""
+@pytest.mark.parametrize("path", ["graph", "lookup"])
+def test_a_path_gives_the_compact_tokens_for_the_same_uniforms(agent, path, top_p):
+    """``graph``: fixed batch shape, finished rows masked, EOS and stop strings read every
+    few steps; ``lookup``: guessed tokens verified in one pass. Each gives token for token
+    what the compact loop gives for the same uniforms (tiny fp32 model, padded batch,
+    islands with their own temperatures, a greedy one among them) and hands on the same
+    rows; the lookup path in no more passes, fewer whenever a guess was kept."""
     from atlas.agent.sampling import sample_requests
 
     _perturb(agent, POLICY, seed=5, scale=0.5)
@@ -404,19 +407,23 @@ def test_graph_step_gives_the_compact_tokens_for_the_same_uniforms(agent, top_p)
     n = 40
     uniforms = torch.rand((7, n), generator=torch.Generator().manual_seed(3))
     out, stats = {}, {}
-    for path in ("compact", "graph"):
+    for kind in ("compact", path):
         seen: dict[int, str] = {}
-        out[path], stats[path] = sample_requests(
+        out[kind], stats[kind] = sample_requests(
             agent.model, agent.tokenizer, requests, top_p=top_p, max_new_tokens=n, stop=stop,
-            uniforms=uniforms, path=path, on_done=lambda row, text, s=seen: s.update({row: text}))
-        stats[path].seen = seen
-    c, g = stats["compact"], stats["graph"]
-    assert (c.path, g.path) == ("compact", "graph") and not g.fallback
-    assert out["graph"] == out["compact"]
-    assert g.finish == c.finish and g.new_tokens == c.new_tokens and g.steps == c.steps
+            uniforms=uniforms, path=kind, on_done=lambda row, text, s=seen: s.update({row: text}))
+        stats[kind].seen = seen
+    c, g = stats["compact"], stats[path]
+    assert (c.path, g.path) == ("compact", path) and not g.fallback
+    assert out[path] == out["compact"]
+    assert g.finish == c.finish and g.new_tokens == c.new_tokens
     assert {"eos", "stop"} <= set(c.finish)  # rows really ended early, both ways
     assert g.seen == c.seen and len(c.seen) >= 3
     assert len(set(out["compact"][0])) > 1 and out["compact"][2][0] == out["compact"][2][1]
+    if path == "graph":
+        assert g.steps == c.steps
+    else:
+        assert 0 < g.accepted < g.drafted and g.steps <= c.steps
 
 
 def test_graph_step_follows_each_stream_until_a_row_ends(agent):
@@ -437,33 +444,6 @@ def test_graph_step_follows_each_stream_until_a_row_ends(agent):
     requests = _islands(agent)
     assert (sample_requests(agent.model, agent.tokenizer, requests, path="compact", **kw)[0]
             == sample_requests(agent.model, agent.tokenizer, requests, path="graph", **kw)[0])
-
-
-@pytest.mark.parametrize("top_p", [0.9, 1.0])
-def test_lookup_path_gives_the_compact_tokens_for_the_same_uniforms(agent, top_p):
-    """Guessed tokens verified in one pass: token for token what the one-token loop draws
-    for the same uniforms (tiny fp32 model, padded batch, islands with their own
-    temperatures, a greedy one among them, rows ending on EOS and stop strings), and the
-    same rows handed on, in fewer passes whenever a guess was kept."""
-    from atlas.agent.sampling import sample_requests
-
-    _perturb(agent, POLICY, seed=5, scale=0.5)
-    stop, requests = _finishing(agent), _islands(agent)
-    n = 40
-    uniforms = torch.rand((7, n), generator=torch.Generator().manual_seed(3))
-    out, stats = {}, {}
-    for path in ("compact", "lookup"):
-        seen: dict[int, str] = {}
-        out[path], stats[path] = sample_requests(
-            agent.model, agent.tokenizer, requests, top_p=top_p, max_new_tokens=n, stop=stop,
-            uniforms=uniforms, path=path, on_done=lambda row, text, s=seen: s.update({row: text}))
-        stats[path].seen = seen
-    c, lk = stats["compact"], stats["lookup"]
-    assert (c.path, lk.path) == ("compact", "lookup") and not lk.fallback
-    assert out["lookup"] == out["compact"]
-    assert lk.finish == c.finish and lk.new_tokens == c.new_tokens
-    assert {"eos", "stop"} <= set(c.finish) and lk.seen == c.seen and len(c.seen) >= 3
-    assert 0 < lk.accepted < lk.drafted and lk.steps <= c.steps
 
 
 def test_lookup_path_keeps_guesses_on_repetitive_text_and_follows_the_graph_path(agent):
