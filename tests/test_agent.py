@@ -431,19 +431,30 @@ def test_graph_step_follows_each_stream_until_a_row_ends(agent):
     order: until a row ends early (then the compact path's later rows of that stream draw
     one uniform fewer), the very tokens of the compact path (``sample`` and
     ``sample_requests``, greedy and sampled)."""
+    for st in _same_seeded_output(agent, "compact", "graph", 16):
+        assert st.finish == ["length"] * 6
+
+
+def _same_seeded_output(agent: ResearchAgent, first: str, second: str, max_new_tokens: int):
+    """Assert two decode paths give the same completions from the same seeds (``sample``,
+    greedy and sampled, two padded prompts; ``sample_requests`` over three islands); the
+    second path's stats of the ``sample`` calls."""
     from atlas.agent.sampling import sample_requests
 
     prompts = [_prompt(agent, "x"), _prompt(agent, "a longer, padded prompt")]
-    kw = {"top_p": 0.95, "max_new_tokens": 16}
+    kw = {"top_p": 0.95, "max_new_tokens": max_new_tokens}
+    stats = []
     for temperature in (0.0, 0.8):
         a = sample(agent.model, agent.tokenizer, prompts, 3, temperature=temperature, seed=4,
-                   path="compact", **kw)[0]
+                   path=first, **kw)[0]
         b, st = sample(agent.model, agent.tokenizer, prompts, 3, temperature=temperature,
-                       seed=4, path="graph", **kw)
-        assert a == b and st.path == "graph" and st.finish == ["length"] * 6
+                       seed=4, path=second, **kw)
+        assert a == b and st.path == second
+        stats.append(st)
     requests = _islands(agent)
-    assert (sample_requests(agent.model, agent.tokenizer, requests, path="compact", **kw)[0]
-            == sample_requests(agent.model, agent.tokenizer, requests, path="graph", **kw)[0])
+    assert (sample_requests(agent.model, agent.tokenizer, requests, path=first, **kw)[0]
+            == sample_requests(agent.model, agent.tokenizer, requests, path=second, **kw)[0])
+    return stats
 
 
 def test_lookup_path_keeps_guesses_on_repetitive_text_and_follows_the_graph_path(agent):
@@ -451,19 +462,7 @@ def test_lookup_path_keeps_guesses_on_repetitive_text_and_follows_the_graph_path
     tokens; with no uniform table it draws each stream's uniforms as the graph path does,
     so both give the same completions (greedy and sampled, ``sample`` and
     ``sample_requests``)."""
-    from atlas.agent.sampling import sample_requests
-
-    prompts = [_prompt(agent, "x"), _prompt(agent, "a longer, padded prompt")]
-    kw = {"top_p": 0.95, "max_new_tokens": 24}
-    for temperature in (0.0, 0.8):
-        a = sample(agent.model, agent.tokenizer, prompts, 3, temperature=temperature, seed=4,
-                   path="graph", **kw)[0]
-        b, st = sample(agent.model, agent.tokenizer, prompts, 3, temperature=temperature,
-                       seed=4, path="lookup", **kw)
-        assert a == b and st.path == "lookup"
-    requests = _islands(agent)
-    assert (sample_requests(agent.model, agent.tokenizer, requests, path="graph", **kw)[0]
-            == sample_requests(agent.model, agent.tokenizer, requests, path="lookup", **kw)[0])
+    _same_seeded_output(agent, "graph", "lookup", 24)
     # an untrained tiny model, greedy, falls into a loop: its own text is the guess
     out, st = sample(agent.model, agent.tokenizer, [_prompt(agent, "ab" * 20)], 1,
                      temperature=0.0, top_p=1.0, max_new_tokens=60, seed=0, path="lookup")
