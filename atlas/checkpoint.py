@@ -22,6 +22,7 @@ import torch
 from hydra.errors import CompactHydraException
 
 from atlas.atomic import write_atomic
+from atlas.interrupt import held
 
 log = logging.getLogger("atlas.checkpoint")
 
@@ -63,11 +64,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save(run_dir: Path, state: dict[str, Any]) -> Path:
     """Write ``state`` atomically under ``run_dir/checkpoint``; on failure (a full disk) the
-    previous checkpoint stays and the temporary file is removed (``atlas.atomic``)."""
+    previous checkpoint stays and the temporary file is removed (``atlas.atomic``). A stop
+    signal waits for the write to end (``atlas.interrupt.held``)."""
     folder = Path(run_dir) / "checkpoint"
     folder.mkdir(parents=True, exist_ok=True)
-    return write_atomic(folder / FILENAME, lambda fh: torch.save(state, fh),
-                        tmp=folder / f".{FILENAME}.{os.getpid()}.tmp", fsync=True)
+    with held():
+        return write_atomic(folder / FILENAME, lambda fh: torch.save(state, fh),
+                            tmp=folder / f".{FILENAME}.{os.getpid()}.tmp", fsync=True)
 
 
 def stale_tmp_files(run_dir: Path) -> list[Path]:

@@ -10,6 +10,9 @@ traceback. Turning both signals into a ``SystemExit`` subclass stops the run ins
 current operation the same way (Lightning re-raises it after its teardown); sandbox workers
 and the W&B run are closed by the ``finally`` blocks on the way out, the caller says so in
 one line, and re-running the same command resumes from the last finished round.
+A stop that arrives while a checkpoint is written is held until the write ends (``held``):
+torch's writer, cut mid-record, replaces the stop with an error of its own, and the round just
+finished would be lost for a write that takes a second.
 Where a signal already has an owner (submitit requeues on USR2 and ignores SIGTERM on
 purpose; a program embedding atlas may handle SIGINT itself), it is left alone.
 """
@@ -50,6 +53,9 @@ class Interrupted(Stopped):
         super().__init__(signal.SIGINT)
 
 
+#: while a ``held`` block runs: the stops that arrived in it, raised when it ends
+_arrived: list[type[Stopped]] | None = None
+
 _RAISES = {signal.SIGTERM: (Terminated, signal.SIG_DFL),
            signal.SIGINT: (Interrupted, signal.default_int_handler)}
 
@@ -63,6 +69,9 @@ def _stop_on(signum: signal.Signals) -> Iterator[bool]:
         return
 
     def _raise(num: int, frame: FrameType | None) -> None:
+        if _arrived is not None:
+            _arrived.append(exc)
+            return
         raise exc()
 
     previous = signal.signal(signum, _raise)
@@ -78,3 +87,21 @@ def stop_on_signals() -> Iterator[dict[str, bool]]:
     with ExitStack() as stack:
         yield {s.name: stack.enter_context(_stop_on(s)) for s in _RAISES}
 
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """Hold stop signals for a short block that must not be cut in half (a checkpoint write);
+    the first stop that arrived is raised when the block ends. An error of the block's own
+    goes on as it is."""
+    global _arrived
+    if _arrived is not None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _arrived = []
+    try:
+        yield
+    finally:
+        arrived, _arrived = _arrived, None
+    if arrived:
+        raise arrived[0]()
