@@ -23,7 +23,7 @@ from atlas.knobs import HARD_BOUNDS
 from atlas.loggers import LoggerSpec, logger_spec
 from atlas.loggers import builtin as builtin_logger
 from atlas.sandbox.isolation import secret_folder
-from atlas.sandbox.secret import missing_secret_message
+from atlas.sandbox.secret import is_secret, missing_secret_message
 from atlas.schema import (
     ConfigError,
     ExploreConfig,
@@ -124,9 +124,20 @@ def check_files(cfg: DictConfig) -> None:
     """The shared secret must exist before a run starts (``sandbox.secret_file``, unless
     ``sandbox.create_secret`` asks for it); the model folder is ``ModelConfig``'s rule."""
     source = cfg.sandbox.get("secret_file")
-    if source and not cfg.sandbox.get("create_secret") \
-            and not Path(os.path.expanduser(str(source))).exists():
+    path = Path(os.path.expanduser(str(source))) if source else None
+    if path is not None and not cfg.sandbox.get("create_secret") and not path.exists():
         raise ConfigError(missing_secret_message(source))
+    if path is not None and path.is_file():  # its content too: a run refuses it mid-start-up
+        try:
+            value = path.read_text().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"sandbox.secret_file={str(source)!r} cannot be read ({e}); "
+                              f"fix its permissions or point it to another file") from None
+        if not is_secret(value):
+            raise ConfigError(f"sandbox.secret_file={str(source)!r} holds no task secret "
+                              f"(64 hex characters); write one with python -c \"import "
+                              f"secrets; print(secrets.token_hex(32))\" > {source}, or point "
+                              f"it to a run folder's .task_secret")
     if source:  # the sandbox masks the secret's folder whole: refused here, not mid-start-up
         try:
             secret_folder(os.path.abspath(os.path.expanduser(str(source))))

@@ -309,6 +309,18 @@ def test_a_missing_secret_file_is_created_only_when_asked(tmp_path) -> None:
     assert run_secret(tmp_path / "run2", str(shared)) == value
 
 
+def test_a_secret_file_without_a_secret_is_one_line_naming_the_field(tmp_path) -> None:
+    bad = tmp_path / "secret.bin"
+    bad.write_bytes(bytes(range(32)))  # raw bytes, not the 64 hex characters a run keeps
+    with pytest.raises(ConfigError) as info:
+        validate(compose_cfg(["experiment=test", f"sandbox.secret_file={bad}"]))
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"sandbox.secret_file='{bad}' holds no task secret")
+    assert "secrets.token_hex(32)" in msg
+    bad.write_text(bytes(range(32)).hex() + "\n")  # the fix the line gives
+    validate(compose_cfg(["experiment=test", f"sandbox.secret_file={bad}"]))
+
+
 @pytest.mark.parametrize("override,fix", [("dpo.betta=0.1", "did you mean dpo.beta?"),
                                           ("explore.roundz=3", "did you mean explore.rounds?")])
 def test_cli_mistyped_field_is_one_line_with_the_closest_field(tmp_path, override, fix) -> None:
