@@ -127,6 +127,11 @@ def check_files(cfg: DictConfig) -> None:
     path = Path(os.path.expanduser(str(source))) if source else None
     if path is not None and not cfg.sandbox.get("create_secret") and not path.exists():
         raise ConfigError(missing_secret_message(source))
+    if source:  # the sandbox masks the secret's folder whole: refused here, not mid-start-up
+        try:
+            secret_folder(os.path.abspath(os.path.expanduser(str(source))))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if path is not None and path.is_file():  # its content too: a run refuses it mid-start-up
         try:
             value = path.read_text().strip()
@@ -138,11 +143,6 @@ def check_files(cfg: DictConfig) -> None:
                               f"(64 hex characters); write one with python -c \"import "
                               f"secrets; print(secrets.token_hex(32))\" > {source}, or point "
                               f"it to a run folder's .task_secret")
-    if source:  # the sandbox masks the secret's folder whole: refused here, not mid-start-up
-        try:
-            secret_folder(os.path.abspath(os.path.expanduser(str(source))))
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
 
 
 # -- settings that leave a method without its mechanism -------------------------------------------
