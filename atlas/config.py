@@ -127,9 +127,9 @@ def check_files(cfg: DictConfig) -> None:
     path = Path(os.path.expanduser(str(source))) if source else None
     if path is not None and not cfg.sandbox.get("create_secret") and not path.exists():
         raise ConfigError(missing_secret_message(source))
-    if source:  # the sandbox masks the secret's folder whole: refused here, not mid-start-up
+    if path is not None:  # the sandbox masks the secret's folder whole: refused here
         try:
-            secret_folder(os.path.abspath(os.path.expanduser(str(source))))
+            secret_folder(os.path.abspath(path))
         except ValueError as e:
             raise ConfigError(str(e)) from None
     if path is not None and path.is_file():  # its content too: a run refuses it mid-start-up

@@ -88,7 +88,6 @@ def stop_on_signals() -> Iterator[dict[str, bool]]:
         yield {s.name: stack.enter_context(_stop_on(s)) for s in _RAISES}
 
 
-
 @contextmanager
 def held() -> Iterator[None]:
     """Hold stop signals for a short block that must not be cut in half (a checkpoint write);
