@@ -1,16 +1,20 @@
-"""What the lookup decode path stands on, measured three ways (docs/results.md, "Decoding by
-prompt lookup"):
+"""What the lookup decode path stands on, measured four ways (docs/results.md, "Decoding by
+prompt lookup" and "The main command on AVX2 in fp32: the arithmetic floor"):
 
     python scripts/lookup_weigh.py replay <run dir> [--guess 4,8,12,16]
-    python scripts/lookup_weigh.py cost [--rows 1,4] [--width 1,5,9,13,17]
+    python scripts/lookup_weigh.py [--dtype float32] cost [--rows 1,4] [--width 1,5,9,13,17]
     python scripts/lookup_weigh.py gqa [--repeats 2]
+    python scripts/lookup_weigh.py [--dtype float32] drafts [--guess 12,6,4,2] [--repeats 2]
 
 ``replay``: a run's agent completions replayed against ``atlas.agent.lookup.Drafts`` (the
 recorded tokens, guesses from the recorded prompts): tokens a pass would yield, no model run.
 ``cost``: SmolLM2 (bf16 where native) forward of ``width`` tokens per row over an
 800-token cache, merged and packed as the sampler runs it: what a pass costs against a
-one-token step. ``gqa``: one round's shape on the lookup path with transformers'
-grouped-query switch off and on, alternating: seconds, and whether the completions agree.
+one-token step (its cache is a ``DynamicCache``, which copies the 800 tokens on every pass,
+where the sampler writes into buffers: its figures compare machines and days, not pass
+widths). ``gqa``: one round's shape on the lookup path with transformers' grouped-query
+switch off and on, alternating: seconds, and whether the completions agree. ``drafts``: one
+round's shape at each guess length (``atlas.agent.lookup.DRAFT_TOKENS``), alternating.
 Timings belong to one machine: run them with nothing else running.
 """
 
@@ -22,6 +26,8 @@ import os
 import time
 from pathlib import Path
 
+DTYPE = "auto"  # --dtype: the model's dtype (auto: what a run on this machine picks)
+
 
 def _agent():
     import torch
@@ -31,7 +37,7 @@ def _agent():
     from atlas.schema import ModelConfig
 
     torch.set_num_threads(2)
-    return ResearchAgent(ModelConfig.from_cfg(bench_model_cfg("smollm2", dtype="auto")),
+    return ResearchAgent(ModelConfig.from_cfg(bench_model_cfg("smollm2", dtype=DTYPE)),
                          device="cpu", seed=0)
 
 
@@ -91,21 +97,28 @@ def cost(rows: list[int], widths: list[int]) -> None:
                 print(f"rows {n} width {w:2d}: {ms:6.1f} ms a pass", flush=True)
 
 
-def gqa(repeats: int) -> None:
+def _round():
+    """The agent with the sampler bench's trained-looking adapter, and one round's requests
+    (2 islands x 4 samples)."""
     import torch
 
-    import atlas.agent.sampling as sampling
     from atlas.agent.adapters import POLICY, adapter_params
-    from atlas.agent.sampling import _GQA_SWITCH, _grouped_query_sdpa, sample_requests
     from atlas.bench.sampler import _requests
-    from atlas.evolution.explorer import STOP
 
     agent = _agent()
-    gen = torch.Generator().manual_seed(0)  # the sampler bench's trained-looking adapter
+    gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in adapter_params(agent.model, POLICY).values():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-    requests = _requests(agent, 2, 4, 0)
+    return agent, _requests(agent, 2, 4, 0)
+
+
+def gqa(repeats: int) -> None:
+    import atlas.agent.sampling as sampling
+    from atlas.agent.sampling import _GQA_SWITCH, _grouped_query_sdpa, sample_requests
+    from atlas.evolution.explorer import STOP
+
+    agent, requests = _round()
     outs = {}
     for _ in range(repeats):
         for on in (False, True):
@@ -121,8 +134,32 @@ def gqa(repeats: int) -> None:
     print("the same completions:", outs[False] == outs[True])
 
 
+def drafts(lengths: list[int], repeats: int) -> None:
+    """One round's shape on the lookup path at each guess length, alternating."""
+    import atlas.agent.sampling as sampling
+    from atlas.agent.sampling import sample_requests
+    from atlas.evolution.explorer import STOP
+
+    agent, requests = _round()
+    default, first = sampling.DRAFT_TOKENS, None
+    try:
+        for _ in range(repeats):
+            for k in lengths:
+                sampling.DRAFT_TOKENS = k
+                out, st = sample_requests(agent.model, agent.tokenizer, requests, top_p=0.95,
+                                          max_new_tokens=320, stop=STOP, path="lookup")
+                first = out if first is None else first
+                print(f"guesses of {k:2d}: {st.new_tokens} tokens in {st.steps} passes, "
+                      f"{st.seconds:.2f} s ({st.decode_seconds:.2f} s decoding), "
+                      f"{st.accepted} of {st.drafted} guessed tokens kept, "
+                      f"completions as the first run's: {out == first}", flush=True)
+    finally:
+        sampling.DRAFT_TOKENS = default
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtype", default="auto", help="auto | bfloat16 | float32")
     sub = ap.add_subparsers(dest="what", required=True)
     r = sub.add_parser("replay")
     r.add_argument("run", type=Path)
@@ -132,14 +169,21 @@ def main() -> None:
     c.add_argument("--width", default="1,5,9,13,17")
     g = sub.add_parser("gqa")
     g.add_argument("--repeats", type=int, default=2)
+    d = sub.add_parser("drafts")
+    d.add_argument("--guess", default="12,6,4,2")
+    d.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
+    global DTYPE
+    DTYPE = args.dtype
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     if args.what == "replay":
         replay(args.run, ints(args.guess))
     elif args.what == "cost":
         cost(ints(args.rows), ints(args.width))
-    else:
+    elif args.what == "gqa":
         gqa(args.repeats)
+    else:
+        drafts(ints(args.guess), args.repeats)
 
 
 if __name__ == "__main__":
