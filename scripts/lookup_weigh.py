@@ -7,7 +7,9 @@ prompt lookup" and "The main command on AVX2 in fp32: the arithmetic floor"):
     python scripts/lookup_weigh.py [--dtype float32] drafts [--guess 12,6,4,2] [--repeats 2]
 
 ``replay``: a run's agent completions replayed against ``atlas.agent.lookup.Drafts`` (the
-recorded tokens, guesses from the recorded prompts): tokens a pass would yield, no model run.
+recorded tokens, guesses from the recorded prompts): tokens a pass would yield, and, with a
+round's rows in one batch (each pass as wide as its longest guess), the positions the passes
+run; no model run.
 ``cost``: SmolLM2 (bf16 where native) forward of ``width`` tokens per row over an
 800-token cache, merged and packed as the sampler runs it: what a pass costs against a
 one-token step (its cache is a ``DynamicCache``, which copies the 800 tokens on every pass,
@@ -46,28 +48,34 @@ def replay(run: Path, guesses: list[int]) -> None:
 
     tok = _agent().tokenizer
     rows = [json.loads(line) for line in (run / "programs.jsonl").read_text().splitlines()]
-    seqs = []
+    rounds: dict[int, list] = {}
     for r in rows:
         if r["source"] != "agent":
             continue
         prompt = tok(r["prompt"], add_special_tokens=False)["input_ids"]
         comp = tok(r["completion"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        seqs.append((prompt, comp[:320]))
+        rounds.setdefault(r["round"], []).append((prompt, comp[:320]))
+    n = sum(len(b) for b in rounds.values())
     for k in guesses:
-        tokens = passes = 0
-        for prompt, comp in seqs:
-            d, t = Drafts(prompt), 0
-            while t < len(comp):
-                g = d.guess(k)
-                m = 0
-                while m < len(g) and t + m < len(comp) and g[m] == comp[t + m]:
-                    m += 1
-                kept = comp[t:t + m + 1]
-                d.extend(kept)
-                t, passes = t + len(kept), passes + 1
-            tokens += len(comp)
+        tokens = passes = batch_passes = positions = 0
+        for batch in rounds.values():  # a round's rows decode as one batch, in lockstep
+            state = [[Drafts(prompt), 0, comp] for prompt, comp in batch]
+            while live := [s for s in state if s[1] < len(s[2])]:
+                gs = [s[0].guess(k) for s in live]
+                batch_passes += 1
+                positions += len(live) * (1 + max(len(g) for g in gs))
+                for s, g in zip(live, gs):
+                    d, t, comp = s
+                    m = 0
+                    while m < len(g) and t + m < len(comp) and g[m] == comp[t + m]:
+                        m += 1
+                    kept = comp[t:t + m + 1]
+                    d.extend(kept)
+                    s[1], passes = t + len(kept), passes + 1
+            tokens += sum(len(comp) for _, comp in batch)
         print(f"guesses of {k:2d}: {tokens} tokens in {passes} passes, "
-              f"{tokens / passes:.2f} tokens a pass ({len(seqs)} completions)")
+              f"{tokens / passes:.2f} tokens a pass ({n} completions); a round's rows in one "
+              f"batch: {batch_passes} passes running {positions} positions", flush=True)
 
 
 def cost(rows: list[int], widths: list[int]) -> None:
