@@ -32,8 +32,11 @@ import json
 import time
 from pathlib import Path
 
+#: SmolLM2-135M's shape (its config.json; a test checks them against the shipped model)
+SMOLLM2 = {"hidden": 576, "intermediate": 1536, "layers": 30, "kv": 192, "vocab": 49152}
 
-def _rate(dtype: str) -> float:
+
+def _rate(dtype: str, dims: dict[str, int] = SMOLLM2) -> float:
     """Multiply-adds a second of one linear layer: per shape of SmolLM2's and 150- and
     600-row inputs (a completion and a prompt), the best of 5 timings of 10 calls (the
     machine's rate, not its noise); the median over the shapes."""
@@ -42,7 +45,8 @@ def _rate(dtype: str) -> float:
     dt = getattr(torch, dtype)
     rates = []
     for rows in (150, 600):
-        for k, n in ((576, 576), (576, 1536), (1536, 576), (576, 49152)):
+        h, i = dims["hidden"], dims["intermediate"]
+        for k, n in ((h, h), (h, i), (i, h), (h, dims["vocab"])):
             x, w = torch.randn(rows, k, dtype=dt), torch.randn(n, k, dtype=dt)
             for _ in range(3):
                 torch.nn.functional.linear(x, w)
@@ -54,10 +58,6 @@ def _rate(dtype: str) -> float:
                 best = min(best, time.perf_counter() - t)
             rates.append(10 * rows * k * n / best)
     return sorted(rates)[len(rates) // 2]
-
-
-#: SmolLM2-135M's shape (its config.json; a test checks them against the shipped model)
-SMOLLM2 = {"hidden": 576, "intermediate": 1536, "layers": 30, "kv": 192, "vocab": 49152}
 
 
 def per_token(dims: dict[str, int]) -> tuple[int, int]:
