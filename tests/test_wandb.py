@@ -75,6 +75,8 @@ def _records(path: Path) -> list[Any]:
         if kind == 0 and length == 0:  # zero padding
             pos += room
             continue
+        if pos + _HEADER + length > len(data):  # a chunk wandb-core is still writing
+            break
         buf += data[pos + _HEADER:pos + _HEADER + length]
         pos += _HEADER + length
         if kind in (_FULL, _LAST):
@@ -98,14 +100,22 @@ def read_offline_run(run_dir: Path, wait_s: float = 30.0) -> dict[str, Any]:
     summary, metric definitions, exit code and its files folder.
 
     ``wandb.finish`` can return before wandb-core has flushed the log (seen: a 7-byte file
-    right after it), so this waits up to ``wait_s`` for the run's exit record."""
+    right after it), so this waits up to ``wait_s`` for the run's exit record, and reads again
+    when a record is cut where wandb-core's write stood."""
+    from google.protobuf.message import DecodeError
+
     files = sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 1, f"expected one offline W&B run under {run_dir}, found {files}"
     deadline = time.monotonic() + wait_s
     while True:
-        run = _parse_run(files[0])
-        if run["exit_code"] is not None or time.monotonic() > deadline:
-            return run
+        try:
+            run = _parse_run(files[0])
+        except DecodeError:
+            if time.monotonic() > deadline:
+                raise
+        else:
+            if run["exit_code"] is not None or time.monotonic() > deadline:
+                return run
         time.sleep(0.2)
 
 
