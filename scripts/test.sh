@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's test command (README, .ci/run): set up, start the local SLURM test cluster
-# when we are root, lint, run the non-slow tests.
+# when we are root, lint, run the non-slow tests (the 15 slowest are listed: CI's budget).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
@@ -8,4 +8,4 @@ if [ "$(id -u)" = 0 ]; then
   bash scripts/slurm_local.sh start || echo "[test] local SLURM cluster did not start: slurm tests will skip"
 fi
 .venv/bin/python -m ruff check atlas tests
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=15 "$@"
