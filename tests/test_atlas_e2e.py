@@ -27,7 +27,7 @@ import atlas.train
 from atlas.results import KNOBS
 from atlas.supporters.roles import ExplorationSupporter
 from atlas.supporters.schemas import FALLBACK_CAUSES
-from tests.conftest import compose_cfg
+from tests.conftest import QUICK_BANDIT, compose_cfg
 from tests.test_supporters import ScriptedServer
 from tests.test_supporters_server import start_llama_server, stop_llama_server
 
@@ -37,7 +37,7 @@ requires_llama = pytest.mark.skipif(
 
 # two rounds, a phase after each: two exploration calls and up to two strategist calls
 SHORT = ["experiment=test", "method=atlas", "progress=false", "explore.rounds=2",
-         "explore.phase_every=1"]
+         "explore.phase_every=1", *QUICK_BANDIT]
 
 
 def _openai(url: str, timeout_s: float = 60.0) -> list[str]:
@@ -95,7 +95,8 @@ def test_atlas_embedded_runs_on_both_tasks(tmp_path, task):
     # timeout 60 s: on a shared 2-core machine a x2 window patch of the bandit seed (~1 s
     # alone) was measured past the 10 s default, which is load, not what this test checks
     results, events = _run(tmp_path, ["experiment=test", "method=atlas", f"task={task}",
-                                      "progress=false", "task.timeout_s=60"])
+                                      "progress=false", "task.timeout_s=60",
+                                      *(QUICK_BANDIT if task == "bandit" else [])])
     assert results["method"] == "atlas" and results["task"] == task
     assert results["rounds"] == 4 and results["phases"] == 2
     _check_counters(results["supporters"], "embedded")
@@ -147,7 +148,8 @@ def test_a_round_s_patches_are_scored_side_by_side(tmp_path, monkeypatch):
     monkeypatch.setattr(patches, "outcome", waiting)
     _, events = _run(tmp_path, ["experiment=test", "method=atlas", "task=bandit",
                                 "progress=false", "task.timeout_s=60",
-                                "explore.islands_per_round=2", "explore.samples_per_prompt=4"])
+                                "explore.islands_per_round=2", "explore.samples_per_prompt=4",
+                                *QUICK_BANDIT])
     exploration = [e for e in events if e["event"] == "exploration"]
     filed = sum(e["patches"] for e in exploration)
     kinds = [k for k, _ in log]

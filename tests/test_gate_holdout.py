@@ -13,7 +13,7 @@ from atlas.dpo import DPOConfig, GateConfig
 from atlas.evolution.database import ProgramDatabase
 from atlas.telemetry import read_jsonl
 from atlas.train import run
-from tests.conftest import compose_cfg, explore_settings
+from tests.conftest import QUICK_BANDIT, compose_cfg, explore_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,8 @@ def test_atlas_run_scores_the_gate_on_prompts_held_out_of_dk(tmp_path: Path) -> 
                        "explore.samples_per_prompt=2", "method.skip_without_improvement=false",
                        "gate.holdout=0.25", "gate.evidence=holdout",
                        "gate.min_completions=2",  # decide on this thin G_k: it is the subject
-                       "task.timeout_s=60"],  # a loaded shared machine: no spurious timeouts
+                       "task.timeout_s=60",  # a loaded shared machine: no spurious timeouts
+                       *QUICK_BANDIT],
                       run_dir=tmp_path)
     run(cfg)
     phases = [e for e in read_jsonl(tmp_path / "events.jsonl")
@@ -57,7 +58,8 @@ def test_every_trained_atlas_phase_decides_on_recorded_evidence(tmp_path: Path, 
     island starts from the seed), G_k's programs are recorded, and the summary prints one
     line per phase."""
     cfg = compose_cfg(["experiment=test", "method=atlas", "explore.islands_per_round=2",
-                       "method.skip_without_improvement=false", "task.timeout_s=60"],
+                       "method.skip_without_improvement=false", "task.timeout_s=60",
+                       *QUICK_BANDIT],
                       run_dir=tmp_path)
     results = run(cfg)
     events = read_jsonl(tmp_path / "events.jsonl")

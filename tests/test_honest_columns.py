@@ -30,7 +30,7 @@ from atlas.supporters.patching import add_robust_loss, find_numeric_sites, pertu
 from atlas.tasks import make_task
 from atlas.telemetry import EVENTS, PROGRAMS
 from atlas.types import Evaluation, FailureKind, Program
-from tests.conftest import compose_cfg, explore_settings
+from tests.conftest import QUICK_BANDIT, compose_cfg, explore_settings
 
 
 def _seed(task_name: str) -> tuple[Any, Program, str]:
@@ -205,7 +205,7 @@ def _run(tmp_path: Path, overrides: list[str]) -> tuple[dict[str, Any], list[dic
 def test_supporter_patches_as_preferences_switch(tmp_path, as_preferences):
     results, events, programs = _run(tmp_path, [
         "experiment=test", "method=atlas", "task=bandit", "progress=false", "explore.rounds=2",
-        "explore.phase_every=1", "method.skip_without_improvement=false",
+        "explore.phase_every=1", "method.skip_without_improvement=false", *QUICK_BANDIT,
         f"supporters.exploration.as_preferences={as_preferences}"])
     patches = [p for p in programs if p["source"] == "supporter"]
     assert patches and results["candidates"] == results["candidate_budget"] == 8
