@@ -304,6 +304,30 @@ def test_finish_logger_marks_a_failed_job_and_closes_its_run(tmp_path: Path,
     assert read_offline_run(tmp_path)["exit_code"] == 1
 
 
+def test_the_reader_reads_a_log_cut_mid_write_up_to_its_last_whole_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``read_offline_run`` polls a file wandb-core may be writing: a poll that lands inside a
+    chunk must give the records before it, never parse a cut one (a CI failure)."""
+    for k, v in sweep_env(tmp_path).items():
+        if k.startswith("WANDB"):
+            monkeypatch.setenv(k, v)
+    from lightning.pytorch.loggers import WandbLogger
+
+    logger = WandbLogger(project="atlas-test", name="cut", save_dir=str(tmp_path), offline=True)
+    for step in range(50):
+        logger.log_metrics({"round/best": float(step), "note": "x" * 200}, step=step)
+    finish_logger(logger, "success")
+    assert len(series(read_offline_run(tmp_path), "round/best")) == 50
+    path = next(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+    data, cut = path.read_bytes(), tmp_path / "cut.wandb"
+    whole = len(_records(path))
+    counts = []
+    for end in range(_HEADER + 1, len(data), 97):
+        cut.write_bytes(data[:end])
+        counts.append(len(_records(cut)))
+    assert counts == sorted(counts) and counts[0] < counts[-1] < whole
+
+
 # -- the real sweep --------------------------------------------------------------------------
 
 def test_every_sweep_job_is_its_own_wandb_run_grouped_by_the_sweep(sweep: Path) -> None:
