@@ -37,7 +37,7 @@ requires_llama = pytest.mark.skipif(
 
 # two rounds, a phase after each: two exploration calls and up to two strategist calls
 SHORT = ["experiment=test", "method=atlas", "progress=false", "explore.rounds=2",
-         "explore.phase_every=1", *QUICK_BANDIT]
+         "explore.phase_every=1"]
 
 
 def _openai(url: str, timeout_s: float = 60.0) -> list[str]:
@@ -95,8 +95,7 @@ def test_atlas_embedded_runs_on_both_tasks(tmp_path, task):
     # timeout 60 s: on a shared 2-core machine a x2 window patch of the bandit seed (~1 s
     # alone) was measured past the 10 s default, which is load, not what this test checks
     results, events = _run(tmp_path, ["experiment=test", "method=atlas", f"task={task}",
-                                      "progress=false", "task.timeout_s=60",
-                                      *(QUICK_BANDIT if task == "bandit" else [])])
+                                      "progress=false", "task.timeout_s=60"])
     assert results["method"] == "atlas" and results["task"] == task
     assert results["rounds"] == 4 and results["phases"] == 2
     _check_counters(results["supporters"], "embedded")
