@@ -235,11 +235,16 @@ def _program(pid: int, score: float, passed: bool, kind: str = "ok") -> Program:
                    source="agent", phase=1)
 
 
-def test_telemetry_sends_gate_interventions_and_tables_to_wandb(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def _offline_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process logs to W&B as a sweep job would: offline, into ``tmp_path``."""
     for k, v in sweep_env(tmp_path).items():
         if k.startswith("WANDB"):
             monkeypatch.setenv(k, v)
+
+
+def test_telemetry_sends_gate_interventions_and_tables_to_wandb(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    _offline_wandb(tmp_path, monkeypatch)
     from lightning.pytorch.loggers import WandbLogger
 
     logger = WandbLogger(project="atlas-test", name="unit", group="unit-group", save_dir=str(tmp_path),
@@ -291,9 +296,7 @@ def test_telemetry_sends_gate_interventions_and_tables_to_wandb(tmp_path: Path,
 
 def test_finish_logger_marks_a_failed_job_and_closes_its_run(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    for k, v in sweep_env(tmp_path).items():
-        if k.startswith("WANDB"):
-            monkeypatch.setenv(k, v)
+    _offline_wandb(tmp_path, monkeypatch)
     import wandb
     from lightning.pytorch.loggers import WandbLogger
 
@@ -307,10 +310,8 @@ def test_finish_logger_marks_a_failed_job_and_closes_its_run(tmp_path: Path,
 def test_the_reader_reads_a_log_cut_mid_write_up_to_its_last_whole_record(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``read_offline_run`` polls a file wandb-core may be writing: a poll that lands inside a
-    chunk must give the records before it, never parse a cut one (a CI failure)."""
-    for k, v in sweep_env(tmp_path).items():
-        if k.startswith("WANDB"):
-            monkeypatch.setenv(k, v)
+    chunk must give the records before it, never parse a cut one."""
+    _offline_wandb(tmp_path, monkeypatch)
     from lightning.pytorch.loggers import WandbLogger
 
     logger = WandbLogger(project="atlas-test", name="cut", save_dir=str(tmp_path), offline=True)
