@@ -44,8 +44,8 @@ def _rate(dtype: str, dims: dict[str, int] = SMOLLM2) -> float:
 
     dt = getattr(torch, dtype)
     rates = []
+    h, i = dims["hidden"], dims["intermediate"]
     for rows in (150, 600):
-        h, i = dims["hidden"], dims["intermediate"]
         for k, n in ((h, h), (h, i), (i, h), (h, dims["vocab"])):
             x, w = torch.randn(rows, k, dtype=dt), torch.randn(n, k, dtype=dt)
             for _ in range(3):
