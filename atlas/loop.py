@@ -124,7 +124,7 @@ class EvolutionLoop:
         create = settings.sandbox.create_secret or not settings.sandbox.secret_file
         self.sandbox = Sandbox.for_task(
             self.task, secret=run_secret(self.run_dir, secret_file, create=create),
-            workers=ex.workers, isolation=settings.sandbox.isolation,
+            workers=ex.sandbox_workers(usable_cores()), isolation=settings.sandbox.isolation,
             hide=[str(self.run_dir), *([str(secret_file)] if secret_file else [])])
         log.info("sandbox isolation: %s", self.sandbox.isolation)
         # a broken task stops the run here, before the model loads (a resumed run has its seed)
@@ -364,6 +364,7 @@ class EvolutionLoop:
                 "seed": self.settings.run.seed, "model": self.settings.model.source, "isolation": self.sandbox.isolation,
                 "isolation_reason": self.sandbox.isolation_reason,
                 "isolation_gaps": self.sandbox.isolation_gaps,
+                "sandbox_workers": self.sandbox.workers,
                 "dtype": self.precision.dtype, "dtype_reason": self.precision.reason,
                 "wall_seconds": wall, "score_label": self.task.score_label,
                 "supporters": self.supporters.stats() if self.supporters else None,

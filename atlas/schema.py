@@ -83,6 +83,14 @@ def _text(value: Any) -> str:
     return value
 
 
+def _count_or_auto(value: Any) -> int | str:
+    if value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _type_error("a positive integer or auto", "auto")
+    return value
+
+
 Num = Annotated[float, BeforeValidator(_number)]
 Int = Annotated[int, BeforeValidator(_integer)]
 Bool = Annotated[bool, BeforeValidator(_boolean)]
@@ -259,11 +267,18 @@ class ExploreConfig:
     batch_islands: bool
     buffer_size: Int = Field(ge=1)
     clusters: Int = Field(ge=1)
-    workers: Int = Field(gt=0)
+    workers: Annotated[Positive | Literal["auto"], BeforeValidator(_count_or_auto)]
     topk_pool_factor: Num = Field(ge=1)
     cluster_similarity: Num = Field(gt=0, le=1)
     temperature_bounds: tuple[Num, Num]
     agent_threads: Positive | None
+
+    def sandbox_workers(self, cores: int) -> int:
+        """``workers`` as a number: ``auto`` is one worker per usable core, at most a round's
+        candidates (more would idle)."""
+        if self.workers != "auto":
+            return int(self.workers)
+        return max(1, min(int(cores), self.islands_per_round * self.samples_per_prompt))
 
     @model_validator(mode="after")
     def _per_island(self) -> ExploreConfig:

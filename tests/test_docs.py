@@ -97,4 +97,5 @@ def test_type_text_reads_the_schema_bounds() -> None:
     assert docs.field_type(GateConfig, "holdout") == "number > 0, < 1"
     assert docs.field_type(GateConfig, "bound") == "bc | percentile | normal"
     assert docs.field_type(ExploreConfig, "agent_threads") == "integer >= 1 or null"
+    assert docs.field_type(ExploreConfig, "workers") == "integer >= 1 or auto"
     assert docs.field_type(ExploreConfig, "temperature_bounds") == "[number, number]"

@@ -100,6 +100,20 @@ def test_every_group_phrases_errors_the_same_way(make: Any, exc: type, message: 
     assert message in str(err.value)
 
 
+def test_sandbox_workers_are_a_count_or_auto_one_per_core_up_to_a_round() -> None:
+    """``explore.workers``: a positive count as given; ``auto`` one per usable core, never
+    more than a round's candidates (islands_per_round x samples_per_prompt: 2 x 4 here)."""
+    explore = _yaml("explore/default.yaml") | {"islands_per_round": 2, "samples_per_prompt": 4}
+    assert explore["workers"] == "auto"
+    auto = ExploreConfig(**explore)
+    assert [auto.sandbox_workers(c) for c in (1, 2, 5, 8, 16)] == [1, 2, 5, 8, 8]
+    assert ExploreConfig(**(explore | {"workers": 3})).sandbox_workers(16) == 3
+    for bad in (0, -1, "many", True, 2.5):
+        with pytest.raises(TypeError, match="explore.workers must be a positive integer or "
+                                            "auto, got"):
+            ExploreConfig(**(explore | {"workers": bad}))
+
+
 def test_reference_mode_reads_and_prints_as_the_yaml_spelling() -> None:
     assert ReferenceMode("fixed") is ReferenceMode.FIXED and ReferenceMode.ADAPTIVE == "adaptive"
     assert f"{ReferenceMode.ADAPTIVE}" == str(ReferenceMode.ADAPTIVE) == "adaptive"

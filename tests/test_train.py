@@ -41,10 +41,17 @@ def _check_run_folder(run_dir: Path, rounds: int, samples: int, islands_per_roun
     return results
 
 
-@pytest.mark.parametrize("method", ["evotune", "evodpo"])
-def test_tiny_run_writes_results_events_and_programs(method: str, tmp_path: Path, capsys) -> None:
-    cfg = compose_cfg(["experiment=test", f"method={method}"], run_dir=tmp_path)
+@pytest.mark.parametrize("method, workers", [("evotune", None), ("evodpo", "auto")])
+def test_tiny_run_writes_results_events_and_programs(method: str, workers: str | None,
+                                                     tmp_path: Path, capsys) -> None:
+    from atlas.loop import usable_cores
+
+    more = [f"explore.workers={workers}"] if workers else []
+    cfg = compose_cfg(["experiment=test", f"method={method}", *more], run_dir=tmp_path)
     results = run(cfg)
+    # experiment=test's one worker, or auto: one per usable core, at most a round's candidates
+    assert results["sandbox_workers"] == (1 if workers is None else min(
+        usable_cores(), cfg.explore.islands_per_round * cfg.explore.samples_per_prompt))
     out = capsys.readouterr().out
     assert "initial" in out and "final" in out and "valid programs" in out
     checked = _check_run_folder(tmp_path, cfg.explore.rounds, cfg.explore.samples_per_prompt,

@@ -122,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from atlas.dpo import DPOConfig, train_phase
     from atlas.evolution.database import ProgramDatabase
     from atlas.evolution.explorer import Explorer
+    from atlas.loop import usable_cores
     from atlas.schema import ExploreConfig, ModelConfig
 
     if args.threads:
@@ -132,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         overrides.append(f"explore.max_new_tokens={args.max_new_tokens}")
     cfg = compose_paper(overrides)
     explore = OmegaConf.to_container(cfg.explore, resolve=True)
+    workers = ExploreConfig.from_cfg(cfg.explore).sandbox_workers(usable_cores())
     try:
         model_cfg = bench_model_cfg(args.model, args.hidden, args.layers)
     except ValueError as err:
@@ -143,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"{explore['islands_per_round']} islands x {explore['samples_per_prompt']} samples x "
           f"{explore['max_new_tokens']} tokens a round, DPO every {explore['phase_every']} "
           f"rounds (batch {cfg.dpo.batch_size}, max_length {cfg.dpo.max_length}, "
-          f"max_pairs {cfg.dpo.max_pairs}); sandbox workers {explore['workers']}", flush=True)
+          f"max_pairs {cfg.dpo.max_pairs}); sandbox workers {workers}", flush=True)
     t0 = time.perf_counter()
     agent = ResearchAgent(ModelConfig.from_cfg(model_cfg), device=device, seed=args.seed)
     load_s = time.perf_counter() - t0
@@ -151,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           flush=True)
     task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
     task = make_task(task_cfg.pop("name"), **task_cfg)
-    sandbox = Sandbox.for_task(task, workers=int(explore["workers"]))
+    sandbox = Sandbox.for_task(task, workers=workers)
     results: dict[str, Any] = {"device": info, "model": label, "load_s": load_s,
                                "explore": explore, "rounds": []}
     try:
