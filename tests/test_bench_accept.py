@@ -53,6 +53,39 @@ def test_a_part_that_failed_ran_out_of_time_or_lacks_weights_is_never_a_pass(
         accept.main(["--device", "cpu", "--parts", "x", "--json", str(tmp_path / "b.json")])
 
 
+@pytest.mark.parametrize("finished, verdict", [([20.0, 25.0, 30.0], "fail"), ([20.0, 20.0], None)])
+def test_a_main_part_cut_off_past_its_target_is_a_fail_at_more_than_its_finished_work(
+        tmp_path: Path, monkeypatch, finished: list[float], verdict: str | None):
+    """The main command cut off by its part's limit: the rounds and phases it finished are a
+    lower bound of its time in the loop, so past the target (60 s) it is a fail, "more
+    than" their seconds; below it, still not measured."""
+    import subprocess
+
+    def cut_off(cmd, **kwargs):  # the run's own records up to the cut, a line cut mid-write
+        run = Path(next(a for a in cmd if a.startswith("hydra.run.dir=")).split("=", 1)[1])
+        run.mkdir(parents=True)
+        events = [{"event": "config"}]
+        for i, sec in enumerate(finished):
+            events.append({"event": "phase", "round": i, "seconds": sec} if i == 2 else
+                          {"event": "round", "round": i + 1, "seconds": {"total": sec}})
+        (run / "events.jsonl").write_text(
+            "".join(json.dumps(e) + "\n" for e in events) + '{"event": "rou')
+        raise subprocess.TimeoutExpired(cmd, kwargs["timeout"])
+
+    monkeypatch.setattr(accept.subprocess, "run", cut_off)
+    result = accept.main(["--device", "cpu", "--parts", "main", "--json",
+                          str(tmp_path / "a.json")])
+    (row,) = _targets(result, "main")
+    rounds = sum(1 for i in range(len(finished)) if i != 2)
+    assert f"{rounds} rounds finished in {sum(finished):.0f} s" in result["parts"]["main"]["why"]
+    if verdict is None:
+        assert row["verdict"] == "not measured" and "cut off" in row["why"]
+        return
+    assert (row["verdict"], row["value"], row["at_least"]) == ("fail", sum(finished), True)
+    assert row["ratio"] == pytest.approx(75.0 / 60.0)
+    assert "more than 75 s" in accept._line(row)
+
+
 @pytest.mark.slow
 def test_accept_runs_every_part_at_toy_size_on_the_cpu(tmp_path: Path):
     result = accept.main(["--device", "cpu", "--json", str(tmp_path / "out.json"),
