@@ -12,6 +12,16 @@ from atlas import checkpoint
 from atlas.interrupt import Interrupted, Terminated, held, stop_on_signals
 
 
+@pytest.fixture(autouse=True)
+def _python_s_own_sigint():
+    """Python's own SIGINT handler in force, as in a foreground shell: a suite started as a
+    background job (`cmd &`, nohup) inherits SIGINT ignored, which ``stop_on_signals``
+    rightly leaves alone (the last test)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 class _SignalsWhilePickled:
     """Sends ``signum`` to this process while torch pickles it: a stop in mid-write."""
 
@@ -68,3 +78,13 @@ def test_held_blocks_nest_and_raise_once_at_the_outer_end() -> None:
                 order.append("inner end")
             order.append("outer end")
     assert order == ["inner end", "outer end"]
+
+
+def test_an_ignored_sigint_stays_ignored() -> None:
+    """A run started with SIGINT ignored (nohup, a background job) keeps it so, as Python
+    itself does; SIGTERM still stops it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with stop_on_signals() as installed:
+        assert installed == {"SIGTERM": True, "SIGINT": False}
+        os.kill(os.getpid(), signal.SIGINT)  # ignored: nothing is raised
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
