@@ -91,7 +91,7 @@ def test_accept_runs_every_part_at_toy_size_on_the_cpu(tmp_path: Path):
     result = accept.main(["--device", "cpu", "--json", str(tmp_path / "out.json"),
                           "--budget-s", "1200"])
     assert {p: e["status"] for p, e in result["parts"].items()} == dict.fromkeys(
-        ("agent", "decode", "dpo", "main", "paper", "parity", "gate"), "ok")
+        ("agent", "decode", "dpo", "main", "paper", "parity", "gate", "profile"), "ok")
     assert set(result["parts"]["decode"]["values"].values()) == {1.0}  # tiny fp32: exact
     assert all(t["verdict"] in ("pass", "fail") for t in result["targets"])
 
