@@ -91,11 +91,22 @@ def _count_or_auto(value: Any) -> int | str:
     return value
 
 
+def _number_or_auto(value: Any) -> float | str:
+    if value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise _type_error("a number >= 0 or auto", "auto")
+    return float(value)
+
+
 Num = Annotated[float, BeforeValidator(_number)]
 Int = Annotated[int, BeforeValidator(_integer)]
 Bool = Annotated[bool, BeforeValidator(_boolean)]
 Str = Annotated[str, BeforeValidator(_text)]
 Positive = Annotated[Int, Field(ge=1)]
+#: a number >= 0, or ``auto`` (the field says what auto resolves to, per device)
+NumOrAuto = Annotated[Annotated[float, Field(ge=0.0)] | Literal["auto"],
+                      BeforeValidator(_number_or_auto)]
 
 
 # -- errors ----------------------------------------------------------------------------------

@@ -375,9 +375,24 @@ def test_recompute_auto_follows_the_memory_budget():
     model, tok = tiny_peft()
     small = train_phase(model, tok, pairs, DPOConfig(max_length=64, checkpoints=0), "fixed")
     assert small.metrics["recompute"] == 0.0 and 0 < small.metrics["step_gb_estimate"] < 0.01
+    assert small.metrics["memory_budget_gb"] == 6.0  # auto on the CPU
     tight = train_phase(model, tok, pairs, DPOConfig(max_length=64, checkpoints=0,
                                                      memory_budget_gb=1e-9), "fixed")
-    assert tight.metrics["recompute"] == 1.0
+    assert tight.metrics["recompute"] == 1.0 and tight.metrics["memory_budget_gb"] == 1e-9
+
+
+def test_the_memory_budget_is_a_number_or_auto_half_the_free_memory_on_cuda():
+    from atlas.dpo.phase import resolve_memory_budget
+
+    assert DPOConfig().memory_budget_gb == "auto"
+    assert resolve_memory_budget("auto", "cpu") == 6.0
+    assert resolve_memory_budget("auto", "cuda:0", free_bytes=80_000_000_000) == 40.0
+    assert resolve_memory_budget(2.5, "cuda:0", free_bytes=80_000_000_000) == 2.5
+    assert DPOConfig(memory_budget_gb=0).memory_budget_gb == 0.0
+    for bad in (-1, "lots", True):
+        with pytest.raises(TypeError, match="dpo.memory_budget_gb must be a number >= 0 or "
+                                            "auto, got"):
+            DPOConfig(memory_budget_gb=bad)
 
 
 def test_train_phase_resumes_optimizer_and_resets_lr(tmp_path):

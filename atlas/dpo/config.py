@@ -17,7 +17,7 @@ from pydantic import BeforeValidator, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from atlas.knobs import HARD_BOUNDS
-from atlas.schema import Bool, Int, Num, group
+from atlas.schema import Bool, Int, Num, NumOrAuto, group
 
 
 def _bool_or_auto(value: Any) -> bool | str:
@@ -60,9 +60,10 @@ class DPOConfig:
     """Recompute activations in the backward pass instead of keeping them: same losses, less
     peak memory, one more forward pass. ``auto``: only when a step's estimated activations
     exceed ``memory_budget_gb`` (``python -m atlas.bench dpo`` measures both)."""
-    memory_budget_gb: Num = Field(6.0, ge=0.0)
-    """``gradient_checkpointing=auto``: the activation memory a step may hold before it
-    recomputes instead."""
+    memory_budget_gb: NumOrAuto = "auto"
+    """``gradient_checkpointing=auto``: the activation memory (GB) a step may hold before it
+    recomputes instead. ``auto``: 6 GB on the CPU (a 2-core SLURM job's 8 GB holds it); on
+    CUDA half the device's free memory when the phase starts (``resolve_memory_budget``)."""
     shared_prompt: Bool = True
     """Run each prompt once per step for all its completions (chosen and rejected share it)
     and the reference once per phase (a table), instead of every (prompt, completion) row in

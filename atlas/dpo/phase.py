@@ -133,8 +133,9 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     total_steps = math.ceil(len(chosen) / cfg.batch_size) * cfg.epochs
     device = next(model.parameters()).device
     encoded, collate, step_gb = _collation(model, tokenizer, chosen, cfg)
+    budget_gb = resolve_memory_budget(cfg.memory_budget_gb, device)
     recompute = (cfg.gradient_checkpointing is True
-                 or (cfg.gradient_checkpointing == "auto" and step_gb > cfg.memory_budget_gb))
+                 or (cfg.gradient_checkpointing == "auto" and step_gb > budget_gb))
     padded = cfg.shared_prompt and resolve_padded(cfg.padded, device)
     module = DPOModule(model, cfg, reference, optimizer_state=optimizer_state, encoded=encoded,
                        recompute=recompute and cfg.shared_prompt, padded=padded)
@@ -158,7 +159,8 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
                    if reference_callback is not None else math.nan)
     metrics.update(shared_prompt=float(cfg.shared_prompt), padded=float(padded),
                    gate_padded=float(gate_padded), recompute=float(recompute),
-                   step_gb_estimate=step_gb, reference_table_seconds=module.ref_seconds)
+                   step_gb_estimate=step_gb, memory_budget_gb=budget_gb,
+                   reference_table_seconds=module.ref_seconds)
     opt_state = _cpu_state(trainer.optimizers[0].state_dict()) if trainer.optimizers else None
     return PhaseResult(candidates=candidates, metrics=metrics, history=history,
                        optimizer_state=opt_state, reference=outcome)
@@ -242,6 +244,28 @@ def _candidates(model, trainer: pl.Trainer, snaps: PolicySnapshotCallback,
     candidates.append(PolicyCandidate(name="final", state=get_adapter_state(model, POLICY),
                                       step=trainer.global_step))
     return candidates
+
+
+#: ``dpo.memory_budget_gb: auto`` on the CPU, in GB
+CPU_MEMORY_BUDGET_GB = 6.0
+#: ``dpo.memory_budget_gb: auto`` on CUDA: this share of the device's free memory
+CUDA_MEMORY_SHARE = 0.5
+
+
+def resolve_memory_budget(setting: float | str, device: torch.device | str,
+                          free_bytes: int | None = None) -> float:
+    """``dpo.memory_budget_gb`` in GB. A number is itself; ``auto`` is 6 GB on the CPU and on
+    CUDA half the device's free memory (``free_bytes``, read from the device unless given):
+    a fixed 6 GB made an 80 GB GPU recompute every activation of the 1B's phase (an extra
+    forward pass a step) to save memory it did not need."""
+    if setting != "auto":
+        return float(setting)
+    device = torch.device(device)
+    if device.type != "cuda":
+        return CPU_MEMORY_BUDGET_GB
+    if free_bytes is None:
+        free_bytes = torch.cuda.mem_get_info(device)[0]
+    return CUDA_MEMORY_SHARE * free_bytes / 1e9
 
 
 def estimate_step_gb(model: Any, batch: dict[str, Any]) -> float:
