@@ -37,9 +37,12 @@ CHECK_EVERY = 8  # decode steps between the host's looks at EOS and stop strings
 #: call repeats K and V for every query head whenever a mask is given on CUDA: 4x the cache
 #: traffic on the 1B). "grouped" needs a Llama-style layer; another runs "layer".
 STEP_ATTENTION = "grouped"
+#: on CUDA, record the step as a CUDA graph (``capture``); False runs the same step eagerly
+#: there (``atlas.bench decode`` compares the two). Read at each call.
+CUDA_GRAPH = True
 _WEIGHTS_ATTR = "_atlas_static_weight"
 #: how the CPU runs a ``DecodeStep`` (``step`` itself, eagerly, unless a test sets it, e.g. to
-#: ``torch.compile(step.__call__, fullgraph=True)``); CUDA always captures ``step``
+#: ``torch.compile(step.__call__, fullgraph=True)``)
 CPU_RUNNER: Callable[[DecodeStep], Callable[[], None]] | None = None
 
 

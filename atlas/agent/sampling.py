@@ -26,7 +26,7 @@ from transformers.cache_utils import DynamicLayer
 
 from atlas.agent import graph_step
 from atlas.agent.fastlinear import merged_lora, packed_linears
-from atlas.agent.graph_step import CHECK_EVERY, DecodeStep, capture, llama_parts, static_weights
+from atlas.agent.graph_step import CHECK_EVERY, DecodeStep, llama_parts, static_weights
 from atlas.agent.lookup import DRAFT_TOKENS, Drafts
 
 TOPK_TRIES = (64, 1024)  # nucleus searched among these top-k first; full sort as a last resort
@@ -877,7 +877,7 @@ def _graph_loop(model, tokenizer: PreTrainedTokenizerBase, parts: dict, pre: _Pr
     # off the device and back) makes a new key, so nothing replays over freed memory
     key = (total, capacity, max_new_tokens, float(top_p), tuple(eos_ids), pre.keys[0].dtype,
            tuple(shapes), hash(tuple(p.data_ptr() for p in model.parameters())),
-           graph_step.STEP_ATTENTION)
+           graph_step.STEP_ATTENTION, graph_step.CUDA_GRAPH)
     held: dict = model.__dict__.setdefault(_STEPS_ATTR, {}) if cuda else {}
     if fresh_weights:
         held.clear()  # new weight buffers: graphs captured against the old ones are stale
@@ -890,9 +890,10 @@ def _graph_loop(model, tokenizer: PreTrainedTokenizerBase, parts: dict, pre: _Pr
         held.clear()  # one shape held at a time: its KV buffers are the big part
         if cuda:
             held[key] = entry
+        if cuda and graph_step.CUDA_GRAPH:
             try:
                 step.load(pre.keys, pre.values, pre.prompt_mask, pre.logits, row_temp, uniforms)
-                entry["graph"] = capture(step)
+                entry["graph"] = graph_step.capture(step)
             except Exception as e:  # noqa: BLE001 - any capture failure: run eager, say why
                 entry["error"] = f"CUDA graph capture failed ({type(e).__name__}: {e})"[:300]
                 with contextlib.suppress(Exception):
