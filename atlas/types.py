@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
@@ -439,11 +440,21 @@ class PhaseRecord:
         return cls(**state)
 
 
+def parse_program(code: str) -> ast.Module:
+    """``ast.parse`` without the warnings of a candidate's own source (an invalid escape such
+    as ``"\\E"``: a SyntaxWarning from Python 3.12, a DeprecationWarning before), which would
+    otherwise print from the host process into the user's log. Raises as ``ast.parse``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return ast.parse(code)
+
+
 def code_key(code: str) -> str:
     """What makes two programs the same program: their syntax tree, so a copy that differs only
     in comments, blank lines or formatting is recognised (the stripped text where it does not
     parse)."""
     try:
-        return ast.dump(ast.parse(code))
+        return ast.dump(parse_program(code))
     except (SyntaxError, ValueError):
         return "\n".join(line.strip() for line in code.strip().splitlines() if line.strip())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import warnings
 
 import pytest
 
@@ -12,11 +13,11 @@ from atlas.dpo.evidence import gate_items, gate_prompts, hold_out_prompts
 from atlas.evolution.buffer import failure_floor
 from atlas.evolution.clustering import FAILED, IslandClusters, code_features, similarity
 from atlas.evolution.database import ProgramDatabase, select_top_k
-from atlas.evolution.extract import extract_program, split_program
+from atlas.evolution.extract import extract_program, parse, split_program
 from atlas.evolution.preferences import PASSED_VS_FAILED, PASSED_VS_PASSED, build_pairs
 from atlas.evolution.prompts import build_prompt
 from atlas.tasks.base import PromptSpec
-from atlas.types import Evaluation, FailureKind, Program
+from atlas.types import Evaluation, FailureKind, Program, code_key
 from tests.conftest import explore_settings
 
 GREEDY = """import numpy as np
@@ -233,6 +234,18 @@ def test_extraction_of_external_code_without_prefill():
     assert extract_program("", text, "policy") == "import math\n\ndef policy(c, h, t, s):\n    return 1\n"
     # parses but lacks the entry point: returned, the sandbox classifies it
     assert extract_program("", "def pick(c):\n    return 1\n", "policy") == "def pick(c):\n    return 1\n"
+
+
+def test_a_candidates_invalid_escape_prints_no_warning_in_the_host():
+    """A program's own invalid escape (a SyntaxWarning from Python 3.12, a DeprecationWarning
+    before) is the candidate's: extraction and the duplicate key parse it without a warning
+    (as an error here, it would cut the program at that line)."""
+    text = 'def policy(c, h, t, s):\n    label = "\\E"\n    return 0\n'
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert extract_program("", text, "policy") == text
+        assert code_key(text) == code_key(text + "\n# a comment\n")
+        assert parse(text) is not None
 
 
 # ---- preference pairs D_k -----------------------------------------------------------------

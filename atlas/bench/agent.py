@@ -34,6 +34,7 @@ from atlas.bench.machine import (
     model_label,
     resolve_bench_device,
 )
+from atlas.types import parse_program
 
 SYSTEM = "You are a research agent in online learning and contextual bandits."
 USER = ("Write policy(contexts, history, t, state) for a 5-armed linear bandit whose hidden theta "
@@ -197,7 +198,7 @@ def is_valid_program(prefill: str, completion: str) -> bool:
     code = prefill.split("```python\n", 1)[-1] + completion
     code = code.split("```", 1)[0]
     try:
-        tree = ast.parse(code)
+        tree = parse_program(code)
     except (SyntaxError, ValueError):
         return False
     for node in ast.walk(tree):

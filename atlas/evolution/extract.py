@@ -20,6 +20,8 @@ import ast
 import re
 import textwrap
 
+from atlas.types import parse_program
+
 _FENCE = re.compile(r"^[ \t]*```")
 _OPEN_FENCE = re.compile(r"^[ \t]*```[ \t]*(?:python3?|py)?[ \t]*$", re.IGNORECASE)
 _VERSION_COMMENT = re.compile(r"^\s*#\s*v\d+\b.*$")
@@ -54,7 +56,7 @@ def _parse_prefix(code: str) -> tuple[ast.Module, list[str]] | None:
         if not src.strip():
             return None
         try:
-            return ast.parse(src), lines
+            return parse_program(src), lines
         except SyntaxError as exc:
             cut = min((exc.lineno or len(lines)) - 1, len(lines) - 1)
             # error on the first line: leading prose, drop it; else keep what precedes it
@@ -113,7 +115,7 @@ def entry_point_def(tree: ast.Module, entry_point: str
 def parse(code: str) -> ast.Module | None:
     """``code``'s syntax tree; None when it does not parse (a syntax error, a null byte)."""
     try:
-        return ast.parse(code)
+        return parse_program(code)
     except (SyntaxError, ValueError):
         return None
 

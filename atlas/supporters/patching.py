@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 from dataclasses import dataclass
 
 from atlas.evolution.extract import find_entry_point, parse
@@ -176,7 +177,9 @@ def add_robust_loss(code: str, entry_point: str) -> str | None:
     lines = code.splitlines(keepends=True)
     first = fn.lineno - 1 - len(fn.decorator_list)
     patched = "".join(lines[:first]) + HELPER_SRC + "".join(lines[first:])
-    compile(patched, "<patch>", "exec")  # a bug here must not reach the loop silently
+    with warnings.catch_warnings():  # the candidate's own invalid escapes: not the host's to print
+        warnings.simplefilter("ignore")
+        compile(patched, "<patch>", "exec")  # a bug here must not reach the loop silently
     return patched
 
 
