@@ -496,6 +496,40 @@ def test_train_phase_trains_against_the_reference_as_it_stands():
     assert res.history[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
 
 
+def test_dpo_benchmark_keeps_the_paths_that_ran_when_one_fails(tmp_path, monkeypatch, capsys):
+    """A setting whose child fails (here: as a CUDA out-of-memory would) is named and left
+    out of the table and the JSON; the settings that ran stand. Every one failing, or a
+    setting that does not exist, stops with one line."""
+    import json
+    import subprocess
+
+    import atlas.bench.dpo as bench
+
+    real = subprocess.run
+
+    def run(cmd, **kw):
+        if "unshared" in cmd:  # the edge under test: a child that died
+            return subprocess.CompletedProcess(cmd, 1, "", "torch.OutOfMemoryError: CUDA out "
+                                                             "of memory\n")
+        return real(cmd, **kw)
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    out = tmp_path / "dpo.json"
+    argv = ["--model", "tiny", "--pairs", "4", "--max-length", "512", "--dtypes", "float32",
+            "--no-floor", "--json", str(out)]
+    rows = bench.main(argv + ["--settings", "padded,unshared"])
+    assert [r["setting"] for r in rows] == ["padded"]
+    assert [r["setting"] for r in json.loads(out.read_text())] == ["padded"]
+    printed = capsys.readouterr()
+    assert "float32 unshared: failed (torch.OutOfMemoryError: CUDA out of memory)" in printed.err
+    assert "failed (not in the table): float32 unshared" in printed.out
+    with pytest.raises(SystemExit, match="every DPO run failed"):
+        bench.main(argv + ["--settings", "unshared"])
+    with pytest.raises(SystemExit, match="--settings: unknown rows; use per-row, shared, "
+                                         "padded, unshared"):
+        bench.main(argv + ["--settings", "padded,rows"])
+
+
 def test_dpo_benchmark_compares_the_paths_on_recorded_pairs(tmp_path):
     """The bench rebuilds D_k from the shipped run's programs.jsonl and runs the per-row,
     shared-prompt and padded paths in separate processes: same losses on pairs that fit

@@ -131,8 +131,8 @@ def plan(part: str, device: str, toy: bool, out: Path) -> tuple[list[str], float
                  "--threads", "1", "--dtypes", "float32"] if toy else
                 ["--model", "llama3_1b_shape", "--batch-size", "8", "--max-length", "2048",
                  "--dtypes", "bfloat16"])
-        return bench + ["dpo", "--device", device, "--settings", "padded,shared", "--no-floor",
-                        "--json", js, *size], 100
+        return bench + ["dpo", "--device", device, "--settings", "padded,shared,unshared",
+                        "--no-floor", "--json", js, *size], 140
     if part == "parity":
         model = "smollm2" if _smollm2() else "llama3_1b_shape"
         size = (["--model", "tiny", "--pairs", "4", "--max-length", "2048", "--threads", "1"]

@@ -13,7 +13,11 @@ Settings (each in a fresh child process, since peak resident memory is per proce
   when a step's estimate exceeds ``dpo.memory_budget_gb`` (``gradient_checkpointing=auto``),
   each completion one unpadded row after its prompt (``dpo.padded=false``);
 - ``padded``: the same, with a prompt's completions in one right-padded batch
-  (``dpo.padded=true``).
+  (``dpo.padded=true``);
+- ``unshared``: the per-row path as a run gets it with ``dpo.shared_prompt=false`` (one
+  padded batch of rows a step, recomputation by ``dpo.gradient_checkpointing=auto``): fewer,
+  wider forward calls, the lead where a small model's phase is bound by kernel launches.
+A setting that fails (out of device memory, say) is named and left out; the others stand.
 The shared and padded settings also time the gate's forward pass (``gate.padded`` false and
 true) over the phase's prompts as gate items, with two candidates of C_k and the reference:
 what ``dpo.padded`` and ``gate.padded`` default to per device is chosen from these rows.
@@ -51,7 +55,8 @@ from atlas.types import Program
 DATA = Path(__file__).with_name("data") / "bandit_cpu_programs.jsonl"
 SETTINGS = {"per-row": {"shared_prompt": False, "gradient_checkpointing": True},
             "shared": {"shared_prompt": True, "gradient_checkpointing": "auto", "padded": False},
-            "padded": {"shared_prompt": True, "gradient_checkpointing": "auto", "padded": True}}
+            "padded": {"shared_prompt": True, "gradient_checkpointing": "auto", "padded": True},
+            "unshared": {"shared_prompt": False, "gradient_checkpointing": "auto"}}
 
 
 def recorded_pairs(path: Path, phase: int, max_pairs: int, top_k: int, seed: int) -> list:
@@ -93,7 +98,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
 
     def gate_seconds() -> float | None:
         """The gate's pass over the phase's prompts (C_k of two and the reference)."""
-        if args.setting == "per-row":
+        if not cfg.shared_prompt:  # the gate's pass has the two shared-prompt forms only
             return None
         # deferred: loads torch and transformers; the parent process never runs it
         from atlas.dpo.scoring import POLICY_NOW, REFERENCE, gate_pass
@@ -173,6 +178,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--dtype", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
+    unknown = [x for x in args.settings.split(",") if x and x not in SETTINGS]
+    if unknown:
+        raise SystemExit(f"--settings: unknown {', '.join(unknown)}; use "
+                         f"{', '.join(SETTINGS)}")
     args.device = resolve_bench_device(args.device)
     if args.setting:  # the child: one setting, one JSON line on stdout
         print("RESULT " + json.dumps(_child(args)), flush=True)
@@ -190,7 +199,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     dtypes = [d for d in args.dtypes.split(",") if d]
     if args.dtypes == "auto":
         dtypes = ["float32", "bfloat16"] if args.device == "cpu" else ["bfloat16"]
-    rows = []
+    rows: list[dict] = []
+    failed: list[str] = []
     for dtype in dtypes:
         for setting in [s for s in args.settings.split(",") if s]:
             cmd = [sys.executable, "-m", "atlas.bench", "dpo", "--setting", setting, "--dtype",
@@ -203,8 +213,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             proc = subprocess.run(cmd, capture_output=True, text=True,
                                   env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
             line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-            if proc.returncode != 0 or not line:
-                sys.exit(f"the {setting} {dtype} run failed:\n{proc.stderr[-3000:]}")
+            if proc.returncode != 0 or not line:  # the others still count (a path that runs
+                # out of device memory must not take the measured ones with it)
+                tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+                failed.append(f"{dtype} {setting}: {tail}")
+                print(f"  {dtype} {setting}: failed ({tail})", file=sys.stderr, flush=True)
+                continue
             rows.append(json.loads(line[0][len("RESULT "):]))
             r = rows[-1]
             print(f"  {dtype} {setting}: {r['seconds']:.1f} s ({r['per_pair_s']:.2f} s/pair, "
@@ -213,6 +227,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             if "floor_s" in r:
                 print(f"    phase {ratio_text(r['seconds'], r['floor_s'], r['floor_kind'])}",
                       flush=True)
+    if not rows:
+        sys.exit("every DPO run failed:\n" + "\n".join(failed))
     r0 = rows[0]
     print(f"\nDPO phase: {label}, {r0['pairs']} recorded pairs over {r0['prompts']} prompts "
           f"(phase {args.phase} of {args.programs}), batch {args.batch_size} pairs, "
@@ -249,4 +265,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
+    if failed:
+        print("failed (not in the table): " + "; ".join(failed), flush=True)
     return rows
