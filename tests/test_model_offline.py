@@ -100,3 +100,34 @@ def test_entry_point_prints_one_line_without_traceback(tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if f"model.name_or_path={BOGUS!r}" in ln]
     assert len(lines) == 1 and "local folder" in lines[0], proc.stderr[-2000:]
     assert time.perf_counter() - t0 < 90  # imports and config only: no hub retries
+
+
+def test_tokenizers_load_with_the_space_clean_up_off(tmp_path):
+    """A tokenizer config may switch on ``clean_up_tokenization_spaces`` (Llama 3's do),
+    which strips the space before quotes and dots. Where transformers applies it (every
+    tokenizer before 5.7, non-BPE ones since), a program's ``' '`` decodes as ``''``;
+    ``load_tokenizer`` turns it off. A word-level tokenizer shows it on any version."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from atlas.agent.model import load_tokenizer
+
+    words = ["[UNK]", "sep", "=", "'", "from", ".", "import", "x"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]",
+                            clean_up_tokenization_spaces=True).save_pretrained(tmp_path)
+    code = "sep = ' ' from . import x"
+
+    def round_trip(tok) -> str:
+        return tok.decode(tok.encode(code, add_special_tokens=False))
+
+    assert round_trip(AutoTokenizer.from_pretrained(tmp_path)) == "sep ='' from. import x"
+    ours = load_tokenizer(tmp_path)
+    assert ours.clean_up_tokenization_spaces is False and round_trip(ours) == code
+    # a local folder as model.name_or_path: the run's tokenizer comes through the same door
+    from atlas.agent.tiny import build_tiny_model
+
+    build_tiny_model(seed=0)[0].save_pretrained(tmp_path)
+    _, run_tok = load_base_model(_hf(str(tmp_path)))
+    assert round_trip(run_tok) == code

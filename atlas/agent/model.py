@@ -60,6 +60,15 @@ class ModelUnavailable(ConfigError):
     """``model.name_or_path`` names weights that are neither local nor reachable."""
 
 
+def load_tokenizer(*args: Any, **kwargs: Any) -> PreTrainedTokenizerBase:
+    """``AutoTokenizer.from_pretrained`` with ``clean_up_tokenization_spaces`` off. That step
+    strips a space before punctuation and quotes, written for WordPiece: on a program it turns
+    ``sep = ' '`` into ``sep =''`` and ``from . import x`` into ``from. import x``. Llama 3's
+    tokenizer configs switch it on; transformers before 5.7 applies it to their BPE decode,
+    and later releases skip it with a warning."""
+    return AutoTokenizer.from_pretrained(*args, clean_up_tokenization_spaces=False, **kwargs)
+
+
 def resolve_dtype(cfg: ModelConfig) -> torch.dtype:
     """The weights' dtype from ``model.dtype``, with an error listing the accepted names."""
     name = cfg.dtype
@@ -115,7 +124,7 @@ def _build_smollm2_cache(gguf: Path, folder: Path, dtype: torch.dtype) -> None:
     model = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=dtype,
         quantization_config=GgufConfig(dequantize=True))
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = load_tokenizer(gguf.parent, gguf_file=gguf.name)
     _write_cache(folder, [model, tokenizer],
                  {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "dtype": str(dtype)})
 
@@ -144,7 +153,7 @@ def _load_smollm2(cfg: ModelConfig, dtype: torch.dtype) -> tuple[PreTrainedModel
     if not is_cached(folder):
         _build_smollm2_cache(gguf, folder, dtype)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_tokenizer(folder)
     return model, tokenizer
 
 
@@ -166,14 +175,14 @@ def shipped_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
         if not (Path(saved) / "tokenizer.json").is_file():
             raise FileNotFoundError(f"ATLAS_TOKENIZER_DIR={saved}: no tokenizer.json there; "
                                     "point it at a folder saved by shipped_tokenizer")
-        return AutoTokenizer.from_pretrained(saved)
+        return load_tokenizer(saved)
     gguf = smollm2_gguf_path()
     folder = smollm2_cache_folder(dataclasses.replace(cfg, dtype="tokenizer"), gguf)
     if is_cached(folder):
-        return AutoTokenizer.from_pretrained(folder)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        return load_tokenizer(folder)
+    tokenizer = load_tokenizer(gguf.parent, gguf_file=gguf.name)
     _write_cache(folder, [tokenizer], {"gguf": str(gguf), "tokenizer": True})
-    return AutoTokenizer.from_pretrained(folder)
+    return load_tokenizer(folder)
 
 
 def shape_config(tokenizer: PreTrainedTokenizerBase, hidden_size: int | None = None,
@@ -259,12 +268,12 @@ def _from_hub(name: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTraine
             try:
                 return (AutoModelForCausalLM.from_pretrained(name, dtype=dtype,
                                                              local_files_only=True),
-                        AutoTokenizer.from_pretrained(name, local_files_only=True))
+                        load_tokenizer(name, local_files_only=True))
             except OSError:
                 raise _unavailable(name, why) from None
     try:
         return (AutoModelForCausalLM.from_pretrained(name, dtype=dtype),
-                AutoTokenizer.from_pretrained(name))
+                load_tokenizer(name))
     except OSError as err:  # no such repo, gated, or the download broke off
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise _unavailable(name, f"the hub refused it ({first})") from None
@@ -276,7 +285,7 @@ def _load_hf(cfg: ModelConfig, dtype: torch.dtype) -> tuple[PreTrainedModel, Pre
     if not Path(folder).is_dir():
         return _from_hub(name, dtype)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_tokenizer(folder)
     return model, tokenizer
 
 
