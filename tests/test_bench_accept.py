@@ -136,3 +136,16 @@ def test_gpu_accept_joins_whole_wheels_only(tmp_path: Path):
     assert (out / "joined" / whole.name).read_bytes() == data
     assert "broken-1.0-py3-none-any.whl: its pieces" in proc.stdout
     assert not (out / "joined" / "broken-1.0-py3-none-any.whl").exists()
+
+
+def test_the_dpo_target_reads_the_fastest_path_and_names_each(tmp_path: Path):
+    rows = [{"setting": "padded", "dtype": "bfloat16", "per_pair_s": 0.204},
+            {"setting": "shared", "dtype": "bfloat16", "per_pair_s": 0.35},
+            {"setting": "unshared", "dtype": "bfloat16", "per_pair_s": 0.15}]
+    (tmp_path / "dpo.json").write_text(json.dumps(rows))
+    values = accept.read("dpo", tmp_path, toy=False)
+    target = next(t.name for t in accept.TARGETS if t.part == "dpo")
+    assert values[target] == 0.15
+    assert values["DPO path padded (bfloat16)"] == 0.204
+    assert values["DPO path unshared (bfloat16)"] == 0.15
+    assert accept._verdicts({"dpo": {"status": "ok", "values": values}})[2]["verdict"] == "pass"
