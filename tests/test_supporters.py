@@ -119,6 +119,18 @@ def test_exploration_perturbs_hyperparameters_deterministically():
     assert again.patches == adv.patches and again.critique == adv.critique
 
 
+def test_a_call_that_needs_no_fallback_prints_nothing_at_info(caplog):
+    """The console of a run gets a supporter's fallbacks (warnings) and the summary's counts;
+    each call's backend is in the events, not a console line per call."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="atlas.supporters")
+    adv = make_supporters(role_configs(None), seed=3).exploration.advise(
+        _explore_req([ProgramView(code=BANDIT, score=-0.55, passed=True)]))
+    assert adv.backend == "embedded" and adv.patches
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
+
+
 def test_exploration_adds_smooth_huber_to_loss_strategies():
     patched = add_robust_loss(PINN, "pinn_loss_strategy")
     assert patched is not None and patched.count(HELPER + "(") == 4  # def + 3 replaced terms

@@ -151,6 +151,8 @@ class Role(Generic[Req, Resp]):
                 out = self._rule(req).model_copy(  # type: ignore[attr-defined]
                     update={"fallback_cause": exc.cause, "raw": exc.raw[:RAW_CHARS],
                             "output_mode": self.backend.last_mode})
-        log.info("supporter %s backend=%s fallback_cause=%s", self.name,
-                 out.backend, out.fallback_cause)  # type: ignore[attr-defined]
+        # every call's backend and fallback are in the run's events; the console gets the
+        # fallbacks (warnings above) and the summary's counts, not a line per call
+        log.debug("supporter %s backend=%s fallback_cause=%s", self.name,
+                  out.backend, out.fallback_cause)  # type: ignore[attr-defined]
         return out
