@@ -256,8 +256,8 @@ def resolve_memory_budget(setting: float | str, device: torch.device | str,
                           free_bytes: int | None = None) -> float:
     """``dpo.memory_budget_gb`` in GB. A number is itself; ``auto`` is 6 GB on the CPU and on
     CUDA half the device's free memory (``free_bytes``, read from the device unless given):
-    a fixed 6 GB made an 80 GB GPU recompute every activation of the 1B's phase (an extra
-    forward pass a step) to save memory it did not need."""
+    a fixed 6 GB would have an 80 GB GPU recompute every activation of the 1B's phase (an
+    extra forward pass a step) to save memory it does not need."""
     if setting != "auto":
         return float(setting)
     device = torch.device(device)
