@@ -127,6 +127,10 @@ def check_files(cfg: DictConfig) -> None:
     path = Path(os.path.expanduser(str(source))) if source else None
     if path is not None and not cfg.sandbox.get("create_secret") and not path.exists():
         raise ConfigError(missing_secret_message(source))
+    if path is not None and path.exists() and not path.is_file():
+        raise ConfigError(f"sandbox.secret_file={str(source)!r} is a folder, not a file; point "
+                          f"it to the file that holds the secret (a run folder's .task_secret, "
+                          f"or a new path with sandbox.create_secret=true)")
     if path is not None:  # the sandbox masks the secret's folder whole: refused here
         try:
             secret_folder(os.path.abspath(path))

@@ -309,6 +309,16 @@ def test_a_missing_secret_file_is_created_only_when_asked(tmp_path) -> None:
     assert run_secret(tmp_path / "run2", str(shared)) == value
 
 
+@pytest.mark.parametrize("create", [False, True])
+def test_a_secret_file_that_is_a_folder_is_one_line_naming_the_field(tmp_path, create) -> None:
+    with pytest.raises(ConfigError) as info:
+        validate(compose_cfg(["experiment=test", f"sandbox.secret_file={tmp_path}",
+                              f"sandbox.create_secret={str(create).lower()}"]))
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"sandbox.secret_file='{tmp_path}' is a folder")
+    assert "the file that holds the secret" in msg
+
+
 def test_a_secret_file_without_a_secret_is_one_line_naming_the_field(tmp_path) -> None:
     bad = tmp_path / "secret.bin"
     bad.write_bytes(bytes(range(32)))  # raw bytes, not the 64 hex characters a run keeps
