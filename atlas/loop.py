@@ -280,7 +280,8 @@ class EvolutionLoop:
             "agent_threads": stats.agent_threads, "device": stats.device,
             "attention": self.agent.attention, "batched_islands": stats.batched_islands,
             "scored_while_generating": stats.scored_while_generating,
-            "sampler": stats.sampler}
+            "sampler": stats.sampler,
+            "evaluations_reused": self.explorer.evaluations_reused}
 
     def _explore_support(self, islands: list[int], r: int, phase: int,
                          round_programs: list[Program], last: bool) -> list[Program]:

@@ -283,6 +283,7 @@ class ExploreConfig:
     cluster_similarity: Num = Field(gt=0, le=1)
     temperature_bounds: tuple[Num, Num]
     agent_threads: Positive | None
+    reuse_evaluations: Bool
 
     def sandbox_workers(self, cores: int) -> int:
         """``workers`` as a number: ``auto`` is one worker per usable core, at most a round's

@@ -323,3 +323,74 @@ def test_batched_islands_file_what_island_by_island_rounds_file():
     assert rounds[0] == rounds[1]
     assert [r[1] for r in rounds[1]] == [0, 0, 0, 0, 1, 1, 1]  # 7 samples: 4 + 3
     assert len({r[3] for r in rounds[1]}) > 2
+
+
+def test_a_copy_of_a_program_that_passed_in_an_earlier_round_takes_its_evaluation():
+    """explore.reuse_evaluations: the scripted agent writes the same five completions every
+    round. Round 0's copies of one another all run (nothing was filed before the round);
+    in round 1 the two that passed are not run again, they take round 0's evaluations; the
+    failures run again; with the switch off every candidate runs."""
+    ex, _, sandbox, db = make()
+    ex.seed_islands()
+    first = ex.run_round(0, 0)
+    assert len(sandbox.submitted) == 1 + 8 and ex.evaluations_reused == 0
+    again = ex.run_round(1, 0)  # islands 2 and 0, the same completions
+    assert len(sandbox.submitted) == 1 + 8 + 4  # per island: the exception and wrong return
+    assert sorted(sandbox.submitted[-4:]) == sorted([p.code for p in first[3:5]] * 2)
+    assert ex.evaluations_reused == 4
+    by_code = {p.code: p for p in first if p.passed}
+    copies = [p for p in again if p.passed]
+    assert len(copies) == 4 and all(p.code in by_code for p in copies)
+    for p in copies:
+        original = by_code[p.code].evaluation
+        assert (p.score, p.evaluation.metrics, p.evaluation.failure_kind) == \
+            (original.score, original.metrics, original.failure_kind)
+        assert p.evaluation.seconds == 0.0 and p.evaluation is not original
+        assert p.id > by_code[p.code].id and p.source == "agent" and p in db.all_programs()
+    assert [p.evaluation.failure_kind for p in again[:5]] == \
+        ["ok", "ok", "no_code", "exception", "wrong_return"]
+
+    off, _, sandbox_off, _ = make(cfg={**CFG, "reuse_evaluations": False})
+    off.seed_islands()
+    off.run_round(0, 0)
+    off.run_round(1, 0)
+    assert len(sandbox_off.submitted) == 1 + 8 + 8 and off.evaluations_reused == 0
+
+
+def test_a_patch_that_copies_a_passed_program_of_its_round_takes_its_evaluation():
+    ex, _, sandbox, _ = make()
+    ex.seed_islands()
+    best = ex.run_round(0, 0)[0]
+    n = len(sandbox.submitted)
+    patch = ex.add_external(best.code, island=0, round_index=0, phase=0, source="supporter",
+                            parents=[best.id])
+    assert len(sandbox.submitted) == n and ex.evaluations_reused == 1
+    assert patch.score == best.score and patch.source == "supporter"
+    other = ex.add_external(best.code.replace("3", "2"), island=0, round_index=0, phase=0,
+                            source="supporter", parents=[best.id])
+    assert len(sandbox.submitted) == n + 1 and other.score == -0.25
+
+
+def test_the_database_finds_the_first_pass_of_a_code_on_its_regime_and_keeps_it_on_resume():
+    settings = explore_settings(**CFG)
+    db = ProgramDatabase(settings)
+
+    def program(i: int, code: str, score: float | None, regime: str = "{}") -> Program:
+        ev = (Evaluation(score=score, passed=True) if score is not None
+              else Evaluation.failure(FailureKind.EXCEPTION, "boom"))
+        return Program(id=i, island=0, round=i, code=code, evaluation=ev, regime=regime)
+
+    db.add(program(0, "a", None))           # failed: never reused
+    db.add(program(1, "a", -0.5))
+    db.add(program(2, "a", -0.25))          # a later pass of the same code: the first stands
+    db.add(program(3, "b", -0.1, regime='{"nu": 1}'))
+    assert db.scored("a", "{}").id == 1
+    assert db.scored("a", "{}", among_first=1) is None  # filed after the first program
+    assert db.scored("a", "{}", among_first=2).id == 1
+    assert db.scored("b", "{}") is None and db.scored("b", '{"nu": 1}').id == 3
+    assert db.scored("c", "{}") is None
+    resumed = ProgramDatabase(settings)
+    resumed.load_state_dict(db.state_dict())
+    assert resumed.scored("a", "{}", among_first=2).id == 1
+    assert resumed.scored("a", "{}", among_first=1) is None
+    assert resumed.scored("b", '{"nu": 1}').score == -0.1

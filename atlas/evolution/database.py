@@ -85,6 +85,8 @@ class ProgramDatabase:
         self._buffers: list[list[Program]] = [[] for _ in range(self.num_islands)]
         self._archive: list[Program] = []
         self._next_id = 0
+        #: (code, regime) -> (archive position, the first program with that code to pass there)
+        self._passed: dict[tuple[str, str], tuple[int, Program]] = {}
 
     # ---- ids and filing -------------------------------------------------------------------
     def next_id(self) -> int:
@@ -113,7 +115,12 @@ class ProgramDatabase:
                 buf.remove(self._victim(buf))
         else:
             program.cluster = FAILED
+        self._remember(program, len(self._archive))
         self._archive.append(program)
+
+    def _remember(self, program: Program, position: int) -> None:
+        if program.code and program.passed and math.isfinite(program.score):
+            self._passed.setdefault((program.code, program.regime), (position, program))
 
     @staticmethod
     def _victim(buf: list[Program]) -> Program:
@@ -154,6 +161,16 @@ class ProgramDatabase:
         cands = [p for p in self._archive if p.passed and math.isfinite(p.score)
                  and (island is None or p.island == island)]
         return min(cands, key=_rank_key) if cands else None
+
+    def scored(self, code: str, regime: str, among_first: int | None = None) -> Program | None:
+        """The first program with exactly ``code`` that passed on ``regime``, looked for
+        among the first ``among_first`` programs filed (all when None); None if there is none.
+        Its evaluation stands for a copy's: the sandbox seeds a program's randomness by
+        regime, so a deterministic scorer gives the copy the same score."""
+        hit = self._passed.get((code, regime))
+        if hit is None or (among_first is not None and hit[0] >= among_first):
+            return None
+        return hit[1]
 
     def all_programs(self) -> list[Program]:
         """Every program ever added (passed and failed), in insertion order."""
@@ -215,6 +232,9 @@ class ProgramDatabase:
         programs = [Program.from_dict(d) for d in state["programs"]]
         by_id = {p.id: p for p in programs}
         self._archive = programs
+        self._passed = {}
+        for position, program in enumerate(programs):
+            self._remember(program, position)
         self._buffers = [[by_id[i] for i in ids] for ids in state["buffers"]]
         self._clusters = [IslandClusters(self.max_clusters, self.cluster_similarity, dict(lead))
                           for lead in state["cluster_leaders"]]

@@ -7,6 +7,7 @@ completion without code becomes a failed ``Evaluation``, never an exception in t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -36,6 +37,12 @@ def done(evaluation: Evaluation) -> Future:
     fut: Future = Future()
     fut.set_result(evaluation)
     return fut
+
+
+def reused(evaluation: Evaluation) -> Evaluation:
+    """A copy of an earlier program's evaluation for the same code on the same regime; its
+    ``seconds`` is 0: no sandbox ran."""
+    return dataclasses.replace(evaluation, metrics=dict(evaluation.metrics), seconds=0.0)
 
 
 def outcome(fut: Future) -> Evaluation:

@@ -8,7 +8,9 @@ for the next island (``sandbox.submit`` returns a future at once).
 Determinism: ids are assigned when a candidate is created, and results are filed in the
 database in id order (the longest completed prefix is filed after each island's generation,
 the rest at the end of the round), so clustering and buffer eviction do not depend on which
-worker finished first.
+worker finished first. A candidate whose exact code already passed on its regime takes that
+evaluation (``explore.reuse_evaluations``), and a round reuses only what was filed before it
+began, for the same reason.
 
 The other ways a program is scored and filed live beside it, one concept a module: the seed
 (``seeding``), a supporter's patches (``patches``), incumbents on a new equation
@@ -27,7 +29,7 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from atlas.evolution.database import ProgramDatabase
-from atlas.evolution.evaluation import Sandbox, outcome, regime_key, submit
+from atlas.evolution.evaluation import Sandbox, done, outcome, regime_key, reused, submit
 from atlas.evolution.extract import extract_program
 from atlas.evolution.patches import (
     PendingPatches,
@@ -114,6 +116,7 @@ class Explorer:
         self.spec = task.prompt_spec()
         self.last_stats: RoundStats | None = None  # the latest round's
         self.supporter_debt = 0  # supporter programs the next round's agent samples pay for
+        self.evaluations_reused = 0  # this round's candidates that took an earlier evaluation
 
     # ---- scheduling -----------------------------------------------------------------------
     def islands_for_round(self, round_index: int) -> list[int]:
@@ -174,6 +177,18 @@ class Explorer:
         """The agent completions the next round keeps after the patches filed so far."""
         return self.round_budget() - self.supporter_debt
 
+    def submit_code(self, code: str | None, context: dict[str, Any],
+                    among_first: int | None = None) -> Future:
+        """``code`` on its way to the sandbox; with ``explore.reuse_evaluations`` a copy of a
+        program that already passed on this regime (among the first ``among_first`` filed)
+        takes that evaluation instead, and counts in ``evaluations_reused``."""
+        if code is not None and self.settings.reuse_evaluations:
+            prior = self.db.scored(code, regime_key(context), among_first)
+            if prior is not None:
+                self.evaluations_reused += 1
+                return done(reused(prior.evaluation))
+        return submit(self.sandbox, code, context)
+
     def run_round(self, round_index: int, phase: int, critiques: dict[int, str] | None = None,
                   temperature_overrides: dict[int, float] | None = None,
                   agent_samples: int | None = None) -> list[Program]:
@@ -192,6 +207,9 @@ class Explorer:
             raise ValueError(f"agent_samples={total} leaves an island of round {round_index} "
                              f"without samples; it must be >= islands_per_round={len(served)}")
         counts = dict(zip(served, split_samples(total, len(served))))
+        # reuse only what was filed before the round: what this round files meanwhile depends
+        # on which worker finished first, and a run must not
+        self.evaluations_reused, filed = 0, len(self.db)
         pending: list[tuple[Program, Future]] = []
         out: list[Program] = []
         stats = RoundStats(round=round_index, phase=phase)
@@ -203,7 +221,7 @@ class Explorer:
             plans = [self._plan(island, counts[island], critiques, temperature_overrides,
                                 round_index) for island in group]
             t0 = time.perf_counter()
-            finished = self._generate(plans, context)
+            finished = self._generate(plans, context, filed)
             stats.generation_s += time.perf_counter() - t0
             if hasattr(getattr(self.agent, "last_stats", None), "add_to"):
                 stats.sampler = self.agent.last_stats.add_to(stats.sampler)
@@ -214,7 +232,7 @@ class Explorer:
                         _, code, fut = early[row]
                     else:
                         code = extract_program(plan.prefill, completion, self.spec.entry_point)
-                        fut = submit(self.sandbox, code, context)
+                        fut = self.submit_code(code, context, filed)
                     prog = Program(id=self.db.next_id(), island=plan.island, round=round_index,
                                    code=code or "",
                                    evaluation=Evaluation.failure(FailureKind.KILLED, "pending"),
@@ -250,7 +268,7 @@ class Explorer:
                           temperature=self.temperature(island, overrides), samples=samples,
                           seed=self._generation_seed(round_index, island))
 
-    def _generate(self, plans: list[IslandPlan], context: dict[str, Any]
+    def _generate(self, plans: list[IslandPlan], context: dict[str, Any], filed: int
                   ) -> list[tuple[list[str], dict[int, tuple[str, str | None, Future]]]]:
         """Sample every plan's completions (one batch when there are several); a sample
         that ends early goes to the sandbox while the others still decode."""
@@ -267,7 +285,7 @@ class Explorer:
         def score_now(row: int, completion: str) -> None:
             j = next(k for k in range(len(plans)) if row < starts[k + 1])
             code = extract_program(plans[j].prefill, completion, self.spec.entry_point)
-            early[j][row - starts[j]] = (completion, code, submit(self.sandbox, code, context))
+            early[j][row - starts[j]] = (completion, code, self.submit_code(code, context, filed))
 
         streams = {"on_done": score_now} if getattr(self.agent, "streams_results", False) \
             else {}

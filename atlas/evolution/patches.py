@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from typing import Protocol
 
 from atlas.evolution.database import ProgramDatabase
-from atlas.evolution.evaluation import Sandbox, outcome, regime_key, submit
+from atlas.evolution.evaluation import Sandbox, outcome, regime_key
 from atlas.evolution.extract import as_completion, extract_program
 from atlas.evolution.prompts import prefill_of
 from atlas.schema import ExploreConfig
@@ -31,7 +31,8 @@ class PatchFiling:
 
 
 class Filer(Protocol):
-    """What filing patches reads of the explorer: its task, sandbox, database and budget."""
+    """What filing patches reads of the explorer: its task, sandbox, database, budget and
+    its way to the sandbox (``Explorer.submit_code``: a copy may reuse an evaluation)."""
 
     task: Task
     sandbox: Sandbox
@@ -41,6 +42,8 @@ class Filer(Protocol):
     supporter_debt: int
 
     def round_budget(self) -> int: ...
+
+    def submit_code(self, code: str | None, context: dict) -> Future: ...
 
 
 def add_external(explorer: Filer, code: str, island: int, round_index: int, phase: int,
@@ -97,7 +100,7 @@ def _submit(explorer: Filer, code: str, island: int, round_index: int, phase: in
     else:
         extracted = extract_program("", code, entry)
     context = explorer.task.context(round_index)
-    return _External(extracted, context, submit(explorer.sandbox, extracted, context), island,
+    return _External(extracted, context, explorer.submit_code(extracted, context), island,
                      round_index, phase, source, parents, prompt, completion)
 
 
