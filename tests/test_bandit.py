@@ -292,3 +292,37 @@ def test_baseline_table_small() -> None:
     assert len(rows) == 3 + 3 + 2 * 3 * 2 + 3 * 2
     table = format_table(rows)
     assert table.count("\n") == len(rows) + 1 and "| oracle | 0.000 +- 0.000" in table
+
+
+def test_contexts_cross_the_pipe_bit_for_bit_as_fresh_arrays() -> None:
+    from atlas.tasks.bandit.evaluator import pack_contexts, unpack_contexts
+
+    env = make_env(BanditConfig(K=5, d=5, T=30), seed=3)
+    for t in range(30):
+        sent = env.contexts[t]
+        got = unpack_contexts(pack_contexts(sent), 5, 5)
+        assert got.dtype == np.float64 and got.shape == (5, 5) and got.flags.writeable
+        assert got.tobytes() == np.ascontiguousarray(sent).tobytes()  # exact, not close
+        got[0, 0] = 99.0  # its own copy
+        assert sent[0, 0] != 99.0
+
+
+def test_the_sandbox_scores_a_program_as_the_in_process_evaluator_does(task: BanditTask) -> None:
+    """Two processes and a pipe (the run's way) and one process (baselines, tests) give the
+    same score and metrics to the last bit, reading and even un-freezing the contexts."""
+    from atlas.sandbox import Sandbox
+
+    config = {**task.evaluator_config(), "T": 300}
+    unfreeze = _const("contexts.flags.writeable = True\n    contexts[0] = 0.0\n"
+                      "    return int(np.argmax(contexts.sum(axis=1)))")
+    codes = [task.seed_program(), unfreeze, _const("return int(np.argmax(contexts[:, 0]))")]
+    secret = "5e" * 32
+    envs = build_envs(config, secret)
+    with Sandbox("atlas.tasks.bandit.evaluator:make_scorer", config, workers=1, secret=secret,
+                 runner_factory="atlas.tasks.bandit.evaluator:make_runner",
+                 timeout_s=60.0) as sb:
+        for code in codes:
+            piped = sb.evaluate(code, {})
+            policy = load_candidate(code, "policy")
+            assert piped.passed, piped
+            assert (piped.score, piped.metrics) == score_policy(lambda env, p=policy: p, envs)

@@ -18,6 +18,7 @@ Candidate exceptions propagate unchanged (the sandbox classifies them).
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -63,6 +64,17 @@ def require_finite(name: str, value: float) -> float:
     if not isfinite(value):
         raise CandidateError(FailureKind.NON_FINITE, f"{name} is {value} (not finite)")
     return value
+
+
+def pack_contexts(x: np.ndarray) -> str:
+    """One step's (K, d) contexts for the pipe: base64 of their float64 bytes. Exact, like
+    JSON numbers, and about ten times cheaper to write and read (a message every step)."""
+    return base64.b64encode(_contiguous(x, dtype=np.float64).tobytes()).decode("ascii")
+
+
+def unpack_contexts(text: str, n_arms: int, dim: int) -> np.ndarray:
+    """``pack_contexts``' array again: a fresh, writable (K, d) float64 copy."""
+    return np.frombuffer(base64.b64decode(text), dtype=np.float64).reshape(n_arms, dim).copy()
 
 
 def run_episode(policy: Policy, env: BanditEnv) -> np.ndarray:
@@ -180,7 +192,7 @@ class BanditScorer:
         T, E = envs[0].horizon, len(envs)
         arms = _empty((E, T), dtype=_INT64)
         for t in range(T):
-            msg: dict[str, Any] = {"t": t, "x": [env.contexts[t].tolist() for env in envs]}
+            msg: dict[str, Any] = {"t": t, "x": [pack_contexts(env.contexts[t]) for env in envs]}
             if t > 0:
                 msg["r"] = [float(env.rewards[t - 1, arms[i, t - 1]])
                             for i, env in enumerate(envs)]
@@ -213,7 +225,7 @@ def make_scorer(config: dict[str, Any], secret: str | None = None) -> BanditScor
 
 def make_runner(config: dict[str, Any]) -> Callable[[str, dict[str, Any], Link], None]:
     """Factory of the untrusted half: plays the policy on whatever contexts arrive."""
-    n_arms = int(config["K"])
+    n_arms, dim = int(config["K"]), int(config["d"])
 
     def run(code: str, context: dict[str, Any], link: Link) -> None:
         policy = load_candidate(code, ENTRY_POINT)
@@ -232,8 +244,8 @@ def make_runner(config: dict[str, Any]) -> Callable[[str, dict[str, Any], Link],
                 for hist, (a, xa), r in zip(histories, prev, msg["r"]):
                     hist.append((a, xa, float(r)))
             prev, answer = [], []
-            for hist, state, rows in zip(histories, states, contexts):
-                x = np.array(rows, dtype=np.float64)
+            for hist, state, packed in zip(histories, states, contexts):
+                x = unpack_contexts(packed, n_arms, dim)
                 x.flags.writeable = False
                 a = check_arm(policy(x, hist, t, state), n_arms, t)
                 prev.append((a, x[a]))
