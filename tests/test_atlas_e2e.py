@@ -133,17 +133,17 @@ def test_a_round_s_patches_are_scored_side_by_side(tmp_path, monkeypatch):
     from atlas.evolution import patches
 
     log: list[tuple[str, int]] = []
-    submit, outcome = patches.submit, patches.outcome
+    submit, outcome = patches._submit, patches.outcome
 
-    def submitting(sandbox, code, context):
+    def submitting(*args, **kwargs):
         log.append(("submit", len(log)))
-        return submit(sandbox, code, context)
+        return submit(*args, **kwargs)
 
     def waiting(fut):
         log.append(("wait", len(log)))
         return outcome(fut)
 
-    monkeypatch.setattr(patches, "submit", submitting)
+    monkeypatch.setattr(patches, "_submit", submitting)
     monkeypatch.setattr(patches, "outcome", waiting)
     _, events = _run(tmp_path, ["experiment=test", "method=atlas", "task=bandit",
                                 "progress=false", "task.timeout_s=60",
