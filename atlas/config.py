@@ -30,6 +30,7 @@ from atlas.schema import (
     LoggerConfig,
     MethodConfig,
     ModelConfig,
+    ProbeConfig,
     RunConfig,
     SandboxConfig,
 )
@@ -155,10 +156,13 @@ def check_noop(method: MethodConfig, explore: ExploreConfig,
     """Refuse (or, where part of the mechanism remains, warn about) settings under which the
     method would run without what makes it that method; docs/cli.md lists each with its test.
 
-    Every method fine-tunes on preference pairs between phases, so a run without a phase, or
-    whose phases can build no pair, is a sampling run that reports itself as the method.
+    A method that fine-tunes does so on preference pairs between phases, so a run without a
+    phase, or whose phases can build no pair, is a sampling run that reports itself as the
+    method (the controls that never train, ``method.fine_tune=false``, are exempt).
     """
     name = f"method={method.name}"
+    if not method.fine_tune:  # a control: it never trains, so no phase setting applies
+        return
     if explore.phase_every > explore.rounds:
         raise ConfigError(
             f"explore.phase_every={explore.phase_every} > explore.rounds={explore.rounds}: the "
@@ -229,6 +233,7 @@ class Settings:
     sandbox: SandboxConfig
     dpo: DPOConfig
     gate: GateConfig
+    probe: ProbeConfig
     #: the supporter roles' settings; None when the method runs no supporters
     supporters: Mapping[str, RoleConfig] | None
     #: the logger to build (``atlas.loggers.make_logger``); None for ``logger=none``. A
@@ -268,6 +273,7 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
         _build(LoggerConfig.from_cfg, OmegaConf.create(fields))
     logger = _build(logger_spec, OmegaConf.to_container(cfg.logger, resolve=True))
     explore = _build(ExploreConfig.from_cfg, cfg.explore)
+    probe = _build(ProbeConfig.from_cfg, cfg.probe)
     dpo, gate = check_typed_groups(cfg)
     roles = None
     if method.supporters:  # the roles' settings are read only when supporters run
@@ -281,7 +287,7 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
     check_noop(method, explore, roles)
     from atlas.agent.availability import model_problem  # no torch; bounded by the hub probe
 
-    if problem := model_problem(model):
+    if method.uses_llm and (problem := model_problem(model)):
         raise ConfigError(problem)
     return Settings(run=run, method=method, model=model, explore=explore, sandbox=sandbox,
-                    dpo=dpo, gate=gate, supporters=roles, logger=logger, task=task)
+                    dpo=dpo, gate=gate, probe=probe, supporters=roles, logger=logger, task=task)

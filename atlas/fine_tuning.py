@@ -10,7 +10,6 @@ G_k, asks the inspector's review and copies an accepted, unvetoed c* into ``ref`
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import math
 import time
@@ -18,7 +17,7 @@ from collections.abc import Sequence
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
-from atlas.agent.adapters import get_adapter_state
+from atlas.agent.adapters import REF, get_adapter_state
 from atlas.checkpoint import CheckpointError
 from atlas.dpo import DPOConfig, GateConfig, train_phase
 from atlas.dpo.evidence import HOLDOUT, Evidence, choose_evidence
@@ -28,7 +27,8 @@ from atlas.dpo.reference import ReferenceCallback, ReferenceOutcome, ReferenceSt
 from atlas.evolution.buffer import failure_floor
 from atlas.evolution.preferences import PAIR_KINDS, build_pairs
 from atlas.knobs import KNOBS
-from atlas.schema import MethodConfig
+from atlas.probe import LearningProbe, prompt_hash
+from atlas.schema import MethodConfig, ProbeConfig
 from atlas.supporters import Supporters
 from atlas.supporters import requests as supporter_requests
 from atlas.supporters.schemas import KNOB_FIELDS
@@ -74,12 +74,18 @@ class FineTuner:
     def __init__(self, agent: ResearchAgent, method: MethodConfig, dpo_cfg: DPOConfig,
                  gate_cfg: GateConfig, supporters: Supporters | None, seed: int, *,
                  explorer: Explorer | None = None,
-                 quality_metrics: Sequence[QualityMetric] = ()) -> None:
-        """``explorer``: the run's, for ``gate.score_mode=online`` only; ``quality_metrics``:
-        the task's declared ones, the only metrics the Policy Inspector compares."""
+                 quality_metrics: Sequence[QualityMetric] = (),
+                 probe: ProbeConfig | None = None) -> None:
+        """``explorer``: the run's, for ``gate.score_mode=online`` and the learning probe;
+        ``quality_metrics``: the task's declared ones, the only metrics the Policy Inspector
+        compares; ``probe``: the learning probe's settings (None or not enabled: no probe)."""
         if gate_cfg.score_mode == "online" and explorer is None:
             raise ValueError("gate.score_mode=online samples and scores programs: pass the "
                              "run's Explorer (EvolutionLoop does)")
+        if probe is not None and probe.enabled and explorer is None:
+            raise ValueError("the learning probe samples and scores programs: pass the run's "
+                             "Explorer (EvolutionLoop does), or probe=None")
+        self.probe_cfg = probe if probe is not None and probe.enabled else None
         self.explorer = explorer
         self.quality_metrics = tuple(quality_metrics)
         self.agent = agent
@@ -139,11 +145,37 @@ class FineTuner:
         if not pairs:
             return PhaseRecord(**head, **built, skip_reason="no preference pairs could be built")
 
+        probe = self._probe_before(phase, phase_programs)
+        reference_state = (get_adapter_state(self.agent.model, REF)
+                           if self.method.reference == ReferenceMode.ADAPTIVE else None)
         owner = self._reference_owner(phase, phase_programs, evidence) if evidence else None
         trained, outcome = self._train(phase, pairs, owner, logger)
         gate = (gate_fields(owner, evidence, outcome)
                 if owner is not None and evidence is not None and outcome is not None else {})
-        return PhaseRecord(**head, **built, **trained, **gate, seconds=time.time() - t0)
+        learned = self._probe_after(probe, reference_state)
+        return PhaseRecord(**head, **built, **trained, **gate, **learned,
+                           seconds=time.time() - t0 - learned.get("seconds_probe", 0.0))
+
+    def _probe_before(self, phase: int, programs: list[Program]) -> LearningProbe | None:
+        """The learning probe's prompts and its programs from the policy entering the phase
+        (``atlas.probe``); None when the probe is off."""
+        if self.probe_cfg is None or self.explorer is None:
+            return None
+        probe = LearningProbe.for_phase(self.probe_cfg, self.explorer, programs,
+                                        phase_seed(self.seed, phase))
+        probe.before()
+        return probe
+
+    def _probe_after(self, probe: LearningProbe | None, reference_state: dict | None
+                     ) -> dict[str, Any]:
+        """The record's probe fields: the trained policy's programs and the measures."""
+        if probe is None:
+            return {}
+        probe.after()
+        record = probe.record(self.agent.model, self.agent.tokenizer,
+                              reference_state=reference_state, beta=self.dpo_cfg.beta,
+                              max_length=self.dpo_cfg.max_length)
+        return dict(probe=record, seconds_probe=record["seconds"]["total"])
 
     def _phase_head(self, phase: int, programs: list[Program], best_before: float
                     ) -> dict[str, Any]:
@@ -236,11 +268,6 @@ class FineTuner:
                 "rationale": getattr(advice, "rationale", ""),
                 "reasons": dict(getattr(advice, "reasons", {}) or {}),
                 "values": {k: getattr(updated, k) for k in KNOB_FIELDS}}
-
-
-def prompt_hash(prompt: str) -> str:
-    """A short stable name of a prompt for events.jsonl (G_k's and D_k's prompts, compared)."""
-    return hashlib.sha1(prompt.encode()).hexdigest()[:10]
 
 
 def dk_fields(pairs: list[PreferencePair], held: list[str], cfg: DPOConfig) -> dict[str, Any]:

@@ -108,12 +108,39 @@ def _budget(events: list[dict[str, Any]], rounds: int) -> int | None:
     return int(ex.get("rounds", rounds)) * int(ex["islands_per_round"]) * int(ex["samples_per_prompt"])
 
 
+def probe_line(event: dict[str, Any]) -> dict[str, Any] | None:
+    """What the learning probe of one phase found (``atlas.probe``), from its ``phase``
+    event: valid rate and scores before and after with the paired changes, the KL to the
+    base and to the reference, held-out preference accuracy and margin, and its cost (seconds
+    and the share of the phase's own seconds); None without a probe."""
+    probe = event.get("probe")
+    if not probe:
+        return None
+    before, after = probe.get("before") or {}, probe.get("after") or {}
+    change = probe.get("change") or {}
+    held = probe.get("heldout") or {}
+    seconds = (probe.get("seconds") or {}).get("total")
+    phase_seconds = event.get("seconds")
+    return {"prompts": probe.get("prompts"), "samples": probe.get("samples"),
+            "valid_before": before.get("valid_rate"), "valid_after": after.get("valid_rate"),
+            "valid_change": change.get("valid_rate"),
+            "mean_before": before.get("mean_score"), "mean_after": after.get("mean_score"),
+            "best_before": before.get("best_score"), "best_after": after.get("best_score"),
+            "score_change": change.get("score"),
+            "kl_base": probe.get("kl_base"), "kl_reference": probe.get("kl_reference"),
+            "heldout_pairs": held.get("pairs"), "heldout_accuracy": held.get("accuracy"),
+            "heldout_margin": held.get("margin"), "seconds": seconds,
+            "share_of_phase": (seconds / phase_seconds
+                               if seconds is not None and phase_seconds else None)}
+
+
 def phase_line(event: dict[str, Any]) -> dict[str, Any]:
     """What the reference did in one phase, from its ``phase`` event: trained or skipped (and
     why), G_k, the gain, its lower bound, the KL and the outcome (promoted, rejected with the
-    failing condition, vetoed, insufficient evidence, or the fixed reference kept)."""
+    failing condition, vetoed, insufficient evidence, or the fixed reference kept), and what
+    the learning probe found (``probe_line``)."""
     out: dict[str, Any] = {"phase": event.get("phase"), "round": event.get("round"),
-                           "trained": not event.get("skipped")}
+                           "trained": not event.get("skipped"), "probe": probe_line(event)}
     if event.get("skipped"):
         return {**out, "outcome": "skipped", "why": event.get("reason")}
     gate = event.get("gate")

@@ -220,13 +220,31 @@ class MethodConfig:
     supporters: Bool = Field(description="run the exploration supporter, strategist, inspector")
     skip_without_improvement: Bool = Field(description="skip fine-tuning after a phase with "
                                            "no score gain (App. B.4)")
+    fine_tune: Bool = Field(True, description="fine-tune the agent every explore.phase_every "
+                            "rounds; false: the controls that never train (method=sample, "
+                            "method=random_literals), which run no phase")
+    writer: Literal["llm", "random_literals"] = Field(
+        "llm", description="who writes the candidates: llm (the research agent, from its "
+        "island's prompt) | random_literals (no LLM: the island's best programs with their "
+        "numeric literals drawn at random; the model is never loaded)")
 
     @model_validator(mode="after")
     def _gate_needs_adaptive(self) -> MethodConfig:
         if self.reference == ReferenceMode.FIXED and self.gate:
             raise ValueError("method.gate=true needs method.reference=adaptive (a fixed "
                              "reference is never promoted)")
+        if self.writer != "llm" and (self.fine_tune or self.supporters):
+            raise ValueError(f"method.writer={self.writer} has no LLM to fine-tune or to "
+                             f"support; set method.fine_tune=false and method.supporters=false")
+        if not self.fine_tune and self.gate:
+            raise ValueError("method.gate=true needs method.fine_tune=true (nothing is trained, "
+                             "so no reference is ever a candidate)")
         return self
+
+    @property
+    def uses_llm(self) -> bool:
+        """Whether the run loads the research agent's model."""
+        return self.writer == "llm"
 
 
 @group("model")
@@ -304,6 +322,17 @@ class ExploreConfig:
         if self.islands_per_round > self.islands:
             raise ValueError("explore.islands_per_round must be <= explore.islands")
         return self
+
+
+@group("probe")
+class ProbeConfig:
+    """``conf/probe/default.yaml``: the learning probe of every trained phase
+    (``atlas.probe``)."""
+
+    enabled: Bool
+    prompts: Int = Field(ge=1)
+    samples: Int = Field(ge=1)
+    temperature: Num = Field(gt=0)
 
 
 @group("sandbox")

@@ -36,8 +36,41 @@ if not OmegaConf.has_resolver("atlas.suffix"):
     OmegaConf.register_new_resolver("atlas.suffix", lambda s: f"_{s}" if s else "")
 
 
+def probe_text(probe: dict[str, Any]) -> str:
+    """The learning probe's line of a phase (``atlas.results.probe_line``): the change of the
+    valid rate and of the mean score (failures at the floor) with their paired 95 % t
+    intervals, the KL to base and reference, held-out preference accuracy, and its cost."""
+    def num(v: Any, form: str) -> str:
+        return "n/a" if v is None else format(v, form)
+
+    def change(c: dict[str, Any] | None, form: str) -> str:
+        c = c or {}
+        return (f"{num(c.get('mean'), '+' + form)} "
+                f"[{num(c.get('t_lo'), '+' + form)}, {num(c.get('t_hi'), '+' + form)}]")
+
+    n = (probe.get("prompts") or 0) * (probe.get("samples") or 0)
+    share = probe.get("share_of_phase")
+    return (f"probe ({n} programs on prompts D_k never saw): valid "
+            f"{num(probe.get('valid_before'), '.2f')} -> {num(probe.get('valid_after'), '.2f')} "
+            f"({change(probe.get('valid_change'), '.2f')}), score "
+            f"{change(probe.get('score_change'), '.3g')}; KL to base "
+            f"{num(probe.get('kl_base'), '.2e')}, to reference "
+            f"{num(probe.get('kl_reference'), '.2e')}; held-out accuracy "
+            f"{num(probe.get('heldout_accuracy'), '.2f')} of {probe.get('heldout_pairs')} pairs; "
+            f"{num(probe.get('seconds'), '.0f')} s"
+            + (f" ({share:.0%} of the phase)" if share is not None else ""))
+
+
 def phase_text(p: dict[str, Any]) -> str:
-    """One summary line per phase: what the reference did (``atlas.results.phase_line``)."""
+    """The summary's lines of a phase: what the reference did (``atlas.results.phase_line``)
+    and, below it, what the learning probe found."""
+    text = _reference_text(p)
+    if p.get("probe"):
+        text += "\n    " + probe_text(p["probe"])
+    return text
+
+
+def _reference_text(p: dict[str, Any]) -> str:
     head = f"phase {p['phase']} (round {p.get('round')}): "
     if not p["trained"]:
         return head + f"skipped ({p.get('why')})"
