@@ -24,12 +24,15 @@ from typing import Any
 import numpy as np
 
 from atlas import stats
+from atlas.learning import PROBE_MEASURES, learning_rows, separations
 from atlas.provenance import differences, flat
 from atlas.results import KNOBS, round_regimes, summarise
 from atlas.tasks import make_task
 from atlas.telemetry import EVENTS, PROGRAMS, dumps, read_jsonl
 
-METHOD_ORDER = ("evotune", "evodpo", "atlas")
+#: the arms in the order paired differences are taken (later minus earlier): the two
+#: controls first (no LLM, then the agent never fine-tuned), then the paper's methods
+METHOD_ORDER = ("random_literals", "sample", "evotune", "evodpo", "atlas")
 
 
 def find_runs(roots: list[Path]) -> list[Path]:
@@ -298,6 +301,13 @@ def study_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[
                "; ".join(f"{k}: {why}" for k, why in p["strategist"].items()) or "-"]
               for r in sorted(runs, key=lambda r: (r["task"], _arm_order(r["method"]), r["seed"]))
               for p in r.get("phase_log", [])]
+    learning = [[r["task"], r["method"], str(r["phase"]), str(r["n"]),
+                 *(f"{_g(r[k]['mean'], '+.3g')} {_ci(r[k])}" for k, _ in PROBE_MEASURES)]
+                for r in learning_rows(runs)]
+    separated = [[r["task"], r["question"], f"{r['a']} - {r['b']}", str(r["n"]),
+                  _g(r["mean"]), _ci(r, "boot_lo", "boot_hi"), _ci(r, "t_lo", "t_hi"),
+                  f"{r['wins']}/{r['losses']}", _g(r["p_signed_rank"], ".3g")]
+                 for r in separations(runs)]
     return [
         ("Means with 95% Student-t intervals over seeds (mean +- t(0.975, n-1) s/sqrt(n))",
          ["task", "method", "metric", "n", "mean", "std", "95% CI (t)"], means),
@@ -317,6 +327,16 @@ def study_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[
          "lower bound and the KL; the strategist's changes with their reasons",
          ["task", "method", "seed", "phase", "pairs", "kinds", "G_k", "decision", "c*", "S(c*)",
           "S(ref)", "gain", "lower", "KL", "strategist"], phases),
+        ("Learning: the learning probe per phase (programs written before and after the phase, "
+         "on prompts it never trained on, with the same seeds), mean over seeds with 95% t CI: "
+         "the change in valid rate and in score (failures at the phase's floor), KL(policy || "
+         "base) per token, held-out preference accuracy (0.5: no better than chance)",
+         ["task", "method", "phase", "n", *(label for _, label in PROBE_MEASURES)], learning),
+        ("What each part adds, paired on seeds: the LLM over blind tuning (random_literals, no "
+         "LLM), fine-tuning over sampling (sample, never trained), the supporters (within "
+         "ATLAS runs, and over EvoDPO); bootstrap and t 95% CIs, wins/losses, exact signed-rank p",
+         ["task", "question", "A - B", "n", "mean diff", "95% CI (bootstrap)", "95% CI (t)",
+          "wins/losses", "p (signed-rank)"], separated),
     ]
 
 
@@ -369,7 +389,8 @@ def classic_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], lis
     ]
 
 
-CSV_NAMES = ("table2", "table3", "table5", "means_ci", "paired", "valid_by_phase", "phases")
+CSV_NAMES = ("table2", "table3", "table5", "means_ci", "paired", "valid_by_phase", "phases",
+             "learning", "separations")
 
 
 def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]) -> list[Path]:
@@ -411,7 +432,8 @@ def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]
             "interventions", "pair_kinds", "candidates_by_source", "phase_log", "provenance",
             "regime_changes", "supporter_calls")
     doc = {"runs": [{k: r.get(k) for k in keep} | {"run": Path(r["run_dir"]).name} for r in runs],
-           "means": study_means(runs), "paired": study_paired(runs), "valid_by_phase": study_valid(runs)}
+           "means": study_means(runs), "paired": study_paired(runs), "valid_by_phase": study_valid(runs),
+           "learning": learning_rows(runs), "separations": separations(runs)}
     (out_dir / "report.json").write_text(dumps(doc) + "\n")
     written.append(out_dir / "report.json")
     return written
