@@ -225,3 +225,31 @@ def test_the_controls_spend_the_same_budget_and_never_fine_tune(tmp_path, method
         assert results["valid_rate"] > 0.5  # redrawn constants of a passing seed mostly pass
     else:
         assert results["model"] == "tiny"
+
+
+def test_bench_learn_trains_each_setting_from_the_archived_phase_at_toy_size(tmp_path):
+    """``python -m atlas.bench learn`` on the archived main-command run, with the tiny model:
+    one row per setting, each from fresh adapters (the larger lr moves the policy further),
+    the probe's prompts chosen outside D_k, the rows written as JSON."""
+    out = tmp_path / "learn.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "atlas.bench", "learn", "--model", "tiny", "--threads", "1",
+         "--workers", "1", "--probe-prompts", "1", "--probe-samples", "2",
+         "--setting", "lr=1e-2", "--setting", "lr=1e-4,lora_r=8,lora_alpha=16",
+         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    big, small = result["rows"]
+    assert [big["name"], small["name"]] == ["lr=0.01", "lr=0.0001,lora_r=8,lora_alpha=16"]
+    assert big["pairs"] == small["pairs"] > 0 and big["steps"] == small["steps"] > 0
+    assert big["kl_base"] > 10 * small["kl_base"] > 0
+    assert big["train_loss_last"] < big["train_loss_first"]
+    assert result["probe"]["prompts"] == 1 and result["probe"]["samples"] == 2
+    assert "lr=0.01" in proc.stdout and "KL" in proc.stdout
+
+
+def test_bench_learn_names_a_bad_setting_in_one_line():
+    proc = subprocess.run([sys.executable, "-m", "atlas.bench", "learn", "--setting", "lrr=1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("setting 'lrr=1': use key=value")

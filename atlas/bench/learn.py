@@ -117,7 +117,7 @@ def load_phase(run: Path, phase: int) -> Phase:
     return Phase(config, mine, db, files["task_secret"].read_text().strip(), phase)
 
 
-def _agent(config: dict[str, Any], lora: dict[str, Any], cache: dict) -> Any:
+def _agent(config: dict[str, Any], lora: dict[str, Any], cache: dict, device: str) -> Any:
     """A research agent with fresh adapters of the setting's LoRA shape (one per shape)."""
     from atlas.agent.research_agent import ResearchAgent
     from atlas.schema import ModelConfig
@@ -125,7 +125,7 @@ def _agent(config: dict[str, Any], lora: dict[str, Any], cache: dict) -> Any:
     key = (lora.get("lora_r"), lora.get("lora_alpha"))
     if key not in cache:
         fields = {**config["model"], **{k: v for k, v in lora.items() if v is not None}}
-        cache[key] = ResearchAgent(ModelConfig.from_cfg(fields), device="cpu",
+        cache[key] = ResearchAgent(ModelConfig.from_cfg(fields), device=device,
                                    seed=int(config["seed"]))
     return cache[key]
 
@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every setting trained and probed on the archived phase; returns the rows."""
     from omegaconf import OmegaConf
 
+    from atlas.bench.machine import bench_model_cfg, resolve_bench_device
     from atlas.evolution.explorer import Explorer
     from atlas.fine_tuning import phase_seed
     from atlas.loop import agent_thread_budget, torch_threads, usable_cores
@@ -144,20 +145,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     ph = load_phase(Path(args.run), args.phase)
     cfg = ph.config
+    if args.model:  # another model than the run's (tests: the tiny one)
+        cfg = {**cfg, "model": bench_model_cfg(args.model)}
+    device = resolve_bench_device(args.device)
     seed = phase_seed(int(cfg["seed"]), ph.phase)
     task = build_task(OmegaConf.create({"task": cfg["task"]}))
     ex = ExploreConfig.from_cfg(OmegaConf.create(cfg["explore"]))
     probe_cfg = ProbeConfig(enabled=True, prompts=args.probe_prompts,
                             samples=args.probe_samples, temperature=args.probe_temperature)
-    settings = ([parse_setting(s) for s in args.setting] if args.setting else []) + \
-        (grid_settings(args.grid) if args.grid else [])
-    settings = settings or [{}]
+    settings = args.settings
     agents: dict = {}
     sandbox = Sandbox.for_task(task, secret=ph.secret, workers=args.workers,
                                hide=[str(Path(args.run).resolve())])
     rows, failed = [], []
     try:
-        base_agent = _agent(cfg, {}, agents)
+        base_agent = _agent(cfg, {}, agents, device)
         threads = agent_thread_budget(args.threads or None, sandbox)
         cores = args.threads or usable_cores()
         base_agent.thread_budget = threads
@@ -173,7 +175,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for setting in settings:
             name = setting_name(setting)
             try:
-                row = _one(setting, ph, cfg, probe, explorer, agents, threads, seed, cores)
+                row = _one(setting, ph, cfg, probe, explorer, agents, threads, seed, cores,
+                           device)
             except Exception as exc:  # noqa: BLE001 - a failing setting is named, not fatal
                 failed.append({"setting": name, "error": repr(exc)[:300]})
                 print(f"{name}: failed ({exc!r})", flush=True)
@@ -191,7 +194,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _one(setting: dict[str, Any], ph: Phase, cfg: dict[str, Any], probe: Any, explorer: Any,
-         agents: dict, threads: Any, seed: int, cores: int) -> dict[str, Any]:
+         agents: dict, threads: Any, seed: int, cores: int, device: str) -> dict[str, Any]:
     """Train one setting from the base model and probe it."""
     from atlas.agent.adapters import POLICY, get_adapter_state, set_adapter_state
     from atlas.dpo import DPOConfig
@@ -199,7 +202,7 @@ def _one(setting: dict[str, Any], ph: Phase, cfg: dict[str, Any], probe: Any, ex
     from atlas.evolution.preferences import build_pairs
     from atlas.loop import torch_threads
 
-    agent = _agent(cfg, {k: setting.get(k) for k in MODEL_KEYS}, agents)
+    agent = _agent(cfg, {k: setting.get(k) for k in MODEL_KEYS}, agents, device)
     agent.thread_budget = threads
     fresh = agents.setdefault(("fresh", id(agent)), get_adapter_state(agent.model, POLICY))
     set_adapter_state(agent.model, POLICY, fresh)
@@ -272,6 +275,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run", default=str(DEFAULT_RUN),
                         help="an archived run folder (events.jsonl, programs.jsonl, task_secret)")
     parser.add_argument("--phase", type=int, default=1, help="the phase to train again")
+    parser.add_argument("--model", default="",
+                        help="a conf/model option or local folder instead of the run's model")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     parser.add_argument("--setting", action="append", default=[],
                         help="key=value,... (repeatable): one setting")
     parser.add_argument("--grid", nargs="*", default=[],
@@ -285,6 +291,9 @@ def main(argv: list[str] | None = None) -> None:
                              "other processes from stalling the OpenMP threads)")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args(argv)
+    # a bad setting is one line before anything heavy loads
+    args.settings = ([parse_setting(s) for s in args.setting]
+                     + (grid_settings(args.grid) if args.grid else [])) or [{}]
     result = run(args)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
