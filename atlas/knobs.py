@@ -23,7 +23,19 @@ HARD_BOUNDS: dict[str, tuple[float, float]] = {
     "epochs": (1, 5),
 }
 
+#: the strategist's default range of each bounded knob (``dpo.bounds``, which may only narrow
+#: ``HARD_BOUNDS``): around ``conf/dpo/default.yaml``'s values, lr from a tenth of the default
+#: to twice it and at most 3 epochs, since at twice the default lr (5e-4) a phase of the main
+#: command already collapsed the agent's valid rate (docs/results.md, "Does the agent learn?")
+DEFAULT_BOUNDS: dict[str, tuple[float, float]] = {
+    "beta": (0.01, 2.0),
+    "lr": (2.5e-5, 5e-4),
+    "epochs": (1, 3),
+}
+
 #: knobs that take integer values (their bounds are integers too)
 INTEGER_KNOBS: frozenset[str] = frozenset({"epochs"})
 
-assert set(HARD_BOUNDS) < set(KNOBS)
+assert set(HARD_BOUNDS) < set(KNOBS) and set(DEFAULT_BOUNDS) == set(HARD_BOUNDS)
+assert all(HARD_BOUNDS[k][0] <= lo <= hi <= HARD_BOUNDS[k][1]
+           for k, (lo, hi) in DEFAULT_BOUNDS.items())

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from atlas.knobs import HARD_BOUNDS
+from atlas.knobs import DEFAULT_BOUNDS
 from atlas.schema import Bool, Int, Num, NumOrAuto, group
 
 
@@ -38,7 +38,7 @@ class DPOConfig:
 
     beta: Num = Field(0.1, gt=0.0)
     """Inverse temperature of the preference margin (reward = beta * log-ratio)."""
-    lr: Num = Field(5.0e-5, gt=0.0)
+    lr: Num = Field(2.5e-4, gt=0.0)
     """AdamW learning rate of the policy adapter."""
     epochs: Int = Field(1, ge=1)
     """Passes over D_k per phase."""
@@ -77,7 +77,7 @@ class DPOConfig:
     instead of one unpadded row each; the same log-probs within float rounding, fewer and
     wider passes. ``auto``: padded on CUDA, rows on the CPU (``python -m atlas.bench dpo``
     measures both; docs/results.md). Each phase records the path it ran."""
-    bounds: dict[str, Any] = Field(default_factory=lambda: dict(HARD_BOUNDS),
+    bounds: dict[str, Any] = Field(default_factory=lambda: dict(DEFAULT_BOUNDS),
                                    validate_default=True)
     """Hard [low, high] limits that ``clamped`` applies to the named knobs."""
 
