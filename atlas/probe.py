@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from atlas.evolution.buffer import failure_floor
 from atlas.schema import ProbeConfig
 from atlas.stats import bootstrap_interval, t_interval
-from atlas.types import Program, ProgramSource
+from atlas.types import Evaluation, Program, ProgramSource
 
 if TYPE_CHECKING:  # annotations only: the run's collaborators
     from atlas.evolution.explorer import Attempt, Explorer
@@ -148,13 +148,14 @@ class LearningProbe:
                    floor=failure_floor([p for p in programs if p.source != ProgramSource.SEED]),
                    seed=(seed * 31 + SEED_SALT) % (2**31 - 1))
 
-    def _write(self, when: str) -> None:
+    def _write(self, when: str, known: dict[str, Evaluation] | None = None) -> None:
         from atlas.agent.adapters import POLICY  # deferred: peft is slow to import
 
         t0 = time.perf_counter()
         attempts = self.explorer.write_unfiled(
             [p for p, _ in self.prompts], self.cfg.samples, temperature=self.cfg.temperature,
-            seed=self.seed, context=self.context, adapter=POLICY) if self.prompts else []
+            seed=self.seed, context=self.context, adapter=POLICY,
+            known=known) if self.prompts else []
         self.sides[when] = Side(attempts, time.perf_counter() - t0)
 
     def before(self) -> None:
@@ -162,8 +163,13 @@ class LearningProbe:
         self._write("before")
 
     def after(self) -> None:
-        """The policy the phase leaves with writes them again, with the same seeds."""
-        self._write("after")
+        """The policy the phase leaves with writes them again, with the same seeds. A program
+        it writes as it did before (common random numbers make that frequent when the phase
+        moved it little) takes the "before" evaluation when that passed: the sandbox scores a
+        program's code deterministically on one task context."""
+        known = {a.code: a.evaluation for a in self.sides["before"].flat()
+                 if a.code and _passed(a)}
+        self._write("after", known)
 
     def record(self, model: Any, tokenizer: Any, *, reference_state: dict | None, beta: float,
                max_length: int) -> dict[str, Any]:

@@ -105,6 +105,28 @@ def test_probe_samples_with_the_same_seeds_before_and_after_and_files_nothing(ag
     assert set(record["seconds"]) == {"before", "after", "measure", "total"}
 
 
+def test_the_after_side_reuses_a_passing_evaluation_of_the_same_code_and_runs_the_rest():
+    """What the policy writes again, as it did before the phase, is not scored again when it
+    passed (the sandbox scores code deterministically on one context); failures run again."""
+    from tests.test_evolution_explorer import make
+
+    explorer, agent, sandbox, db = make()
+    explorer.seed_islands(0)
+    programs = explorer.run_round(1, 1)
+    probe = LearningProbe.for_phase(PROBE, explorer, programs, seed=3)
+    probe.before()
+    first = len(sandbox.submitted)
+    probe.after()
+    again = sandbox.submitted[first:]
+    before = probe.sides["before"].flat()
+    passed = {a.code for a in before if a.evaluation.passed}
+    assert passed and not passed & set(again)
+    assert len(again) == sum(1 for a in before if a.code and not a.evaluation.passed)
+    after = probe.sides["after"].flat()
+    assert [a.evaluation.score for a in after] == [a.evaluation.score for a in before]
+    assert all(a.evaluation.seconds == 0.0 for a in after if a.code in passed)
+
+
 def test_a_trained_phase_records_its_probe_on_prompts_outside_dk_and_gk(agent):
     for method in (EVOTUNE, EVODPO):
         explorer, db, programs = world(agent)

@@ -83,24 +83,29 @@ class Phase:
     db: Any  # the database as the run had it at the phase's end
     secret: str
     phase: int
+    secret_file: Path
 
 
-def load_phase(run: Path, phase: int) -> Phase:
+def load_phase(run: Path, phase: int, secret: Path | None = None) -> Phase:
     """The run folder's phase ``phase`` (``events.jsonl`` for the config, ``programs.jsonl``,
-    ``task_secret``)."""
+    and the task secret: ``secret``, by default the folder's ``task_secret``). Explore fields
+    an older run's config lacks take today's defaults (they do not change its programs)."""
     from omegaconf import OmegaConf
 
     from atlas.evolution.database import ProgramDatabase
     from atlas.schema import ExploreConfig
     from atlas.types import Program, ProgramSource
 
-    files = {n: run / n for n in ("events.jsonl", "programs.jsonl", "task_secret")}
+    files = {"events.jsonl": run / "events.jsonl", "programs.jsonl": run / "programs.jsonl",
+             "task_secret": secret or run / "task_secret"}
     missing = [str(f) for f in files.values() if not f.is_file()]
     if missing:
-        raise SystemExit(f"--run {run}: missing {', '.join(missing)} (an archived run folder "
-                         f"with its task secret)")
+        raise SystemExit(f"--run {run}: missing {', '.join(missing)} (an archived run folder; "
+                         f"--secret names its task secret when the folder holds none)")
     first = json.loads(files["events.jsonl"].read_text().splitlines()[0])
     config = first["config"]
+    defaults = OmegaConf.load(ROOT / "conf" / "explore" / "default.yaml")
+    config["explore"] = {**OmegaConf.to_container(defaults), **config["explore"]}
     ex = ExploreConfig.from_cfg(OmegaConf.create(config["explore"]))
     every = ex.phase_every
     last = phase * every
@@ -114,7 +119,8 @@ def load_phase(run: Path, phase: int) -> Phase:
             and p.source != ProgramSource.RESCORE]
     if not mine:
         raise SystemExit(f"{run} has no programs in phase {phase}")
-    return Phase(config, mine, db, files["task_secret"].read_text().strip(), phase)
+    return Phase(config, mine, db, files["task_secret"].read_text().strip(), phase,
+                 files["task_secret"])
 
 
 def _agent(config: dict[str, Any], lora: dict[str, Any], cache: dict, device: str) -> Any:
@@ -143,7 +149,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from atlas.schema import ExploreConfig, ProbeConfig
     from atlas.tasks import build_task
 
-    ph = load_phase(Path(args.run), args.phase)
+    ph = load_phase(Path(args.run), args.phase, Path(args.secret) if args.secret else None)
     cfg = ph.config
     if args.model:  # another model than the run's (tests: the tiny one)
         cfg = {**cfg, "model": bench_model_cfg(args.model)}
@@ -156,7 +162,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = args.settings
     agents: dict = {}
     sandbox = Sandbox.for_task(task, secret=ph.secret, workers=args.workers,
-                               hide=[str(Path(args.run).resolve())])
+                               hide=[str(Path(args.run).resolve()),
+                                     str(ph.secret_file.resolve().parent)])
     rows, failed = [], []
     try:
         base_agent = _agent(cfg, {}, agents, device)
@@ -275,6 +282,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run", default=str(DEFAULT_RUN),
                         help="an archived run folder (events.jsonl, programs.jsonl, task_secret)")
     parser.add_argument("--phase", type=int, default=1, help="the phase to train again")
+    parser.add_argument("--secret", default="",
+                        help="the run's task secret file (default: <run>/task_secret)")
     parser.add_argument("--model", default="",
                         help="a conf/model option or local folder instead of the run's model")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto")

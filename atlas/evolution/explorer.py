@@ -341,22 +341,28 @@ class Explorer:
         return list(zip(texts, early))
 
     def write_unfiled(self, prompts: Sequence[str], samples: int, *, temperature: float,
-                      seed: int, context: dict[str, Any], adapter: str | None
-                      ) -> list[list[Attempt]]:
+                      seed: int, context: dict[str, Any], adapter: str | None,
+                      known: Mapping[str, Evaluation] | None = None) -> list[list[Attempt]]:
         """``samples`` completions per prompt from ``adapter``, each scored in the sandbox
         under ``context`` and filed nowhere (the on-line inspector's and the learning probe's
         programs: they are not candidates, so neither the database nor the budget sees them).
-        A sample that ends early is scored while the others still decode; a copy of a program
-        that passed on this regime takes its evaluation (``explore.reuse_evaluations``).
-        Deterministic for a given ``seed``: the same seed, prompts and ``samples`` draw the
-        same random numbers under any policy (common random numbers)."""
+        A sample that ends early is scored while the others still decode; with
+        ``explore.reuse_evaluations``, a copy of a program that passed on this regime, or of
+        one in ``known`` (code -> its passing evaluation under ``context``), takes that
+        evaluation. Deterministic for a given ``seed``: the same seed, prompts and ``samples``
+        draw the same random numbers under any policy (common random numbers)."""
         s, entry, filed = self.settings, self.spec.entry_point, len(self.db)
         prefills = [prefill_of(p) for p in prompts]
         early: dict[int, tuple[str, str | None, Future]] = {}
 
+        def submit_one(code: str | None) -> Future:
+            if s.reuse_evaluations and known and code in known:
+                return done(reused(known[code]))
+            return self.submit_code(code, context, filed)
+
         def score_now(row: int, completion: str) -> None:
             code = extract_program(prefills[row // samples], completion, entry)
-            early[row] = (completion, code, self.submit_code(code, context, filed))
+            early[row] = (completion, code, submit_one(code))
 
         streams = {"on_done": score_now} if getattr(self.agent, "streams_results", False) \
             else {}
@@ -372,7 +378,7 @@ class Explorer:
                     _, code, fut = hit
                 else:
                     code = extract_program(prefills[j], completion, entry)
-                    fut = self.submit_code(code, context, filed)
+                    fut = submit_one(code)
                 row_out.append((completion, code, fut))
             pending.append(row_out)
         return [[Attempt(completion, code, outcome(fut)) for completion, code, fut in row]
