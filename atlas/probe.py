@@ -177,6 +177,7 @@ class LearningProbe:
 
         ``reference_state``: the ``ref`` adapter's tensors as the phase began (None: the
         reference is the base model, as EvoTune's); ``beta``: the phase's DPO beta."""
+        # deferred: torch (a run without DPO never loads it)
         from atlas.dpo.heldout import comparable_pairs, measure
         from atlas.dpo.scoring import BASE, POLICY_NOW, PolicySpec
 

@@ -33,6 +33,7 @@ from atlas.dpo.batching import PairCollator, encode
 from atlas.dpo.callbacks import snapshot_steps
 from atlas.dpo.logprobs import sequence_logps
 from atlas.dpo.loss import dpo_terms
+from atlas.knobs import HARD_BOUNDS
 from atlas.types import PreferencePair
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -69,10 +70,12 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 # -- config -----------------------------------------------------------------------------------
 def test_config_mirrors_yaml_validates_and_clamps():
     cfg = DPOConfig.from_cfg(OmegaConf.load(CONF / "dpo" / "default.yaml"))
-    assert (cfg.beta, cfg.lr, cfg.epochs, cfg.batch_size, cfg.checkpoints) == (0.1, 5e-5, 1, 2, 1)
-    assert cfg.score_threshold is None and cfg.bounds["lr"] == (1e-6, 1e-3)
+    assert (cfg.beta, cfg.lr, cfg.epochs, cfg.batch_size, cfg.checkpoints) == (0.1, 2.5e-4, 1, 2, 1)
+    assert cfg.score_threshold is None and cfg.bounds["lr"] == (2.5e-5, 2.5e-4)
     wild = DPOConfig(beta=7.0, lr=0.5, epochs=40).clamped()
-    assert (wild.beta, wild.lr, wild.epochs) == (2.0, 1e-3, 5)
+    assert (wild.beta, wild.lr, wild.epochs) == (2.0, 2.5e-4, 2)
+    wide = DPOConfig(beta=7.0, lr=0.5, epochs=40, bounds=HARD_BOUNDS).clamped()
+    assert (wide.beta, wide.lr, wide.epochs) == (2.0, 1e-3, 5)
     assert isinstance(wild.epochs, int)
     assert DPOConfig(beta=0.001).clamped().beta == 0.01
     with pytest.raises(ValueError, match=r"dpo\.beta must be > 0"):
@@ -202,7 +205,8 @@ def test_snapshot_steps_are_spread_and_exclude_final():
 def test_train_phase_learns_and_keeps_reference_and_base(reference):
     model, tok = tiny_peft()
     pairs = make_pairs(8)
-    cfg = DPOConfig(beta=0.5, lr=1e-3, epochs=3, batch_size=4, max_length=96, checkpoints=2)
+    cfg = DPOConfig(beta=0.5, lr=1e-3, epochs=3, batch_size=4, max_length=96, checkpoints=2,
+                    bounds=HARD_BOUNDS)  # 3 epochs at 1e-3: past the default range
     ref_before = get_adapter_state(model, REF)
     policy_before = get_adapter_state(model, POLICY)
     base_before = base_state(model)
@@ -440,7 +444,8 @@ def test_the_reference_callback_promotes_its_chosen_candidate_when_the_fit_ends(
 
     model, tok = tiny_peft()
     before = get_adapter_state(model, REF)
-    cfg = DPOConfig(lr=1e-3, epochs=3, batch_size=2, max_length=64, checkpoints=2)
+    cfg = DPOConfig(lr=1e-3, epochs=3, batch_size=2, max_length=64, checkpoints=2,
+                    bounds=HARD_BOUNDS)
     owner = _owner(tok, lambda cands: GateDecision(accepted=True, chosen=cands[0].name))
     res = train_phase(model, tok, make_pairs(4), cfg, "adaptive", reference_callback=owner)
     assert [c.name for c in res.candidates] == ["step_2", "step_4", "final"]

@@ -92,6 +92,7 @@ def load_phase(run: Path, phase: int, secret: Path | None = None) -> Phase:
     an older run's config lacks take today's defaults (they do not change its programs)."""
     from omegaconf import OmegaConf
 
+    # deferred: the archive's records pull pydantic; a bad setting is refused before them
     from atlas.evolution.database import ProgramDatabase
     from atlas.schema import ExploreConfig
     from atlas.types import Program, ProgramSource
@@ -125,6 +126,7 @@ def load_phase(run: Path, phase: int, secret: Path | None = None) -> Phase:
 
 def _agent(config: dict[str, Any], lora: dict[str, Any], cache: dict, device: str) -> Any:
     """A research agent with fresh adapters of the setting's LoRA shape (one per shape)."""
+    # deferred: torch, transformers and peft
     from atlas.agent.research_agent import ResearchAgent
     from atlas.schema import ModelConfig
 
@@ -140,6 +142,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every setting trained and probed on the archived phase; returns the rows."""
     from omegaconf import OmegaConf
 
+    # deferred: torch, the sandbox and the task load after the settings are checked
     from atlas.bench.machine import bench_model_cfg, resolve_bench_device
     from atlas.evolution.explorer import Explorer
     from atlas.fine_tuning import phase_seed
@@ -203,6 +206,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _one(setting: dict[str, Any], ph: Phase, cfg: dict[str, Any], probe: Any, explorer: Any,
          agents: dict, threads: Any, seed: int, cores: int, device: str) -> dict[str, Any]:
     """Train one setting from the base model and probe it."""
+    # deferred: torch and peft
     from atlas.agent.adapters import POLICY, get_adapter_state, set_adapter_state
     from atlas.dpo import DPOConfig
     from atlas.dpo.phase import train_phase
@@ -268,6 +272,7 @@ def row_line(row: dict[str, Any]) -> str:
 def _machine() -> dict[str, Any]:
     import torch
 
+    # deferred: torch
     from atlas.agent.precision import native_bf16
     from atlas.provenance import cpu_model, git_state
 
