@@ -21,9 +21,9 @@ from atlas.agent.adapters import REF, get_adapter_state
 from atlas.checkpoint import CheckpointError
 from atlas.dpo import DPOConfig, GateConfig, train_phase
 from atlas.dpo.evidence import HOLDOUT, Evidence, choose_evidence
-from atlas.dpo.gate import INSUFFICIENT
 from atlas.dpo.online_inspection import OnlineInspector
 from atlas.dpo.reference import ReferenceCallback, ReferenceOutcome, ReferenceState, no_decision
+from atlas.dpo.rules import INSUFFICIENT
 from atlas.evolution.buffer import failure_floor
 from atlas.evolution.preferences import PAIR_KINDS, build_pairs
 from atlas.knobs import KNOBS
@@ -225,8 +225,7 @@ class FineTuner:
 
             def review(decision: GateDecision) -> Any:
                 return inspector.review(supporter_requests.inspector_request(
-                    phase, decision, items, programs, gate_cfg=self.gate_cfg,
-                    quality_metrics=self.quality_metrics))
+                    phase, decision, items, programs, quality_metrics=self.quality_metrics))
         owner = ReferenceCallback(self.agent.tokenizer, items, self.gate_cfg, gated=gated,
                                   seed=seed, phase=phase, state=self.reference_state,
                                   decide=decide, review=review,
@@ -254,8 +253,8 @@ class FineTuner:
         """ATLAS only: the strategist may change beta / lr / epochs / score_threshold."""
         if self.supporters is None:
             return None
-        request = supporter_requests.strategist_request(phase, self.dpo_cfg, programs, stats,
-                                                        self.history, gate_cfg=self.gate_cfg)
+        request = supporter_requests.strategist_request(phase, self.dpo_cfg, self.gate_cfg,
+                                                        programs, stats, self.history)
         advice = self.supporters.strategist.advise(request)
         before = dataclasses.asdict(self.dpo_cfg)
         updated = dataclasses.replace(self.dpo_cfg, beta=advice.beta, lr=advice.lr,

@@ -34,9 +34,11 @@ import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from atlas.bench.machine import resolve_bench_device
+from atlas.dpo.rules import BOUNDS, SCALES, Eq5, judge
 from atlas.types import GateItem, Program
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -294,7 +296,7 @@ def null_rates(shapes: list[tuple[int, int]], trials: int, gate: Any, sigma: flo
     gen = torch.Generator().manual_seed(seed)
     out = []
     for n_items, n in shapes:
-        passed = {b: 0 for b in ("bc", "percentile", "normal")}
+        passed = {b: 0 for b in BOUNDS}
         for t in range(trials):
             items, logps = [], []
             for _ in range(n_items):
@@ -343,10 +345,14 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def accepted_at(row: dict[str, Any], epsilon: float, delta: float) -> bool:
-    """Eq. 5 on a recorded row at another epsilon: c* (Eq. 4) does not depend on epsilon, so
-    the decision is the row's lower bound and KL against the thresholds (NaN fails)."""
+    """The Eq. 5 rule (``atlas.dpo.rules.Eq5``) on a recorded row at another epsilon: c*
+    (Eq. 4) does not depend on epsilon, so the decision is the rule's verdict on the row's
+    lower bound and KL (an unrecorded or NaN number fails)."""
     lower, kl = row.get("lower"), row.get("kl")
-    return (lower is not None and kl is not None and lower >= epsilon and kl <= delta)
+    if lower is None or kl is None:
+        return False
+    at = SimpleNamespace(rule=Eq5.name, epsilon=epsilon, delta=delta)
+    return judge(at, gain=row.get("gain", lower), lower=lower, kl=kl).accepted
 
 
 def rates_by_epsilon(rows: list[dict[str, Any]], epsilons: list[float], delta: float
@@ -416,9 +422,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--candidates", default="",
                     help="with --rows: re-decide on these positions of C_k only, e.g. -1 (the "
                          "final policy) or 1,-1 (the second snapshot and the final one)")
-    ap.add_argument("--scale", choices=("subset", "item"), default=None,
+    ap.add_argument("--scale", choices=SCALES, default=None,
                     help="gate.scale for this command (default: conf/gate/default.yaml)")
-    ap.add_argument("--bound", choices=("bc", "percentile", "normal"), default=None,
+    ap.add_argument("--bound", choices=BOUNDS, default=None,
                     help="gate.bound for this command (default: conf/gate/default.yaml)")
     ap.add_argument("--holdout-share", type=float, default=None,
                     help="gate.holdout for this command: the share of prompts held out of D_k "
