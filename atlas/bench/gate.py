@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from atlas.agent.adapters import POLICY, REF, get_adapter_state, set_adapter_state
     from atlas.agent.research_agent import ResearchAgent
     from atlas.dpo import DPOConfig, train_phase
-    from atlas.dpo.reference import ReferenceCallback
+    from atlas.dpo.reference import GateJudge, Promoter, ReferenceCallback
     from atlas.evolution.database import ProgramDatabase
     from atlas.schema import ExploreConfig, ModelConfig
 
@@ -216,8 +216,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             set_adapter_state(agent.model, REF, start[REF])
             passes: list = []
             # the run's reference owner, deciding without promoting
-            owner = ReferenceCallback(agent.tokenizer, items, gate, gated=True, seed=t,
-                                      promote_accepted=False, keep_pass=passes)
+            owner = ReferenceCallback(Promoter(
+                GateJudge(agent.tokenizer, items, gate, gated=True, seed=t, keep_pass=passes),
+                promote_accepted=False))
             t0 = time.perf_counter()
             res = train_phase(agent.model, agent.tokenizer, arm_pairs, dpo, "adaptive", seed=t,
                               reference_callback=owner)
