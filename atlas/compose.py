@@ -156,6 +156,12 @@ def override_problem(overrides: Sequence[str]) -> str | None:
 
 
 # -- group names and options, before Hydra ------------------------------------------------------
+def group_defaults(group: str, conf: Path = CONF) -> dict[str, Any]:
+    """The values of a group's default option (``conf/<group>/default.yaml``), unresolved."""
+    return OmegaConf.to_container(OmegaConf.load(conf / group / "default.yaml"),
+                                  resolve=False) or {}
+
+
 def groups(conf: Path = CONF) -> dict[str, list[str]]:
     """``{group: [option, ...]}`` of ``conf/`` (Hydra's own groups left out)."""
     return {d.name: sorted(p.stem for p in d.glob("*.yaml"))

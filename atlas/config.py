@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from atlas.compose import check_known_keys
 from atlas.dpo.config import DPOConfig, GateConfig
+from atlas.dpo.rules import read_by_rules
 from atlas.knobs import HARD_BOUNDS
 from atlas.loggers import LoggerSpec, logger_spec
 from atlas.loggers import builtin as builtin_logger
@@ -66,8 +67,9 @@ def check_ignored(cfg: DictConfig) -> None:
 
 
 #: gate fields that only decide a promotion: with method.gate=false (EvoDPO promotes every
-#: phase) the gate's numbers are recorded, and these change nothing
-GATE_DECIDES = ("epsilon", "delta", "holdout", "evidence", "min_holdout_completions",
+#: phase) the gate's numbers are recorded, and these change nothing. Which rule tests c*,
+#: the fields the rules read (each rule names them: ``atlas.dpo.rules``), and G_k's choice
+GATE_DECIDES = ("rule", *read_by_rules(), "holdout", "evidence", "min_holdout_completions",
                 "min_completions")
 
 

@@ -21,9 +21,14 @@ from atlas.agent.adapters import REF, get_adapter_state
 from atlas.checkpoint import CheckpointError
 from atlas.dpo import DPOConfig, GateConfig, train_phase
 from atlas.dpo.evidence import HOLDOUT, Evidence, choose_evidence
-from atlas.dpo.gate import INSUFFICIENT
 from atlas.dpo.online_inspection import OnlineInspector
-from atlas.dpo.reference import ReferenceCallback, ReferenceOutcome, ReferenceState, no_decision
+from atlas.dpo.reference import (
+    GateJudge,
+    Promoter,
+    ReferenceCallback,
+    ReferenceOutcome,
+    ReferenceState,
+)
 from atlas.evolution.buffer import failure_floor
 from atlas.evolution.preferences import PAIR_KINDS, build_pairs
 from atlas.knobs import KNOBS
@@ -210,28 +215,25 @@ class FineTuner:
 
     def _reference_owner(self, phase: int, programs: list[Program], evidence: Evidence
                          ) -> ReferenceCallback:
-        """The adaptive reference's owner for this phase's fit: G_k, the gate's settings, the
-        inspector's review, the run's ``ReferenceState``."""
+        """The adaptive reference's owner for this phase's fit: the judge (G_k, the gate's
+        settings), the promoter (the inspector's review, the run's ``ReferenceState``)."""
         t0 = time.time()
-        seed = phase_seed(self.seed, phase)
         gated = bool(self.method.gate)
         items = evidence.items
-        review = decide = None
-        if gated and not evidence.sufficient:
-            def decide(candidates: list) -> GateDecision:
-                return no_decision(candidates, self.gate_cfg, INSUFFICIENT)
+        sufficient = not gated or evidence.sufficient
+        judge = GateJudge(self.agent.tokenizer, items, self.gate_cfg, gated=gated,
+                          seed=phase_seed(self.seed, phase), sufficient=sufficient,
+                          online_score=self._online_inspector(phase, items, programs)
+                          if sufficient else None)
+        review = None
         if gated and self.supporters is not None:
             inspector = self.supporters.inspector
 
             def review(decision: GateDecision) -> Any:
                 return inspector.review(supporter_requests.inspector_request(
-                    phase, decision, items, programs, gate_cfg=self.gate_cfg,
-                    quality_metrics=self.quality_metrics))
-        owner = ReferenceCallback(self.agent.tokenizer, items, self.gate_cfg, gated=gated,
-                                  seed=seed, phase=phase, state=self.reference_state,
-                                  decide=decide, review=review,
-                                  online_score=None if decide else
-                                  self._online_inspector(phase, items, programs))
+                    phase, decision, items, programs, quality_metrics=self.quality_metrics))
+        owner = ReferenceCallback(Promoter(judge, phase=phase, state=self.reference_state,
+                                           review=review))
         owner.prepare_seconds = time.time() - t0
         return owner
 
@@ -254,8 +256,8 @@ class FineTuner:
         """ATLAS only: the strategist may change beta / lr / epochs / score_threshold."""
         if self.supporters is None:
             return None
-        request = supporter_requests.strategist_request(phase, self.dpo_cfg, programs, stats,
-                                                        self.history, gate_cfg=self.gate_cfg)
+        request = supporter_requests.strategist_request(phase, self.dpo_cfg, self.gate_cfg,
+                                                        programs, stats, self.history)
         advice = self.supporters.strategist.advise(request)
         before = dataclasses.asdict(self.dpo_cfg)
         updated = dataclasses.replace(self.dpo_cfg, beta=advice.beta, lr=advice.lr,
@@ -282,10 +284,11 @@ def dk_fields(pairs: list[PreferencePair], held: list[str], cfg: DPOConfig) -> d
 def gate_fields(owner: ReferenceCallback, evidence: Evidence, outcome: ReferenceOutcome
                 ) -> dict[str, Any]:
     """The record's gate fields: the owner's decision on G_k and the promotion."""
-    online = owner.online_score
+    judge = owner.promoter.judge
+    online = judge.online_score
     return dict(gate=outcome.decision, evidence=evidence.to_event(),
-                held_out=evidence.mode == HOLDOUT, gate_prompts=len(owner.items),
-                gk_prompt_hashes=sorted({prompt_hash(it.prompt) for it in owner.items}),
+                held_out=evidence.mode == HOLDOUT, gate_prompts=len(judge.items),
+                gk_prompt_hashes=sorted({prompt_hash(it.prompt) for it in judge.items}),
                 online=online.records if online is not None else None,
                 promoted=outcome.promoted, vetoed=outcome.vetoed, inspector=outcome.verdict,
                 seconds_gate=outcome.seconds + owner.prepare_seconds,

@@ -24,15 +24,22 @@ from typing import Any
 import numpy as np
 
 from atlas import stats
-from atlas.learning import PROBE_MEASURES, learning_rows, separations
+from atlas.learning import (
+    FINE_TUNED,
+    NEVER_TRAINED,
+    NO_LLM,
+    PROBE_MEASURES,
+    learning_rows,
+    separations,
+)
 from atlas.provenance import differences, flat
 from atlas.results import KNOBS, round_regimes, summarise
 from atlas.tasks import make_task
 from atlas.telemetry import EVENTS, PROGRAMS, dumps, read_jsonl
 
 #: the arms in the order paired differences are taken (later minus earlier): the two
-#: controls first (no LLM, then the agent never fine-tuned), then the paper's methods
-METHOD_ORDER = ("random_literals", "sample", "evotune", "evodpo", "atlas")
+#: controls first (no LLM, then the agent never fine-tuned), then the fine-tuned methods
+METHOD_ORDER = (NO_LLM, NEVER_TRAINED, *FINE_TUNED)
 
 
 def find_runs(roots: list[Path]) -> list[Path]:

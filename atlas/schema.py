@@ -176,6 +176,26 @@ def plain_mapping(cfg: Any, group: str) -> dict[str, Any]:
     return dict(cfg)
 
 
+def from_record(schema: type[T], record: Mapping[str, Any] | None,
+                defaults: Mapping[str, Any]) -> tuple[T, frozenset[str]] | None:
+    """A group's settings as a run folder recorded them (its ``config`` event), through the
+    group's schema, and the names of the fields the record lacks.
+
+    A run recorded before a field existed lacks it: the field takes ``defaults`` (the group's
+    YAML), and the caller sees it was not recorded. A field the schema no longer has is left
+    out. None when the record holds values the schema refuses.
+    """
+    names = {f.name for f in dataclasses.fields(schema)}
+    record = dict(record or {})
+    lacked = frozenset(n for n in names if n not in record)
+    values = {**{n: v for n, v in defaults.items() if n in lacked},
+              **{n: v for n, v in record.items() if n in names}}
+    try:
+        return schema(**values), lacked
+    except (TypeError, ValueError):
+        return None
+
+
 def group(name: str, *, fixes: Mapping[str, str] | None = None) -> Callable[[type[T]], type[T]]:
     """Class decorator: the schema of config group ``name`` ("" for the top-level fields).
 

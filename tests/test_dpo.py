@@ -430,13 +430,22 @@ def test_train_phase_rejects_bad_input():
 
 
 # -- the reference's owner: a Lightning callback -----------------------------------------------
+def _decided(tok, decision_for):
+    """A judge whose Eq. 4/5 is replaced by ``decision_for(C_k)``."""
+    from atlas.dpo.reference import GateJudge
+
+    class Decided(GateJudge):
+        def __call__(self, model, candidates, timings):
+            return decision_for(candidates)
+
+    return Decided(tok, [], GateConfig(), gated=True, seed=0)
+
+
 def _owner(tok, decision_for, **kw):
     """A ReferenceCallback whose Eq. 4/5 is replaced by ``decision_for(C_k)``."""
-    from atlas.dpo import GateConfig
-    from atlas.dpo.reference import ReferenceCallback
+    from atlas.dpo.reference import Promoter, ReferenceCallback
 
-    return ReferenceCallback(tok, [], GateConfig(), gated=True, seed=0, phase=3,
-                             decide=decision_for, **kw)
+    return ReferenceCallback(Promoter(_decided(tok, decision_for), phase=3, **kw))
 
 
 def test_the_reference_callback_promotes_its_chosen_candidate_when_the_fit_ends():
@@ -452,9 +461,9 @@ def test_the_reference_callback_promotes_its_chosen_candidate_when_the_fit_ends(
     assert res.reference is owner.outcome and res.reference.candidate == "step_2"
     assert same(get_adapter_state(model, REF), res.candidates[0].state)
     assert not same(get_adapter_state(model, REF), before)
-    assert owner.state.current == "phase 3 step_2"
-    assert owner.state.promotions == [{"phase": 3, "candidate": "step_2", "step": 2}]
-    assert owner.state_dict() == owner.state.to_state()  # Lightning's callback state
+    assert owner.promoter.state.current == "phase 3 step_2"
+    assert owner.promoter.state.promotions == [{"phase": 3, "candidate": "step_2", "step": 2}]
+    assert owner.state_dict() == owner.promoter.state.to_state()  # Lightning's callback state
 
     # rejected, or accepted but vetoed by the review: ref stays
     for decision, review in ((GateDecision(accepted=False, chosen="final"), None),
@@ -472,8 +481,7 @@ def test_a_write_to_ref_inside_the_fit_stops_the_phase():
     """The reference log-prob table is built when the fit starts: ``ref`` moving inside the
     fit would make that phase's DPO loss wrong, so the owner refuses it."""
     from atlas.agent.adapters import promote as write_ref
-    from atlas.dpo import GateConfig
-    from atlas.dpo.reference import ReferenceCallback, ReferenceMoved
+    from atlas.dpo.reference import Promoter, ReferenceCallback, ReferenceMoved
     from atlas.types import GateDecision
 
     class Intruder(ReferenceCallback):  # something writes ref between two steps
@@ -482,8 +490,9 @@ def test_a_write_to_ref_inside_the_fit_stops_the_phase():
             super().on_train_batch_end(trainer, pl_module, *args)
 
     model, tok = tiny_peft()
-    owner = Intruder(tok, [], GateConfig(), gated=True, seed=0, phase=3,
-                     decide=lambda cands: GateDecision(accepted=True, chosen="final"))
+    owner = Intruder(Promoter(_decided(tok, lambda cands: GateDecision(accepted=True,
+                                                                        chosen="final")),
+                              phase=3))
     with pytest.raises(ReferenceMoved, match="changed during phase 3's fit"):
         train_phase(model, tok, make_pairs(4), DPOConfig(lr=1e-3, batch_size=2, max_length=64),
                     "adaptive", reference_callback=owner)
