@@ -3,7 +3,9 @@
 exactly the task a run builds. Also the checks Hydra does badly, made on the command line
 before it composes: a ``pkg://`` search path whose package cannot be imported (Hydra says
 only "Could not find 'task/<name>'"), a mistyped group or option, a key that no option of
-``conf/`` defines (``check_known_keys`` checks the composed config the same way).
+``conf/`` defines (``check_known_keys`` checks the composed config the same way), and a YAML
+mistake in a file the config is composed from, as one line naming the file, line and column
+(``yaml_line``; a broken file the command does not use stops nothing).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from atlas.fields import check_known_fields
@@ -64,22 +67,91 @@ def _merge(into: dict[str, Any], data: Mapping[str, Any]) -> None:
             into.setdefault(key, None)
 
 
+def yaml_line(exc: BaseException) -> str | None:
+    """One line naming the file, line, column and problem of a YAML error in ``exc``'s chain
+    (Hydra lets PyYAML's many-line error through as it is); None when there is none."""
+    while exc is not None and not isinstance(exc, yaml.YAMLError):
+        exc = exc.__cause__ or exc.__context__
+    if exc is None:
+        return None
+    mark = getattr(exc, "problem_mark", None)
+    if mark is None:
+        return f"a YAML file cannot be read: {' '.join(str(exc).split())}; fix its YAML"
+    problem = getattr(exc, "problem", None) or "cannot be parsed"
+    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}"
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start is not None and (start.line, start.column) != (mark.line, mark.column):
+        problem += f" ({context} at line {start.line + 1}, column {start.column + 1})"
+    hint = ("indent with spaces: YAML refuses tabs" if "'\\t'" in problem
+            else "close the bracket or quote opened there" if "<stream end>" in problem
+            else "quote a value that holds ': '" if "mapping values are not allowed" in problem
+            else "fix the YAML there")
+    return f"{where}: {problem}; {hint}"
+
+
+def omegaconf_line(exc: BaseException) -> str:
+    """One line for an OmegaConf error (its message puts the key and the node's type on lines
+    of their own), naming the key and the fix."""
+    from omegaconf.errors import GrammarParseError, InterpolationKeyError, MissingMandatoryValue
+
+    key = getattr(exc, "full_key", None) or ""
+    text = getattr(exc, "msg", None) or str(exc)
+    message = " ".join(str(text).split("\n    full_key")[0].split())
+    if isinstance(exc, InterpolationKeyError):
+        fix = "an interpolation ${...} names a key the config does not have: fix it"
+    elif isinstance(exc, GrammarParseError):
+        fix = "write an interpolation as ${group.field}, braces closed"
+    elif isinstance(exc, MissingMandatoryValue):
+        fix = f"give it a value: {key}=<value>"
+    else:
+        fix = "fix the value in its YAML file or override"
+    return f"{key + ': ' if key else ''}{message}; {fix}"
+
+
+def missing_option_line(exc: BaseException) -> str:
+    """One line for Hydra's "Could not find 'group/option'" (a defaults list naming an option
+    that is not there), with the closest option."""
+    first = str(exc).strip().splitlines()[0]
+    missing = str(getattr(exc, "missing_cfg_file", "") or "")
+    options = [str(o) for o in getattr(exc, "options", None) or []]
+    close = difflib.get_close_matches(missing.rsplit("/", 1)[-1], options, n=1)
+    group = missing.rsplit("/", 1)[0] if "/" in missing else ""
+    fix = f"; did you mean {group + '/' if group else ''}{close[0]}?" if close else ""
+    return f"{first}{fix}" + (f" (options: {', '.join(options)})" if options else "")
+
+
+def _read_option(path: Path) -> Any:
+    """An option file's content, or None (and a note in ``UNREADABLE``) when its YAML is
+    broken: only a command that uses the file fails on it, naming it (``compose``)."""
+    try:
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+    except (yaml.YAMLError, ValueError, OSError) as exc:
+        UNREADABLE[str(path)] = yaml_line(exc) or f"{path}: {exc}"
+        return None
+
+
+#: option files of ``conf/`` that ``schema`` skipped, with why (a YAML mistake)
+UNREADABLE: dict[str, str] = {}
+
+
 @functools.lru_cache(maxsize=1)
 def schema(conf: Path = CONF) -> dict[str, Any]:
-    """Every key any option of ``conf/`` defines, as a tree (leaves are None).
+    """Every key any readable option of ``conf/`` defines, as a tree (leaves are None).
 
     Why from the YAML files: they are the documentation of every field, so a key that none of
-    them defines is read by nothing.
+    them defines is read by nothing. A file whose YAML is broken is skipped (``UNREADABLE``):
+    a draft experiment must not stop a command that does not use it.
     """
     tree: dict[str, Any] = {}
-    top = OmegaConf.to_container(OmegaConf.load(conf / "train.yaml"), resolve=False)
+    top = _read_option(conf / "train.yaml") or {}
     _merge(tree, {k: v for k, v in top.items() if k not in ("defaults", "hydra")})
     for group in sorted(p for p in conf.iterdir() if p.is_dir() and p.name != "hydra"):
         for option in sorted(group.glob("*.yaml")):
-            text = option.read_text()
-            data = OmegaConf.to_container(OmegaConf.create(text), resolve=False) or {}
+            data = _read_option(option)
+            if not isinstance(data, dict):
+                continue
             data.pop("defaults", None)
-            if "@package _global_" in text:
+            if "@package _global_" in option.read_text():
                 _merge(tree, data)
             else:
                 _merge(tree.setdefault(group.name, {}), data)
@@ -98,6 +170,11 @@ def _unknown(node: Mapping[str, Any], known: dict[str, Any], path: str) -> None:
         close = difflib.get_close_matches(str(extra[0]), [str(k) for k in allowed], n=1)
         fix = f"; did you mean {path + '.' if path else ''}{close[0]}?" if close else ""
         added = f" (a key added with `+{path + '.' if path else ''}{extra[0]}=...` is read by nothing)"
+        if not path and str(extra[0]) in groups():  # experiment/*: keys of the whole config
+            raise ConfigError(f"{extra[0]}: its option file put its keys under `{extra[0]}.`; "
+                              f"an {extra[0]} file sets fields of the whole config, so make "
+                              f"`# @package _global_` its first line (as conf/{extra[0]}/*.yaml"
+                              f" do)")
         if not path:
             raise ConfigError(f"unknown top-level key(s) {sorted(map(str, extra))}: {extra[0]} is "
                               f"not a known field; remove it or use one of "
@@ -233,25 +310,84 @@ def group_problem(overrides: Sequence[str]) -> str | None:
 
 
 # -- the composed config ------------------------------------------------------------------------
+def _with_config_dir(overrides: Sequence[str], config_dir: str | None) -> list[str]:
+    """``overrides`` with ``--config-dir``'s folder on ``hydra.searchpath``, where Hydra puts it
+    (after ``conf/``)."""
+    if not config_dir:
+        return list(overrides)
+    extra = f"file://{Path(config_dir).resolve()}"
+    out, added = [], False
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        if eq and key.lstrip("+") == "hydra.searchpath" and value.strip().startswith("["):
+            inner = value.strip()[1:-1].strip()
+            item, added = f"{key}=[{inner + ',' if inner else ''}{extra}]", True
+        out.append(item)
+    return out if added else [*out, f"hydra.searchpath=[{extra}]"]
+
+
+def _hydra_compose(overrides: Sequence[str], config_dir: str | None = None,
+                   config_name: str = "train") -> Any:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose(config_name, overrides=_with_config_dir(overrides, config_dir))
+
+
+def compose_problem(overrides: Sequence[str], config_dir: str | None = None,
+                    config_name: str = "train") -> str | None:
+    """One line for a mistake inside a file the config of ``overrides`` is composed from
+    (``conf/``, ``--config-dir``'s folder, ``hydra.searchpath``): YAML that does not parse, a
+    defaults list naming an option that is not there, an interpolation that does not parse;
+    None when it composes. A key the overrides name wrongly is left to ``override_problem``."""
+    from hydra.errors import MissingConfigException
+
+    try:
+        _hydra_compose(overrides, config_dir, config_name)
+    except MissingConfigException as exc:
+        return missing_option_line(exc)
+    except Exception as exc:  # noqa: BLE001 - only the kinds above are this check's finding
+        if (bad := _bad_value(exc)) is not None:
+            return omegaconf_line(bad)
+        return yaml_line(exc)
+    return None
+
+
+def _bad_value(exc: BaseException) -> BaseException | None:
+    """The OmegaConf error in ``exc``'s chain about a value (an interpolation that does not
+    parse or resolve, ``???``), not about a key (``override_problem`` says those better)."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    while exc is not None:
+        if isinstance(exc, OmegaConfBaseException):
+            return None if isinstance(exc, (ConfigKeyError, ConfigAttributeError)) else exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def compose(overrides: list[str]) -> Any:
     """The composed ``train`` config for ``overrides`` (as on the command line), without the
     run-folder fields that need a running Hydra job. ValueError: a one-line cause."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
-    problem = (searchpath_problem(overrides) or group_problem(overrides)
-               or override_problem(overrides))
+    problem = searchpath_problem(overrides) or group_problem(overrides)
     if problem:
         raise ValueError(problem)
     try:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return hydra_compose("train", overrides=list(overrides))
-    except (HydraException, OmegaConfBaseException) as exc:
-        raise ValueError(" ".join(str(exc).split())) from None
+        return _hydra_compose(overrides)
+    except MissingConfigException as exc:
+        raise ValueError(missing_option_line(exc)) from None
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError) as exc:
+        # a YAML mistake first: a file that does not parse is missing from ``schema``, so a
+        # key it defines would read as unknown
+        bad = _bad_value(exc)
+        raise ValueError(yaml_line(exc) or (omegaconf_line(bad) if bad else None)
+                         or override_problem(overrides) or " ".join(str(exc).split())) from None
 
 
 # build_task: the task a composed config builds (its home is atlas.tasks)
-__all__ = ["CONF", "build_task", "check_known_keys", "compose", "group_problem", "groups",
-           "override_problem", "schema", "searchpath_problem"]
+__all__ = ["CONF", "UNREADABLE", "build_task", "check_known_keys", "compose", "group_problem",
+           "groups", "missing_option_line", "omegaconf_line", "override_problem", "schema",
+           "searchpath_problem", "compose_problem", "yaml_line"]

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from atlas.compose import check_known_keys
+from atlas.compose import check_known_keys, omegaconf_line
 from atlas.dpo.config import DPOConfig, GateConfig
 from atlas.knobs import HARD_BOUNDS
 from atlas.loggers import LoggerSpec, logger_spec
@@ -183,11 +184,17 @@ def check_noop(method: MethodConfig, explore: ExploreConfig,
 
 
 # -- values: every group's schema, built here ------------------------------------------------
+def _message(exc: BaseException) -> str:
+    """A schema's error as it is; OmegaConf's (an interpolation that does not resolve) as
+    one line naming the key."""
+    return omegaconf_line(exc) if isinstance(exc, OmegaConfBaseException) else str(exc)
+
+
 def _build(make: Any, *args: Any) -> Any:
     try:
         return make(*args)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc)) from None
+    except (TypeError, ValueError, OmegaConfBaseException) as exc:
+        raise ConfigError(_message(exc)) from None
 
 
 def check_typed_groups(cfg: DictConfig) -> tuple[DPOConfig, GateConfig]:
@@ -249,6 +256,13 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
     """
     if overrides is None:
         overrides, sweep = command_line()
+    try:
+        return _validate(cfg, overrides, sweep)
+    except OmegaConfBaseException as exc:  # an interpolation no schema's build caught
+        raise ConfigError(omegaconf_line(exc)) from None
+
+
+def _validate(cfg: DictConfig, overrides: Sequence[str] | None, sweep: bool) -> Settings:
     check_known_keys(cfg)
     run = _build(RunConfig.from_top, cfg)
     if not 0 <= run.seed <= SEED_MAX:  # numpy's seed range: past it a traceback 17 s later
@@ -257,8 +271,8 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
     try:  # a built-in name or a `_target_` Task subclass, built once: it checks its fields
         task_class(OmegaConf.to_container(cfg.task, resolve=False))
         task = build_task(cfg)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc)) from None
+    except (TypeError, ValueError, OmegaConfBaseException) as exc:
+        raise ConfigError(_message(exc)) from None
     method = _build(MethodConfig.from_cfg, cfg.method)
     model = _build(ModelConfig.from_cfg, cfg.model)
     sandbox = _build(SandboxConfig.from_cfg, cfg.sandbox)

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from atlas.agent.device import resolve_device
 from atlas.atomic import disk_full_error
+from atlas.commandline import FAILED
 from atlas.config import command_line, validate
 from atlas.interrupt import Stopped, stop_on_signals
 from atlas.loggers import finish_logger, make_logger
@@ -192,8 +193,9 @@ def _to_log_files(message: str) -> None:
 
 def run_command(cfg: DictConfig) -> float | None:
     """``run`` as the command line's job: an error the user can fix is printed as its one
-    line and exits 1 (Hydra would frame it with three more lines). In a sweep it goes to
-    Hydra, whose launcher then runs the other jobs; ``run`` has logged it already."""
+    line and exits with its kind's status (``atlas.commandline``: 2 refused at start, 1 failed
+    while running); Hydra would frame it with three more lines. In a sweep it goes to Hydra,
+    whose launcher then runs the other jobs; ``run`` has logged it already."""
     logging.raiseExceptions = False  # a log line that cannot be written (a full disk) is
     try:                             # dropped, not printed as a traceback
         return run(cfg)["final_score"]
@@ -201,7 +203,7 @@ def run_command(cfg: DictConfig) -> float | None:
         if command_line()[1]:
             raise
         print(exc, file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        raise SystemExit(getattr(exc, "exit_status", FAILED)) from None
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
@@ -210,24 +212,21 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def hoist_multirun_flag(argv: list[str]) -> list[str]:
-    """Let ``-m`` stand anywhere (``... task=pinn -m seed=0,1``): Hydra's parser needs it before
-    the overrides on Python < 3.12, where argparse cannot split positionals around a flag."""
-    flags = [a for a in argv[1:] if a in ("-m", "--multirun")]
-    rest = [a for a in argv[1:] if a not in ("-m", "--multirun")]
-    return [argv[0], *flags[:1], *rest]
+    """Let ``-m`` and Hydra's other flags stand anywhere (``... task=pinn -m seed=0,1``):
+    Hydra's parser needs them before the overrides on Python < 3.12, where argparse cannot
+    split positionals around a flag."""
+    from atlas.commandline import split
+
+    return [argv[0], *split(argv[1:]).hoisted()]
 
 
 if __name__ == "__main__":
-    from atlas.compose import group_problem, override_problem, searchpath_problem
+    from atlas.commandline import MISTAKE, problem
 
-    # Hydra would say only "Could not find", or suggest `+field=` for a mistyped field or group
-    if problem := (searchpath_problem(sys.argv[1:]) or group_problem(sys.argv[1:])
-                   or override_problem(sys.argv[1:])):
-        sys.exit(problem)
     sys.argv = hoist_multirun_flag(sys.argv)
-    if sys.argv[1:2] in (["-m"], ["--multirun"]):  # every job checked before any is launched
-        from atlas.sweep import check_sweep
-
-        if problem := check_sweep(sys.argv[2:]):
-            sys.exit(problem)
+    # flags, grammar, names, YAML, keys and a sweep's jobs: one line each, where Hydra would
+    # print a usage block, its grammar's tokens, a traceback or suggest `+field=`
+    if found := problem(sys.argv[1:]):
+        print(found, file=sys.stderr, flush=True)
+        sys.exit(MISTAKE)
     main()
