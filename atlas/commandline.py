@@ -87,6 +87,7 @@ def split(argv: Sequence[str]) -> CommandLine:
             if not eq and i < len(items) and "=" not in items[i] and not items[i].startswith("-"):
                 value, i = items[i], i + 1
             unknown.append((name, value if eq or value else None))
+            flag_items += items[start:i]
             continue
         if not eq and action.nargs is None and i < len(items):
             value, i = items[i], i + 1
@@ -125,7 +126,9 @@ def meant_override(flag: str, value: str | None) -> str:
     if name in groups():
         return f"{name}={shown}"
     fields = _fields()
-    exact = [f for f in fields if f == name or f.endswith(f".{name}")]
+    if name in fields:  # a top-level field (seed, device, resume, ...)
+        return f"{name}={shown}"
+    exact = [f for f in fields if f.endswith(f".{name}")]
     if not exact:
         close = difflib.get_close_matches(name, [f.rsplit(".", 1)[-1] for f in fields], n=1)
         exact = [f for f in fields if close and f.rsplit(".", 1)[-1] == close[0]]

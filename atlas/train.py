@@ -223,10 +223,10 @@ def hoist_multirun_flag(argv: list[str]) -> list[str]:
 if __name__ == "__main__":
     from atlas.commandline import MISTAKE, problem
 
-    sys.argv = hoist_multirun_flag(sys.argv)
     # flags, grammar, names, YAML, keys and a sweep's jobs: one line each, where Hydra would
     # print a usage block, its grammar's tokens, a traceback or suggest `+field=`
     if found := problem(sys.argv[1:]):
         print(found, file=sys.stderr, flush=True)
         sys.exit(MISTAKE)
+    sys.argv = hoist_multirun_flag(sys.argv)
     main()

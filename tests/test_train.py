@@ -174,7 +174,7 @@ def test_a_locked_run_folder_is_refused_naming_the_holder(tmp_path: Path) -> Non
             f"or choose another run folder with name=<new> (hydra.sweep.dir=<dir> under -m)")
         out = subprocess.run([*CLI, *SHORT, f"hydra.run.dir={tmp_path}"], cwd=ROOT, env=_env(),
                              capture_output=True, text=True, timeout=120)
-        assert out.returncode == 1  # hydra.run.dir given: name=<new> would not move the run
+        assert out.returncode == 2  # hydra.run.dir given: name=<new> would not move the run
         assert out.stderr.strip().splitlines() == [str(err.value).replace(
             "name=<new> (hydra.sweep.dir=<dir> under -m)", "hydra.run.dir=<another dir>")], \
             out.stderr
@@ -221,7 +221,7 @@ def test_two_commands_into_one_folder_do_not_double_the_records(tmp_path: Path) 
             first.kill()
     assert first.returncode == 0, err[-3000:]
     holder = f"is in use by process {first.pid}, which is running this run"
-    assert same.returncode == 1 and len(same.stderr.strip().splitlines()) == 1, same.stderr
+    assert same.returncode == 2 and len(same.stderr.strip().splitlines()) == 1, same.stderr
     assert holder in same.stderr and "hydra.run.dir=<another dir>" in same.stderr
     assert other_sweep.returncode == 1 and holder in other_sweep.stderr, other_sweep.stderr
     assert "Traceback" not in same.stderr + other_sweep.stderr
