@@ -135,9 +135,28 @@ except ConfigError as exc:
 """
 
 
+@pytest.fixture
+def silent_port():
+    """A port whose accept queue is full: a new connection is never accepted (SYNs dropped)."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    filler = socket.create_connection(("127.0.0.1", port), timeout=5)
+    yield port
+    filler.close()
+    server.close()
+
+
 @pytest.mark.parametrize("kind", ["empty folder", "no weights", "hub id offline",
-                                  "hub id, no network"])
-def test_a_model_that_cannot_be_had_is_found_at_validation(kind, tmp_path):
+                                  "hub name not found", "hub refuses", "hub silent"])
+def test_a_model_that_cannot_be_had_is_found_at_validation(kind, tmp_path, silent_port):
+    """The line says what truly happened: a name that cannot be looked up and a refused
+    connection fail at once; only a silent hub takes the probe's 3 s."""
+    from tests.test_supporters_health import _closed_port
+
     folder = tmp_path / "model"
     folder.mkdir()
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0"}
@@ -146,8 +165,11 @@ def test_a_model_that_cannot_be_had_is_found_at_validation(kind, tmp_path):
     name = str(folder) if "folder" in kind or "weights" in kind else "atlas-test/no-such-model"
     if kind == "hub id offline":
         env["HF_HUB_OFFLINE"] = "1"
-    if kind == "hub id, no network":  # an endpoint that never answers (TEST-NET-1)
-        env["HF_ENDPOINT"] = "https://192.0.2.1"
+    endpoint = {"hub name not found": "https://no-such-host.invalid",
+                "hub refuses": f"http://127.0.0.1:{_closed_port()}",
+                "hub silent": f"http://127.0.0.1:{silent_port}"}.get(kind)
+    if endpoint:
+        env["HF_ENDPOINT"] = endpoint
     out = subprocess.run([sys.executable, "-c", CHECK_MODEL, "experiment=test", "model=llama3_1b",
                           f"model.name_or_path={name}"], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=120)
@@ -156,7 +178,12 @@ def test_a_model_that_cannot_be_had_is_found_at_validation(kind, tmp_path):
     assert line.startswith(f"model.name_or_path={name!r}")
     assert {"empty folder": "has no config.json", "no weights": "no weights",
             "hub id offline": "HF_HUB_OFFLINE is set",
-            "hub id, no network": "did not answer within"}[kind] in line
+            "hub name not found": "the hub https://no-such-host.invalid:443 cannot be looked up",
+            "hub refuses": f"the hub {endpoint} refused the connection",
+            "hub silent": f"the hub {endpoint} did not answer within 3 s"}[kind] in line
+    assert "did not answer" not in line or kind == "hub silent"
+    if kind in ("hub name not found", "hub refuses"):
+        assert float(took) < 1, took  # at once, not after the probe's timeout
     assert "model.save_pretrained" in line or "--local-dir" in line
 
 
