@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from atlas.compose import check_known_keys, omegaconf_line
 from atlas.dpo.config import DPOConfig, GateConfig
 from atlas.knobs import HARD_BOUNDS
-from atlas.loggers import LoggerSpec, logger_spec
+from atlas.loggers import LoggerSpec, logger_spec, wandb_problem
 from atlas.loggers import builtin as builtin_logger
 from atlas.sandbox.isolation import secret_folder
 from atlas.sandbox.secret import is_secret, missing_secret_message
@@ -295,7 +295,7 @@ def _validate(cfg: DictConfig, overrides: Sequence[str] | None, sweep: bool) -> 
     check_noop(method, explore, roles)
     from atlas.agent.availability import model_problem  # no torch; bounded by the hub probe
 
-    if problem := model_problem(model):
+    if problem := model_problem(model) or wandb_problem(logger):
         raise ConfigError(problem)
     return Settings(run=run, method=method, model=model, explore=explore, sandbox=sandbox,
                     dpo=dpo, gate=gate, supporters=roles, logger=logger, task=task)
