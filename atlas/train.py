@@ -19,7 +19,7 @@ from atlas.agent.device import resolve_device
 from atlas.atomic import disk_full_error
 from atlas.commandline import FAILED
 from atlas.config import command_line, validate
-from atlas.interrupt import Stopped, stop_on_signals
+from atlas.interrupt import Stopped, settle, stop_on_signals
 from atlas.loggers import finish_logger, make_logger
 from atlas.provenance import provenance
 from atlas.quiet import install
@@ -199,6 +199,9 @@ def run_command(cfg: DictConfig) -> float | None:
     logging.raiseExceptions = False  # a log line that cannot be written (a full disk) is
     try:                             # dropped, not printed as a traceback
         return run(cfg)["final_score"]
+    except Stopped:
+        settle()  # a Ctrl-C while the process exits: no traceback, the same status
+        raise
     except CompactHydraException as exc:
         if command_line()[1]:
             raise
