@@ -18,12 +18,21 @@ from omegaconf import DictConfig, OmegaConf
 from atlas.agent.device import resolve_device
 from atlas.atomic import disk_full_error
 from atlas.commandline import FAILED
-from atlas.config import command_line, validate
+from atlas.config import Settings, command_line, validate
 from atlas.interrupt import Stopped, settle, stop_on_signals
 from atlas.loggers import finish_logger, make_logger
 from atlas.provenance import provenance
 from atlas.quiet import install
-from atlas.runfolder import check_writable, holds_run, locked, prepare
+from atlas.runfolder import (
+    LogFilesHeld,
+    check_writable,
+    finished_results,
+    holds_run,
+    locked,
+    log_files_held,
+    new_folder_hint,
+    prepare,
+)
 
 log = logging.getLogger("atlas.train")
 
@@ -107,9 +116,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     install()  # library warnings a user cannot act on (atlas/quiet.py lists them)
     run_dir = Path(cfg.run_dir)  # read before validation: its errors are written there too
-    with stop_on_signals():
+    # the run folder's train.log only once this process holds the folder
+    with stop_on_signals(), log_files_held() as logs:
         try:
-            return _run(cfg, run_dir)
+            return _run(cfg, run_dir, logs)
         except Stopped as stop:
             log.warning("%s: stopped; %s", stop.signal_name, _resume_hint(run_dir))
             raise
@@ -120,38 +130,49 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             raise err from None
 
 
-def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+def _run(cfg: DictConfig, run_dir: Path, logs: LogFilesHeld) -> dict[str, Any]:
     settings = validate(cfg)
     check_writable(run_dir)
     with locked(run_dir):
+        logs.release()
         prepare(cfg, run_dir, resume=settings.run.resume)  # not another configuration's run
-        resolve_device(settings.run.device)  # device=cuda without a GPU stops here
-        if settings.supporters:  # a dead supporter server is a finding, before anything loads
-            # deferred: loads openai; only a run with supporters needs it
-            from atlas.supporters.health import check_supporters
-
-            check_supporters(settings.supporters)
-        # deferred: loads torch, transformers, peft and lightning, only once the config, the
-        # run folder and the device are checked (a typo fails in a second or two)
-        from atlas.loop import EvolutionLoop
-
-        record = OmegaConf.to_container(cfg, resolve=True)  # the config event, W&B's config
-        logger = make_logger(settings.logger, run_dir, record)
-        status = "failed"
-        try:
-            loop = EvolutionLoop(settings, record, run_dir, logger)
-            try:
-                if callable(getattr(logger, "log_hyperparams", None)):  # the W&B config too
-                    logger.log_hyperparams(
-                        {"provenance": provenance(loop.agent.device, loop.precision.dtype)})
-                results = loop.run()
-                status = "success"
-            finally:
-                loop.close()
-        finally:
-            finish_logger(logger, status)
+        done = finished_results(run_dir) if settings.run.resume else None
+        if done is not None:  # said before a model, a sandbox or a logger is built
+            log.info("%s already holds a finished run; set %s for a new one", run_dir,
+                     new_folder_hint())
+        results = done if done is not None else _evolve(cfg, settings, run_dir)
     print(summary(results), flush=True)
     print(f"  outputs in {run_dir}", flush=True)
+    return results
+
+
+def _evolve(cfg: DictConfig, settings: Settings, run_dir: Path) -> dict[str, Any]:
+    """Build the run's parts and run (or resume) it; the run folder is locked."""
+    resolve_device(settings.run.device)  # device=cuda without a GPU stops here
+    if settings.supporters:  # a dead supporter server is a finding, before anything loads
+        # deferred: loads openai; only a run with supporters needs it
+        from atlas.supporters.health import check_supporters
+
+        check_supporters(settings.supporters)
+    # deferred: loads torch, transformers, peft and lightning, only once the config, the
+    # run folder and the device are checked (a typo fails in a second or two)
+    from atlas.loop import EvolutionLoop
+
+    record = OmegaConf.to_container(cfg, resolve=True)  # the config event, W&B's config
+    logger = make_logger(settings.logger, run_dir, record)
+    status = "failed"
+    try:
+        loop = EvolutionLoop(settings, record, run_dir, logger)
+        try:
+            if callable(getattr(logger, "log_hyperparams", None)):  # the W&B config too
+                logger.log_hyperparams(
+                    {"provenance": provenance(loop.agent.device, loop.precision.dtype)})
+            results = loop.run()
+            status = "success"
+        finally:
+            loop.close()
+    finally:
+        finish_logger(logger, status)
     return results
 
 

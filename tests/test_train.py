@@ -225,6 +225,9 @@ def test_two_commands_into_one_folder_do_not_double_the_records(tmp_path: Path) 
     assert holder in same.stderr and "hydra.run.dir=<another dir>" in same.stderr
     assert other_sweep.returncode == 1 and holder in other_sweep.stderr, other_sweep.stderr
     assert "Traceback" not in same.stderr + other_sweep.stderr
+    # the refused commands wrote to their own stderr only, not into the first run's log
+    log = (job() / "train.log").read_text()
+    assert "is in use by process" not in log and "stopped" not in log, log[-3000:]
     events = _events(job())
     assert [e["event"] for e in events].count("seed") == 1
     assert [e["round"] for e in events if e["event"] == "round"] == list(range(1, 101))
