@@ -372,7 +372,10 @@ def compose(overrides: list[str]) -> Any:
     from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
-    problem = searchpath_problem(overrides) or group_problem(overrides)
+    from atlas.commandline import grammar_problem
+
+    problem = (grammar_problem(overrides) or searchpath_problem(overrides)
+               or group_problem(overrides))
     if problem:
         raise ValueError(problem)
     try:
