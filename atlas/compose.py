@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from atlas.fields import check_known_fields
 from atlas.loggers import builtin as builtin_logger
+from atlas.overrides import grammar_problem
 from atlas.schema import ConfigError
 from atlas.tasks import build_task
 
@@ -372,9 +373,7 @@ def compose(overrides: list[str]) -> Any:
     from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
-    from atlas.commandline import grammar_problem
-
-    problem = (grammar_problem(overrides) or searchpath_problem(overrides)
+    problem = (grammar_problem(overrides, groups()) or searchpath_problem(overrides)
                or group_problem(overrides))
     if problem:
         raise ValueError(problem)

@@ -17,10 +17,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from atlas.agent.device import resolve_device
 from atlas.atomic import disk_full_error
-from atlas.commandline import FAILED
+from atlas.commandline import FAILED, MISTAKE, problem
 from atlas.config import Settings, command_line, validate
 from atlas.interrupt import Stopped, settle, stop_on_signals
 from atlas.loggers import finish_logger, make_logger
+from atlas.overrides import split
 from atlas.provenance import provenance
 from atlas.quiet import install
 from atlas.runfolder import (
@@ -239,14 +240,10 @@ def hoist_multirun_flag(argv: list[str]) -> list[str]:
     """Let ``-m`` and Hydra's other flags stand anywhere (``... task=pinn -m seed=0,1``):
     Hydra's parser needs them before the overrides on Python < 3.12, where argparse cannot
     split positionals around a flag."""
-    from atlas.commandline import split
-
     return [argv[0], *split(argv[1:]).hoisted()]
 
 
 if __name__ == "__main__":
-    from atlas.commandline import MISTAKE, problem
-
     # flags, grammar, names, YAML, keys and a sweep's jobs: one line each, where Hydra would
     # print a usage block, its grammar's tokens, a traceback or suggest `+field=`
     if found := problem(sys.argv[1:]):
