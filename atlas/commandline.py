@@ -99,9 +99,9 @@ def problem(argv: Sequence[str]) -> str | None:
     absent from the known keys), then the keys, then every job of a sweep.
     """
     line = split(argv)
-    if problem := (flag_problem(line) or modes_problem(line)
-                   or grammar_problem(line.overrides, groups())):
-        return problem
+    if found := (flag_problem(line) or modes_problem(line)
+                 or grammar_problem(line.overrides, groups())):
+        return found
     if any(f in line.flags for f in _NO_JOB):
         return None
     overrides = line.overrides
@@ -109,20 +109,21 @@ def problem(argv: Sequence[str]) -> str | None:
     if config_dir and not Path(config_dir).is_dir():
         return (f"--config-dir {config_dir}: no such folder; give the folder that holds your "
                 f"config groups (e.g. DIR/experiment/mine.yaml for experiment=mine)")
-    if problem := searchpath_problem(overrides) or group_problem(
+    if found := searchpath_problem(overrides) or group_problem(
             [*overrides, *([f"--config-dir={config_dir}"] if config_dir else [])]):
-        return problem
+        return found
     job: list[str] | None = list(overrides)
     if line.sweep:  # its first job's files (every job's are composed by check_sweep)
         try:
-            job = (sweep_jobs(overrides) or [None])[0]
+            jobs = sweep_jobs(overrides)
         except Exception:  # noqa: BLE001 - a sweeper of its own: Hydra expands it
-            job = None
-    if job is not None and not line.flag("--config-path", "-cp") and (problem := compose_problem(
+            jobs = []
+        job = jobs[0] if jobs else None
+    if job is not None and not line.flag("--config-path", "-cp") and (found := compose_problem(
             job, config_dir, line.flag("--config-name", "-cn") or "train")):
-        return problem
-    if config_dir is None and (problem := override_problem(overrides)):
-        return problem
+        return found
+    if config_dir is None and (found := override_problem(overrides)):
+        return found
     if line.sweep and not line.flags.keys() - {"-m", "--multirun"}:
         return check_sweep(overrides)
     return None

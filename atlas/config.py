@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -295,7 +296,10 @@ def _validate(cfg: DictConfig, overrides: Sequence[str] | None, sweep: bool) -> 
     check_noop(method, explore, roles)
     from atlas.agent.availability import model_problem  # no torch; bounded by the hub probe
 
-    if problem := model_problem(model) or wandb_problem(logger):
-        raise ConfigError(problem)
+    # the model hub and the W&B server side by side: each may take its probe's 3 s
+    with ThreadPoolExecutor(2, thread_name_prefix="atlas-probe") as pool:
+        hub, wandb = pool.submit(model_problem, model), pool.submit(wandb_problem, logger)
+        if problem := hub.result() or wandb.result():
+            raise ConfigError(problem)
     return Settings(run=run, method=method, model=model, explore=explore, sandbox=sandbox,
                     dpo=dpo, gate=gate, supporters=roles, logger=logger, task=task)
