@@ -338,20 +338,26 @@ def _hydra_compose(overrides: Sequence[str], config_dir: str | None = None,
 
 def compose_problem(overrides: Sequence[str], config_dir: str | None = None,
                     config_name: str = "train") -> str | None:
-    """One line for a mistake inside a file the config of ``overrides`` is composed from
-    (``conf/``, ``--config-dir``'s folder, ``hydra.searchpath``): YAML that does not parse, a
-    defaults list naming an option that is not there, an interpolation that does not parse;
-    None when it composes. A key the overrides name wrongly is left to ``override_problem``."""
-    from hydra.errors import MissingConfigException
+    """One line for why the config of ``overrides`` does not compose from ``conf/``,
+    ``--config-dir``'s folder and ``hydra.searchpath``: YAML that does not parse, a defaults
+    list naming an option that is not there, an interpolation that does not parse, a key the
+    overrides name wrongly (``override_problem``), else Hydra's own message in one line;
+    None when it composes. An error that is not Hydra's or OmegaConf's (a bug) is left to
+    Hydra's traceback."""
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf.errors import OmegaConfBaseException
 
     try:
         _hydra_compose(overrides, config_dir, config_name)
     except MissingConfigException as exc:
         return missing_option_line(exc)
-    except Exception as exc:  # noqa: BLE001 - only the kinds above are this check's finding
+    except Exception as exc:  # noqa: BLE001 - every failure to compose is this check's finding
         if (bad := _bad_value(exc)) is not None:
             return omegaconf_line(bad)
-        return yaml_line(exc)
+        if found := yaml_line(exc) or override_problem(overrides):
+            return found
+        if isinstance(exc, (HydraException, OmegaConfBaseException)):
+            return " ".join(str(exc).split())
     return None
 
 

@@ -27,6 +27,7 @@ class CommandLine:
     overrides: list[str]
     unknown: list[tuple[str, str | None]]  # (flag, its value: ``--rounds 3`` or ``--rounds=3``)
     flag_items: list[str]  # Hydra's flags with their values, as typed
+    refused: list[str]  # a Hydra flag with a value it does not take (``--cfg jobs``), and why
 
     def hoisted(self) -> list[str]:
         """Flags first, then the overrides: Hydra's parser needs that on Python < 3.12, where
@@ -56,6 +57,7 @@ def split(argv: Sequence[str]) -> CommandLine:
     overrides: list[str] = []
     unknown: list[tuple[str, str | None]] = []
     flag_items: list[str] = []
+    refused: list[str] = []
     items = list(argv)
     i = 0
     while i < len(items):
@@ -77,14 +79,18 @@ def split(argv: Sequence[str]) -> CommandLine:
             value, i = items[i], i + 1
         elif not eq and action.nargs == "?" and i < len(items) and items[i] in (action.choices or ()):
             value, i = items[i], i + 1
+        if value and action.choices and value not in action.choices:
+            refused.append(f"{name} {value}: choose one of {', '.join(action.choices)}")
         flags[name] = value or None
         flag_items += items[start:i]
-    return CommandLine(flags, overrides, unknown, flag_items)
+    return CommandLine(flags, overrides, unknown, flag_items, refused)
 
 
 def modes_problem(line: CommandLine) -> str | None:
-    """Hydra takes one mode (``--run``, ``-m``, ``--cfg``, ``--info``, ``-sc``); two end in a
-    traceback of its own."""
+    """A flag's value Hydra does not take (``--cfg jobs``: a usage block), or two of its modes
+    (``--run``, ``-m``, ``--cfg``, ``--info``, ``-sc``: a traceback of its own)."""
+    if line.refused:
+        return line.refused[0]
     modes = [f for f in line.flags if f in MODES]
     if len(modes) < 2:
         return None

@@ -77,6 +77,13 @@ CASES = {
     "two modes": (["-m", "seed=0", "--cfg", "job"], ["-m and --cfg", "drop all but one"]),
     "a config dir that is not there": (["--config-dir", "/nonexistent/conf", "experiment=x"],
                                        ["--config-dir /nonexistent/conf: no such folder"]),
+    "a value a flag does not take": (["--cfg", "jobs"], ["--cfg jobs: choose one of job, hydra, "
+                                                         "all"]),
+    # what Hydra refuses when it composes: its own message, in one line
+    "+ on a key that is there": (["+seed=3"], ["Could not append to config. An item is already "
+                                              "at 'seed'. Either remove + prefix: 'seed=3'"]),
+    "a group twice": (["+explore=default"], ["explore appears more than once in the final "
+                                             "defaults list"]),
 }
 
 
