@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from atlas.compose import check_known_keys, omegaconf_line
+from atlas.compose import check_known_keys
+from atlas.configerrors import omegaconf_line
 from atlas.dpo.config import DPOConfig, GateConfig
 from atlas.knobs import HARD_BOUNDS
 from atlas.loggers import LoggerSpec, logger_spec, wandb_problem
