@@ -1,7 +1,7 @@
 """A researcher's first-day mistakes through the real command lines: each case's seconds, exit
 status and the lines it printed to stderr (one line expected, none for a finished re-run).
 
-    .venv/bin/python scripts/first_day_cases.py [--only SUBSTRING]
+    .venv/bin/python scripts/first_day_cases.py [--only SUBSTRING] [--repeat N]
 
 Run from the repository root. Builds what the cases need in a temporary folder (a copy of
 atlas/ and conf/ with a broken draft experiment, a scaffolded task, local servers that refuse
@@ -16,6 +16,7 @@ import argparse
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,8 @@ def closed_port() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="run the cases whose name holds this")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs per case; the median time is shown (default 1)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="atlas-first-day-"))
     base = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
@@ -166,10 +169,13 @@ def main() -> None:
         for name, cmd, env, cwd in cases:
             if args.only not in name:
                 continue
-            t0 = time.perf_counter()
-            out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
-                                 timeout=600)
-            took = time.perf_counter() - t0
+            times = []
+            for _ in range(max(1, args.repeat)):
+                t0 = time.perf_counter()
+                out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                                     timeout=600)
+                times.append(time.perf_counter() - t0)
+            took = statistics.median(times)
             lines = [x for x in out.stderr.splitlines() if x.strip() and "[INFO]" not in x]
             if name.startswith("atlas.tasks check"):
                 lines = [x for x in out.stdout.splitlines() if x.startswith("FAIL")]
