@@ -386,8 +386,10 @@ def test_a_program_without_the_entry_point_is_missing_entry_point_never_a_race(
     task = make_task(_target_="entry_demo.EntryDemoTask", name="entry_demo")
     with Sandbox.for_task(task, workers=1) as sb:
         evs = sb.evaluate_many([NO_ENTRY] * 12, task.context(0))
+        broken = sb.evaluate("def estimate(xs:\n", task.context(0))
     assert {(ev.failure_kind, ev.message) for ev in evs} == {
         (FailureKind.MISSING_ENTRY_POINT.value, "the program defines no function named 'estimate'")}
+    assert broken.failure_kind == FailureKind.SYNTAX_ERROR.value, broken.message  # likewise
     report = check_task(task, secrets=1)
     check = next(c for c in report.checks if c.name.startswith("a program without the entry"))
     assert check.status == "ok" and check.detail.startswith("missing_entry_point"), report.text()
