@@ -12,16 +12,19 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from atlas.compose import check_known_keys
+from atlas.configerrors import omegaconf_line
 from atlas.dpo.config import DPOConfig, GateConfig
 from atlas.dpo.rules import read_by_rules
 from atlas.knobs import HARD_BOUNDS
-from atlas.loggers import LoggerSpec, logger_spec
+from atlas.loggers import LoggerSpec, logger_spec, wandb_problem
 from atlas.loggers import builtin as builtin_logger
 from atlas.sandbox.isolation import secret_folder
 from atlas.sandbox.secret import is_secret, missing_secret_message
@@ -189,11 +192,17 @@ def check_noop(method: MethodConfig, explore: ExploreConfig,
 
 
 # -- values: every group's schema, built here ------------------------------------------------
+def _message(exc: BaseException) -> str:
+    """A schema's error as it is; OmegaConf's (an interpolation that does not resolve) as
+    one line naming the key."""
+    return omegaconf_line(exc) if isinstance(exc, OmegaConfBaseException) else str(exc)
+
+
 def _build(make: Any, *args: Any) -> Any:
     try:
         return make(*args)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc)) from None
+    except (TypeError, ValueError, OmegaConfBaseException) as exc:
+        raise ConfigError(_message(exc)) from None
 
 
 def check_typed_groups(cfg: DictConfig) -> tuple[DPOConfig, GateConfig]:
@@ -256,6 +265,13 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
     """
     if overrides is None:
         overrides, sweep = command_line()
+    try:
+        return _validate(cfg, overrides, sweep)
+    except OmegaConfBaseException as exc:  # an interpolation no schema's build caught
+        raise ConfigError(omegaconf_line(exc)) from None
+
+
+def _validate(cfg: DictConfig, overrides: Sequence[str] | None, sweep: bool) -> Settings:
     check_known_keys(cfg)
     run = _build(RunConfig.from_top, cfg)
     if not 0 <= run.seed <= SEED_MAX:  # numpy's seed range: past it a traceback 17 s later
@@ -264,8 +280,8 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
     try:  # a built-in name or a `_target_` Task subclass, built once: it checks its fields
         task_class(OmegaConf.to_container(cfg.task, resolve=False))
         task = build_task(cfg)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc)) from None
+    except (TypeError, ValueError, OmegaConfBaseException) as exc:
+        raise ConfigError(_message(exc)) from None
     method = _build(MethodConfig.from_cfg, cfg.method)
     model = _build(ModelConfig.from_cfg, cfg.model)
     sandbox = _build(SandboxConfig.from_cfg, cfg.sandbox)
@@ -289,7 +305,12 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
     check_noop(method, explore, roles)
     from atlas.agent.availability import model_problem  # no torch; bounded by the hub probe
 
-    if method.uses_llm and (problem := model_problem(model)):
-        raise ConfigError(problem)
+    # the model hub and the W&B server side by side: each may take its probe's 3 s;
+    # a method without an LLM (method.writer) needs no model
+    with ThreadPoolExecutor(2, thread_name_prefix="atlas-probe") as pool:
+        hub = pool.submit(model_problem, model) if method.uses_llm else None
+        wandb = pool.submit(wandb_problem, logger)
+        if problem := (hub.result() if hub else None) or wandb.result():
+            raise ConfigError(problem)
     return Settings(run=run, method=method, model=model, explore=explore, sandbox=sandbox,
                     dpo=dpo, gate=gate, probe=probe, supporters=roles, logger=logger, task=task)

@@ -72,7 +72,40 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     out["phase_log"] = phase_log(events)
     regimes = round_regimes(programs, out["rounds"])
     out["regime_changes"] = [r for r in range(1, len(regimes)) if regimes[r] != regimes[r - 1]]
+    out["count_note"] = count_note(run_dir, out, end, events)
     return out
+
+
+def _torn(path: Path) -> bool:
+    """Whether ``path`` ends inside a line (its last record cut)."""
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            if size == 0:
+                return False
+            fh.seek(size - 1)
+            return fh.read(1) != b"\n"
+    except OSError:
+        return False
+
+
+def count_note(run_dir: Path, out: dict[str, Any], end: dict[str, Any] | None,
+               events: list[dict[str, Any]]) -> str | None:
+    """Why a run's counts are short, in one line; None when they are whole. Why: a table
+    that counts 15 of 16 candidates must say whether a line was torn or the run stopped."""
+    torn = [name for name in (EVENTS, PROGRAMS) if _torn(run_dir / name)]
+    cut = f" (torn last line in {', '.join(torn)})" if torn else ""
+    fix = "re-run its command: a finished run gets its lines back from its checkpoint"
+    if end is None:
+        last = max((e.get("round", 0) for e in events if e.get("event") == "round"), default=0)
+        return (f"{run_dir}: no end record, so its counts stop at round {last}{cut}; the run "
+                f"stopped before it finished, or its last line was torn; {fix}, an unfinished "
+                f"one resumes")
+    recorded = (end.get("results") or {}).get("candidates")
+    if isinstance(recorded, int) and out.get("candidates", 0) < recorded:
+        return (f"{run_dir}: {PROGRAMS} holds {out['candidates']} of the {recorded} candidates "
+                f"its end record counts{cut or ' (lines lost after the run ended)'}; {fix}")
+    return None
 
 
 def provenance_lines(runs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
@@ -574,7 +607,7 @@ def main(argv: list[str] | None = None) -> None:
         print(_text(*table), end="\n\n")
     shown, warnings = provenance_lines(runs)
     print("Provenance per arm:\n" + "\n".join(shown), end="\n\n")
-    for line in warnings:
+    for line in warnings + [f"warning: {r['count_note']}" for r in runs if r.get("count_note")]:
         print(line, file=sys.stderr)
     out = args.out or args.dirs[0]
     figures = figure2(runs, out)

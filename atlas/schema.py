@@ -45,7 +45,10 @@ class ConfigError(ValueError, CompactHydraException):
     """A config value that cannot work; the message names the field and the fix.
 
     A ``CompactHydraException``: on the command line Hydra prints the message, not a traceback.
+    ``exit_status``: a mistake refused before the run started (``atlas.commandline``).
     """
+
+    exit_status = 2
 
 
 # -- field types: strict numbers and booleans (YAML ``true`` is not 1, ``'0.3'`` not 0.3) -----
