@@ -176,8 +176,9 @@ class LearningProbe:
         """The ``probe`` field of the phase event (module docstring, item 3).
 
         ``reference_state``: the ``ref`` adapter's tensors as the phase began (None: the
-        reference is the base model, as EvoTune's); ``beta``: the phase's DPO beta."""
+        reference is the base model, as EvoTune's; a state that adds nothing runs as the base); ``beta``: the phase's DPO beta."""
         # deferred: torch (a run without DPO never loads it)
+        from atlas.agent.adapters import adds_nothing
         from atlas.dpo.heldout import comparable_pairs, measure
         from atlas.dpo.scoring import BASE, POLICY_NOW, PolicySpec
 
@@ -198,7 +199,10 @@ class LearningProbe:
         out["slots"] = [[_slot(x), _slot(y)] for x, y in zip(b, a)]
         groups = [(p, [x.completion for x in row])
                   for (p, _), row in zip(self.prompts, before.attempts)]
-        reference = BASE if reference_state is None else PolicySpec.of(reference_state)
+        # a reference that adds nothing to the base (the first phase's) is the base: one
+        # pass fewer, and its KLs are the same numbers
+        reference = (BASE if reference_state is None or adds_nothing(reference_state)
+                     else PolicySpec.of(reference_state))
         moved = measure(model, tokenizer, groups, policy=POLICY_NOW, reference=reference,
                         base=BASE, max_length=max_length)
         rows = before.attempts

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from atlas.agent.adapters import POLICY, get_adapter_state
+from atlas.agent.adapters import POLICY, adds_nothing, get_adapter_state
 from atlas.agent.research_agent import ResearchAgent
 from atlas.dpo import DPOConfig, GateConfig
 from atlas.dpo.heldout import HeldOutPair, comparable_pairs, measure
@@ -176,6 +176,13 @@ def test_movement_is_zero_for_the_same_policy_and_margins_follow_the_log_ratios(
     (m,) = moved.margins([HeldOutPair(0, 0, 1)], beta=0.5)
     pol, ref = moved.policy_logps[0], moved.reference_logps[0]
     assert m == pytest.approx(0.5 * ((pol[0] - ref[0]) - (pol[1] - ref[1])))
+    # the probe runs a reference that adds nothing as the base: the same numbers, one pass
+    # fewer; a reference that adds something is its own pass
+    assert adds_nothing(untrained) and not adds_nothing(moved_state)
+    as_state = measure(agent.model, agent.tokenizer, groups, policy=PolicySpec.of(moved_state),
+                       reference=PolicySpec.of(untrained), base=BASE)
+    assert as_state.mean_kl_reference == pytest.approx(moved.mean_kl_reference, rel=1e-4)
+    assert as_state.reference_logps[0] == pytest.approx(ref, rel=1e-4)
 
 
 def test_comparable_pairs_take_every_ordered_preference_the_scores_support():
