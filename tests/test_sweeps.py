@@ -454,3 +454,18 @@ def test_a_sweep_of_an_external_task_is_validated_with_its_search_path(tmp_path:
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.strip().startswith(
         "sweep job 2 of 2 (seed=-1): seed=-1 is outside"), proc.stderr[-2000:]
+
+
+def test_the_study_fixes_ten_fresh_seeds_that_its_sweep_expands_and_checks() -> None:
+    """experiment=study's seeds live in its config (hydra.sweeper.params): ten, none of the
+    development seeds 0-4; the sweep's check expands them (a bad value names job 1 of 20), and
+    a seed on the command line wins over them."""
+    from atlas.sweep import check_sweep, sweep_jobs, with_sweeper_params
+
+    jobs = sweep_jobs(with_sweeper_params(["experiment=study", "method=atlas,sample"]))
+    seeds = sorted({int(o.split("=")[1]) for job in jobs for o in job if o.startswith("seed=")})
+    assert len(jobs) == 20 and seeds == list(range(10, 20)) and not set(seeds) & set(range(5))
+    assert sweep_jobs(with_sweeper_params(["experiment=study", "seed=3"])) == [
+        ["seed=3", "experiment=study"]]
+    line = check_sweep(["experiment=study", "method=atlas,sample", "dpo.beta=-1"])
+    assert line is not None and line.startswith("sweep job 1 of 20 (seed=10 method=atlas)")
