@@ -183,6 +183,13 @@ def test_movement_is_zero_for_the_same_policy_and_margins_follow_the_log_ratios(
                        reference=PolicySpec.of(untrained), base=BASE)
     assert as_state.mean_kl_reference == pytest.approx(moved.mean_kl_reference, rel=1e-4)
     assert as_state.reference_logps[0] == pytest.approx(ref, rel=1e-4)
+    # a completion sampled twice runs once, and counts twice
+    twice = measure(agent.model, agent.tokenizer,
+                    [("def pick(xs):\n", ["    return 3\n", "    return 1\n", "    return 3\n"])],
+                    policy=PolicySpec.of(moved_state), reference=BASE, base=BASE)
+    assert twice.policy_logps[0] == pytest.approx([pol[0], pol[1], pol[0]], rel=1e-5)
+    assert twice.kl_base[0] == pytest.approx([*moved.kl_base[0], moved.kl_base[0][0]], rel=1e-5)
+    assert moved.tokens < twice.tokens < 2 * moved.tokens
 
 
 def test_comparable_pairs_take_every_ordered_preference_the_scores_support():

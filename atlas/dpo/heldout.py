@@ -110,7 +110,8 @@ def measure(model: torch.nn.Module, tokenizer, groups: Sequence[tuple[str, Seque
     """The policy against the reference and the base on ``groups``, (prompt, completions)
     each: sequence log-probs of policy and reference, and the policy's token-average KL to
     both (rules in the module docstring). When the reference is the base model (a fixed
-    reference) the base runs once. The model's policy adapter and train mode are restored."""
+    reference) the base runs once, and a completion that appears twice in a group runs once
+    (its numbers are repeated: every completion still counts in the means). The model's policy adapter and train mode are restored."""
     policy = check_spec(policy, "policy")
     reference = check_spec(reference, "reference")
     base = check_spec(base, "base")
@@ -125,18 +126,23 @@ def measure(model: torch.nn.Module, tokenizer, groups: Sequence[tuple[str, Seque
                                  out.kl_base):
                         rows.append([])
                     continue
-                group = encode_group(tokenizer, prompt, list(completions), max_length)
-                pol, seqs = [], []
+                # a completion sampled twice (frequent at low temperature) runs once
+                distinct = list(dict.fromkeys(completions))
+                at = [distinct.index(c) for c in completions]
+                group = encode_group(tokenizer, prompt, distinct, max_length)
+                pol, seqs, tokens = [], [], []
                 for lp, ids in _logsm(model, group, policy):
                     pol.append(lp)
                     seqs.append(_seq(lp, ids))
-                    out.tokens += int(ids.numel())
-                out.policy_logps.append(seqs)
+                    tokens.append(int(ids.numel()))
                 ref_seqs, kl_ref = _against(model, group, reference, pol)
-                out.reference_logps.append(ref_seqs)
-                out.kl_reference.append(kl_ref)
-                out.kl_base.append(list(kl_ref) if reference.kind == base.kind == "base"
-                                   else _against(model, group, base, pol)[1])
+                kl_base = (kl_ref if reference.kind == base.kind == "base"
+                           else _against(model, group, base, pol)[1])
+                out.tokens += sum(tokens[i] for i in at)
+                out.policy_logps.append([seqs[i] for i in at])
+                out.reference_logps.append([ref_seqs[i] for i in at])
+                out.kl_reference.append([kl_ref[i] for i in at])
+                out.kl_base.append([kl_base[i] for i in at])
     finally:
         model.train(was_training)
     return out
