@@ -385,8 +385,7 @@ class EvolutionLoop:
                 "no model: method.writer=" + self.settings.method.writer,
                 "wall_seconds": wall, "score_label": self.task.score_label,
                 "supporters": self.supporters.stats() if self.supporters else None,
-                "provenance": provenance(self.agent.device if self.agent else "cpu",
-                                         self.precision.dtype if self.precision else "none"),
+                "provenance": self.provenance(),
                 "load": self.load.record()}
         if self.finetuner is not None:  # a control's adapters were never trained
             self.export_adapters()
@@ -412,6 +411,12 @@ class EvolutionLoop:
             {"base_model": {**base, "dtype": self.precision.dtype},
              "folders": {PEFT_FOLDERS[REF]: f"the reference: {reference}",
                          "policy": "the policy after the last phase"}}) + "\n")
+
+    def provenance(self) -> dict[str, Any]:
+        """This process's record (``atlas.provenance``) with the device and dtype the agent
+        used; a method without an LLM (``method.writer``) ran on the CPU with no model."""
+        return provenance(self.agent.device if self.agent else "cpu",
+                          self.precision.dtype if self.precision else "none")
 
     def close(self) -> None:
         self.sandbox.close()

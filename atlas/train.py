@@ -22,7 +22,6 @@ from atlas.config import Settings, command_line, validate
 from atlas.interrupt import Stopped, settle, stop_on_signals
 from atlas.loggers import finish_logger, make_logger
 from atlas.overrides import split
-from atlas.provenance import provenance
 from atlas.quiet import install
 from atlas.runfolder import (
     LogFilesHeld,
@@ -200,7 +199,7 @@ def _evolve(cfg: DictConfig, settings: Settings, run_dir: Path) -> dict[str, Any
         try:
             if callable(getattr(logger, "log_hyperparams", None)):  # the W&B config too
                 logger.log_hyperparams(
-                    {"provenance": provenance(loop.agent.device, loop.precision.dtype)})
+                    {"provenance": loop.provenance()})
             results = loop.run()
             status = "success"
         finally:

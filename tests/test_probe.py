@@ -239,10 +239,11 @@ def test_the_literal_search_redraws_one_to_three_tunable_literals_and_keeps_the_
 
 def _train(tmp_path: Path, method: str) -> tuple[dict, list[dict], str]:
     run = tmp_path / method
-    proc = subprocess.run(
+    proc = subprocess.run(  # W&B offline, as the main command logs: its config takes provenance
         [sys.executable, "-m", "atlas.train", "experiment=test", f"method={method}",
          "task=bandit", "task.T=300", "task.env_seeds=[0,1]", "progress=false",
-         f"hydra.run.dir={run}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+         "logger=wandb", "logger.mode=offline", f"hydra.run.dir={run}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     return json.loads((run / "results.json").read_text()), events, proc.stdout
