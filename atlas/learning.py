@@ -1,5 +1,5 @@
 """What a report says about learning: the probe's findings per method and phase, and the
-three separations a reviewer asks for first.
+separations a reviewer asks for first.
 
 - **The learning table**: per task, method and phase, the learning probe's mean over seeds
   (``atlas.probe``: programs written before and after the phase, on prompts it never trained
@@ -10,6 +10,7 @@ three separations a reviewer asks for first.
   blind tuning (the agent's own best under each LLM method minus the best of
   ``random_literals``, which has no LLM); what fine-tuning adds over sampling (the agent's
   own best under each fine-tuning method minus ``sample``'s, the same agent never trained);
+  what the evolving reference adds (EvoDPO's agent minus EvoTune's, a fixed reference);
   what the supporters add (ATLAS's best of any source minus its agent's own best, within a
   run, and ATLAS minus EvoDPO, the same evolving reference without supporters).
 """
@@ -52,7 +53,7 @@ def learning_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def separations(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The three separations (module docstring), per task, as paired differences on seeds."""
+    """The separations (module docstring), per task, as paired differences on seeds."""
     by: dict[str, dict[str, dict[int, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
     for r in runs:
         by[r["task"]][r["method"]][int(r["seed"])] = r
@@ -76,6 +77,10 @@ def separations(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 add(task, "fine-tuning over sampling", f"{m} (agent's own)",
                     col(m, "final_agent"), f"{NEVER_TRAINED} (agent's own)",
                     col(NEVER_TRAINED, "final_agent"))
+        if "evodpo" in methods and "evotune" in methods:
+            add(task, "the evolving reference", "evodpo (agent's own)",
+                col("evodpo", "final_agent"), "evotune (agent's own)",
+                col("evotune", "final_agent"))
         if "atlas" in methods:
             add(task, "the supporters, within ATLAS runs", "atlas (any source)",
                 col("atlas", "final_score"), "atlas (agent's own)", col("atlas", "final_agent"))

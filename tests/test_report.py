@@ -541,3 +541,30 @@ def test_notebook_finds_the_readmes_outputs_folder(tmp_path: Path,
     assert namespace["default_runs"]() == str(tmp_path / "outputs")
     (tmp_path / "multirun").mkdir()
     assert namespace["default_runs"]() == f"{tmp_path / 'multirun'}:{tmp_path / 'outputs'}"
+
+
+def test_the_separations_pair_each_question_on_its_seeds() -> None:
+    """Each question a reviewer asks first is one paired row per task: the LLM over blind
+    tuning, fine-tuning over sampling, the evolving reference, the supporters; a seed only one
+    arm has is left out of that row."""
+    from atlas.learning import separations
+
+    def run(method: str, seed: int, agent: float, any_source: float | None = None) -> dict:
+        return {"task": "bandit", "method": method, "seed": seed, "final_agent": agent,
+                "final_score": agent if any_source is None else any_source}
+
+    runs = [run("random_literals", s, -1.0) for s in (10, 11, 12)]
+    runs += [run("sample", s, -0.9) for s in (10, 11, 12)]
+    runs += [run("evotune", s, -0.8 + 0.1 * (s == 12)) for s in (10, 11, 12)]
+    runs += [run("evodpo", s, -0.8) for s in (10, 11)]
+    runs += [run("atlas", s, -0.85, -0.5) for s in (10, 11, 12)]
+    rows = {(r["question"], r["a"], r["b"]): r for r in separations(runs)}
+    blind = rows[("the LLM over blind tuning", "evotune (agent's own)", "random_literals")]
+    assert blind["n"] == 3 and blind["mean"] == pytest.approx((0.2 + 0.2 + 0.3) / 3)
+    tuned = rows[("fine-tuning over sampling", "evotune (agent's own)", "sample (agent's own)")]
+    assert tuned["wins"] == 3 and tuned["diffs"] == pytest.approx([0.1, 0.1, 0.2])
+    ref = rows[("the evolving reference", "evodpo (agent's own)", "evotune (agent's own)")]
+    assert ref["seeds"] == [10, 11] and ref["diffs"] == pytest.approx([0.0, 0.0])
+    within = rows[("the supporters, within ATLAS runs", "atlas (any source)", "atlas (agent's own)")]
+    assert within["mean"] == pytest.approx(0.35) and within["n"] == 3
+    assert ("the supporters over EvoDPO", "atlas (any source)", "evodpo") in rows
