@@ -373,8 +373,8 @@ def study_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[
          "base) per token, held-out preference accuracy (0.5: no better than chance)",
          ["task", "method", "phase", "n", *(label for _, label in PROBE_MEASURES)], learning),
         ("What each part adds, paired on seeds: the LLM over blind tuning (random_literals, no "
-         "LLM), fine-tuning over sampling (sample, never trained), the supporters (within "
-         "ATLAS runs, and over EvoDPO); bootstrap and t 95% CIs, wins/losses, exact signed-rank p",
+         "LLM), fine-tuning over sampling (sample, never trained), the evolving reference "
+         "(EvoDPO over EvoTune), the supporters (within ATLAS runs, and over EvoDPO); bootstrap and t 95% CIs, wins/losses, exact signed-rank p",
          ["task", "question", "A - B", "n", "mean diff", "95% CI (bootstrap)", "95% CI (t)",
           "wins/losses", "p (signed-rank)"], separated),
     ]
