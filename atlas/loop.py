@@ -165,6 +165,7 @@ class EvolutionLoop:
         self.started = time.time()
         self.load = LoadMeter()
         self.wall_before = 0.0  # wall seconds spent before a resume
+        self.resumed_at: list[int] = []  # the rounds this run was resumed at (a marked run)
 
     # -- checkpointing --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -175,6 +176,7 @@ class EvolutionLoop:
                 "regime": self.regime, "supporter_debt": self.explorer.supporter_debt,
                 "telemetry": self.telemetry.offsets(), "rng": checkpoint.rng_state(),
                 "wall_seconds": self.wall_before + time.time() - self.started,
+                "resumed_at": self.resumed_at,
                 "supporter_stats": self.supporters.stats() if self.supporters else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -191,6 +193,7 @@ class EvolutionLoop:
         self.telemetry.truncate_to(state["telemetry"])
         checkpoint.set_rng_state(state["rng"])
         self.wall_before = float(state["wall_seconds"])
+        self.resumed_at = [int(r) for r in state.get("resumed_at", [])]
         if self.supporters is not None and state.get("supporter_stats"):
             self.supporters.load_stats(state["supporter_stats"])
 
@@ -210,6 +213,7 @@ class EvolutionLoop:
             log.warning("resume=false: overwriting the run in %s", self.run_dir)
         if state is not None:
             self.load_state_dict(state)
+            self.resumed_at.append(self.next_round)
             log.info("resumed from round %d", self.next_round)
         else:
             self.telemetry.truncate_to({})
@@ -383,7 +387,7 @@ class EvolutionLoop:
                 "dtype": self.precision.dtype if self.precision else None,
                 "dtype_reason": self.precision.reason if self.precision else
                 "no model: method.writer=" + self.settings.method.writer,
-                "wall_seconds": wall, "score_label": self.task.score_label,
+                "wall_seconds": wall, "resumed_at": self.resumed_at, "score_label": self.task.score_label,
                 "supporters": self.supporters.stats() if self.supporters else None,
                 "provenance": self.provenance(),
                 "load": self.load.record()}

@@ -42,11 +42,14 @@ from atlas import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 VOLATILE = frozenset({"seconds", "wall_seconds", "seconds_dpo", "seconds_gate", "seconds_gate_parts",
+                      "seconds_probe", "share_of_phase",
                       "reference_table_seconds", "agent_threads",
                       # the round event's sampler timings
                       "setup_s", "prefill_s", "decode_s", "tok_s",
                       # results.json: the machine's load and this process tree's CPU seconds
-                      "load"})
+                      "load",
+                      # results.json: the rounds a run was resumed at (a resumed run is marked)
+                      "resumed_at"})
 KILL_PHASE = 3  # fast test: phases 1-2 train before the kill, 3-4 after it
 MARKER_ENV = "ATLAS_RESUME_TEST_KILL_MARKER"  # driver: kill once, then leave a marker file
 KILL_PHASE_ENV = "ATLAS_RESUME_TEST_KILL_PHASE"
@@ -220,6 +223,9 @@ def test_resumed_run_equals_uninterrupted_run(fast_runs: dict[str, Any]) -> None
     assert any(p["source"] == "supporter" for p in resumed["programs"])
     assert resumed["results"]["valid_rate"] not in (None, 0.0, 1.0)
     _assert_equal_runs(resumed, clean)
+    marks = [json.loads((fast_runs[k] / "results.json").read_text())["resumed_at"]
+             for k in ("killed", "clean")]
+    assert marks == [[KILL_PHASE], []]  # the resumed run says where it was resumed
 
 
 def test_sigterm_in_a_phase_stops_at_once_and_resumes(fast_runs: dict[str, Any]) -> None:
