@@ -28,23 +28,21 @@ import traceback
 import zlib
 from typing import Any, NoReturn
 
+from atlas.sandbox import cgroup
 from atlas.sandbox.candidate import CandidateError
 from atlas.sandbox.guard import Guard
 from atlas.sandbox.isolation import (
     _PR_SET_CHILD_SUBREAPER,
-    _prctl,
-    candidate_readable,
-    host_root,
     limit_candidate_process,
-    own_process_tree,
-    prepare_runner,
     process_state,
     reset_process_state,
     set_process_name,
 )
 from atlas.sandbox.landlock import restrict_writes
 from atlas.sandbox.link import Link
+from atlas.sandbox.namespaces import _prctl, host_root, own_process_tree, prepare_runner
 from atlas.sandbox.seccomp import install_seccomp, no_new_privs
+from atlas.sandbox.view import candidate_readable
 from atlas.types import FailureKind
 
 _os_exit = os._exit
@@ -112,7 +110,40 @@ def classify(exc: BaseException) -> tuple[str, str]:
     return FailureKind.EXCEPTION.value, f"{type(exc).__name__}{where}: {exc}"[:1500]
 
 
+#: how a runner in audit mode names a path it opened outside what it may read
+DENIED_PATH = "atlas-denied-path: "
+
+
+def _record_denied(spec: dict[str, Any]) -> set[str]:
+    """In audit mode: every path this process opens or lists outside what a runner may read
+    (the task's runner needs it, the sandbox hides it), recorded by an audit hook."""
+    allowed = [*(spec.get("readable") or ()), *(spec.get("listable") or ()), "/proc", "/dev",
+               spec.get("workdir") or "/nonexistent", *(spec.get("hide") or ())]
+    denied: set[str] = set()
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event not in ("open", "os.listdir", "os.scandir") or not args:
+            return
+        if not isinstance(args[0], (str, bytes)):
+            return
+        path = os.path.abspath(os.fsdecode(args[0]))
+        if not any(path == r or path.startswith(r.rstrip("/") + "/") for r in allowed):
+            denied.add(path)
+
+    sys.addaudithook(hook)
+    return denied
+
+
 def _run_one(spec: dict[str, Any], link: Link) -> None:
+    denied = _record_denied(spec) if spec.get("audit") else set()
+    try:
+        _run_candidate(spec, link)
+    finally:
+        for path in sorted(denied):
+            print(DENIED_PATH + path, flush=True)
+
+
+def _run_candidate(spec: dict[str, Any], link: Link) -> None:
     try:
         task_runner = load_factory(spec["factory"])(dict(spec["config"]))
     except BaseException as exc:  # noqa: BLE001 - a task bug, reported verbatim
@@ -135,7 +166,8 @@ def _run_one(spec: dict[str, Any], link: Link) -> None:
     no_new_privs()  # what Landlock and seccomp need; Landlock first: seccomp refuses it
     readable = spec.get("readable")
     restrict_writes(workdir, spec.get("hide") or (),
-                    None if readable is None else candidate_readable(readable))
+                    None if readable is None else candidate_readable(readable),
+                    spec.get("listable") or ())
     supervisor = socket.socket(fileno=spec["sup_fd"]) if spec.get("sup_fd") else None
     install_seccomp(supervisor, extra=spec.get("syscalls") or (), audit=bool(spec.get("audit")))
     seed_candidate_rngs(context)
@@ -163,6 +195,8 @@ def runner_main(spec: dict[str, Any], read_fd: int, write_fd: int, out_fd: int,
     namespace of its own (``own_process_tree``), reporting its pid on ``report_fd``."""
     status = 0
     try:
+        if spec.get("cgroup"):  # first: every byte it and its namespace's processes hold
+            cgroup.join(spec["cgroup"])
         got = own_process_tree(report_fd)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)
