@@ -195,8 +195,6 @@ def runner_main(spec: dict[str, Any], read_fd: int, write_fd: int, out_fd: int,
     namespace of its own (``own_process_tree``), reporting its pid on ``report_fd``."""
     status = 0
     try:
-        if spec.get("cgroup"):  # first: every byte it and its namespace's processes hold
-            cgroup.join(spec["cgroup"])
         got = own_process_tree(report_fd)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -233,8 +231,14 @@ def runner_main(spec: dict[str, Any], read_fd: int, write_fd: int, out_fd: int,
 
 def zygote_main(sock: socket.socket, preload: list[str]) -> NoReturn:
     """Fork runners on request: each request is JSON + 4 fds (read, write, output, the
-    seccomp supervisor's socket)."""
+    seccomp supervisor's socket).
+
+    A runner is forked inside its memory cgroup (``spec["cgroup"]``): the zygote waits in
+    it, having moved there after the previous fork (``spec["cgroup_next"]``). Why not move
+    the runner: moving a process into a cgroup waits for the kernel's RCU grace period
+    (~15 ms here), which would delay every candidate; the zygote moves while idle."""
     status = 0
+    here = ""
     try:
         set_process_name("atlas-zygote")
         # runners are reaped automatically, also once their namespace's first process (which
@@ -252,6 +256,9 @@ def zygote_main(sock: socket.socket, preload: list[str]) -> NoReturn:
             if not msg:
                 break
             spec = dict(json.loads(msg), state=state)
+            if spec.get("cgroup") and spec["cgroup"] != here:
+                cgroup.join(spec["cgroup"])
+                here = spec["cgroup"]
             report_r, report_w = os.pipe()
             pid = os.fork()
             if pid == 0:
@@ -264,6 +271,9 @@ def zygote_main(sock: socket.socket, preload: list[str]) -> NoReturn:
             with os.fdopen(report_r, "rb") as fh:
                 reported = fh.read(32)
             sock.send(json.dumps({"pid": int(reported) if reported else pid}).encode())
+            if spec.get("cgroup_next"):  # while idle: where the next runner will be forked
+                cgroup.join(spec["cgroup_next"])
+                here = spec["cgroup_next"]
     except BaseException:  # noqa: BLE001
         status = 70
     finally:

@@ -219,6 +219,7 @@ class Worker:
         #: where this worker makes each runner's memory cgroup: {"dir", "version"} or None
         self.memory_cgroup = init.get("cgroup")
         self.stale: list[str] = []  # runner cgroups still busy when their runner ended
+        self.next_cgroup = ""  # where the zygote waits to fork the next runner
         self.oom_peak: float | None = None  # set when the kernel stopped a runner at the limit
         shared = getattr(self.scorer, "shared_dirs", None)
         self.frozen = Frozen(shared() if callable(shared) else [])
@@ -234,12 +235,11 @@ class Worker:
         from_r, from_w = os.pipe()
         out_r, out_w = os.pipe()
         sup_ours, sup_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        at = self.memory_cgroup
-        group = (cgroup.new_runner_cgroup(at["dir"], int(at["version"]), self.memory_mb)
-                 if at else "")
+        group, after = self._runner_cgroups()
         try:
             socket.send_fds(self.zygote, [json.dumps({**self.spec, "workdir": workdir,
-                                                      "cgroup": group}).encode()],
+                                                      "cgroup": group, "cgroup_next": after}
+                                                     ).encode()],
                             [to_r, from_w, out_w, sup_theirs.fileno()])
             reply = self.zygote.recv(1 << 16)
             if not reply:  # the sandbox broke, not the task: the program is not scored
@@ -252,6 +252,20 @@ class Worker:
         return Runner(pid, Link(from_r, to_w, trusted=True), out_r,
                       OutputSink(out_r, self.max_output), workdir,
                       Supervisor(sup_ours, audit=self.audit), group)
+
+    def _runner_cgroups(self) -> tuple[str, str]:
+        """(the memory cgroup of the runner about to be forked, the one of the next): the
+        zygote waits in the next one between forks ('' where no cgroup can be made)."""
+        at = self.memory_cgroup
+        if not at:
+            return "", ""
+
+        def fresh() -> str:
+            return cgroup.new_runner_cgroup(at["dir"], int(at["version"]), self.memory_mb)
+
+        group = self.next_cgroup or fresh()
+        self.next_cgroup = fresh()
+        return group, self.next_cgroup
 
     def _start(self, runner: Runner, code: str, context: dict[str, Any]) -> None:
         """Wait for ``runner`` to be ready and hand it the program."""
