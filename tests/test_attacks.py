@@ -900,11 +900,14 @@ def test_the_task_checker_fails_a_task_that_asks_for_a_forbidden_call():
 @pytest.mark.parametrize("mode", MODES)
 def test_reading_a_host_file_moves_no_access_time(mode):
     """Access times on the host are a channel (a candidate reads a file, a later one stats
-    it); the runner's view of the host is read-only, so a read moves nothing."""
+    it); the runner's view of the host is read-only, so a read moves nothing. The file lies
+    in the toy task's package, which a runner may read."""
     import tempfile
 
-    repo = Path(__file__).resolve().parents[1]
-    fd, name = tempfile.mkstemp(prefix="atlas-atime-", dir=repo / "docs")
+    import atlas.sandbox
+
+    fd, name = tempfile.mkstemp(prefix="atlas-atime-",
+                                dir=Path(atlas.sandbox.__file__).parent)
     os.write(fd, b"x" * 4096)
     os.close(fd)
     os.chmod(name, 0o644)

@@ -6,10 +6,11 @@ that imports numpy per candidate costs ~0.2 s. The scorer worker forks the zygot
 *before* it reads the secret; the zygote imports numpy (and, for fork-safe tasks, the
 runner module) and then forks one runner per candidate on request.
 
-A runner: (1) builds the task's runner (trusted task code: imports, JAX compilation) and says
-``ready``; (2) receives the candidate's code and works in a directory on which it mounted,
-right after its fork, a tmpfs that only it sees (``isolation.private_scratch``); (3) drops root,
-takes rlimits, seccomp, Landlock (writes only in its directory) and the guard, runs the
+A runner: (1) right after its fork, takes a pid and mount namespace of its own, mounts a
+tmpfs that only it sees on its directory and a /proc of its own (``namespaces``), and drops
+root before any task code; (2) builds the task's runner (trusted task code: imports, JAX
+compilation) and says ``ready``; (3) receives the candidate's code, takes rlimits, seccomp,
+Landlock (reads of its task's code, writes only in its directory) and the guard, runs the
 candidate through the task's runner, and exits. It is killed after that one candidate, so
 nothing it did (threads, patched modules, files in its directory) can reach another
 candidate.
@@ -28,7 +29,7 @@ import traceback
 import zlib
 from typing import Any, NoReturn
 
-from atlas.sandbox import cgroup
+from atlas.sandbox import cgroup, protocol
 from atlas.sandbox.candidate import CandidateError
 from atlas.sandbox.guard import Guard
 from atlas.sandbox.isolation import (
@@ -114,33 +115,32 @@ def classify(exc: BaseException) -> tuple[str, str]:
 DENIED_PATH = "atlas-denied-path: "
 
 
-def _record_denied(spec: dict[str, Any]) -> set[str]:
-    """In audit mode: every path this process opens or lists outside what a runner may read
-    (the task's runner needs it, the sandbox hides it), recorded by an audit hook."""
+def _record_denied(spec: dict[str, Any]) -> None:
+    """In audit mode: name on the output (``DENIED_PATH``) every path this process opens
+    outside what a runner may read (the task's runner needs it, the sandbox hides it), at
+    once: the scorer kills the runner as soon as it has its answer. Listings are left out:
+    the import system lists every folder of the import path, and goes on."""
     allowed = [*(spec.get("readable") or ()), *(spec.get("listable") or ()), "/proc", "/dev",
                spec.get("workdir") or "/nonexistent", *(spec.get("hide") or ())]
-    denied: set[str] = set()
+    named: set[str] = set()
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
-        if event not in ("open", "os.listdir", "os.scandir") or not args:
-            return
-        if not isinstance(args[0], (str, bytes)):
+        if event != "open" or not args or not isinstance(args[0], (str, bytes)):
             return
         path = os.path.abspath(os.fsdecode(args[0]))
-        if not any(path == r or path.startswith(r.rstrip("/") + "/") for r in allowed):
-            denied.add(path)
+        if path in named or any(path == r or path.startswith(r.rstrip("/") + "/")
+                                for r in allowed):
+            return
+        named.add(path)
+        protocol._os_write(1, (DENIED_PATH + path + "\n").encode())
 
     sys.addaudithook(hook)
-    return denied
 
 
 def _run_one(spec: dict[str, Any], link: Link) -> None:
-    denied = _record_denied(spec) if spec.get("audit") else set()
-    try:
-        _run_candidate(spec, link)
-    finally:
-        for path in sorted(denied):
-            print(DENIED_PATH + path, flush=True)
+    if spec.get("audit"):
+        _record_denied(spec)
+    _run_candidate(spec, link)
 
 
 def _run_candidate(spec: dict[str, Any], link: Link) -> None:
@@ -159,10 +159,9 @@ def _run_candidate(spec: dict[str, Any], link: Link) -> None:
     os.chdir(workdir)
     os.environ.update(HOME=workdir, TMPDIR=workdir)
     tempfile.tempdir = workdir
-    own_uid = drop_root(workdir) is not None
     cpu_used = sum(os.times()[:2])
     limit_candidate_process(int(spec["memory_mb"]), cpu_used + float(spec["timeout_s"]),
-                            nproc=own_uid or "nproc" in spec.get("got", ()))
+                            nproc="nproc" in spec.get("got", ()))
     no_new_privs()  # what Landlock and seccomp need; Landlock first: seccomp refuses it
     readable = spec.get("readable")
     restrict_writes(workdir, spec.get("hide") or (),
@@ -213,6 +212,8 @@ def runner_main(spec: dict[str, Any], read_fd: int, write_fd: int, out_fd: int,
         if spec.get("workdir"):  # a fresh filesystem for this one candidate
             got = prepare_runner(spec["workdir"], int(spec["memory_mb"]), got)
         reset_process_state(spec["state"])
+        if spec.get("workdir") and drop_root(spec["workdir"]) is not None:
+            got.add("nproc")  # before the task's code: a runner never holds root
         spec["got"] = sorted(got)
         _run_one(spec, Link(read_fd, write_fd, trusted=False))
     except BaseException:  # noqa: BLE001 - nothing may escape a forked child

@@ -117,6 +117,7 @@ def check_task(task: Task, *, secrets: int = SECRETS, max_spread: float = MAX_SP
     if not _check_class(report, task):
         return report
     _check_declarations(report, task)
+    _check_readable(report, task, isolation)
     spec = task.prompt_spec()
     seed_code = task.seed_program()
     report.add("entry point", spec.entry_point in spec.signature
@@ -166,6 +167,24 @@ def _check_declarations(report: Report, task: Task) -> None:
                f"[{lo:g}, {hi:g}]" if declared else "(-inf, inf): declare the interval a "
                "genuine score lies in; it rejects forged scores and catches a flipped sign "
                "(a loss returned as the score)")
+
+
+def _check_readable(report: Report, task: Task, isolation: str) -> None:
+    """Every file the task's runner opens lies in what a runner may read (its package,
+    atlas's runner modules, the interpreter, the libraries it imports): the seed program
+    under the auditing sandbox, each other file named."""
+    from atlas.sandbox.audit import audit_seed, unreadable_paths
+
+    try:
+        paths = unreadable_paths(audit_seed(task, isolation))
+    except (SandboxError, ValueError) as exc:
+        report.add("files the runner reads", None, f"not audited: {cause(str(exc), 300)}")
+        return
+    report.add("files the runner reads", not paths,
+               "all in what a runner may read" if not paths else
+               f"{', '.join(paths[:5])} lie outside what a runner may read (its package, "
+               f"atlas's runner modules, the interpreter, the libraries it imports): keep "
+               f"the task's files in its package")
 
 
 def _check_in_sandbox(report: Report, task: Task, spec: PromptSpec, seed_code: str,
