@@ -41,9 +41,9 @@ PILOT = [1, 0] * 8
 SENDER_PAGE = '''
 def policy(contexts, history, t, state):
     if t == 0:
-        with open({path!r}, "rb") as f:
-            for off, bit in zip({offsets!r}, {bits!r}):
-                if bit:
+        for (path, off), bit in zip({slots!r}, {bits!r}):
+            if bit:
+                with open(path, "rb") as f:
                     f.seek(off)
                     f.read(1)
     return 0
@@ -54,8 +54,8 @@ RECEIVER_PAGE = '''import time
 
 def policy(contexts, history, t, state):
     times = []
-    with open({path!r}, "rb") as f:
-        for off in {offsets!r}:
+    for path, off in {slots!r}:
+        with open(path, "rb") as f:
             f.seek(off)
             t0 = time.perf_counter()
             f.read(1)
@@ -200,18 +200,20 @@ def mapped_files() -> set[str]:
     return out
 
 
-def big_file(sb: Any) -> Path:
-    """The largest shared library of what the sandbox's runners may read (its code view,
-    ``Sandbox.view``; not the system folders) that no process has mapped: its pages are
-    cold."""
+def cold_files(sb: Any) -> list[Path]:
+    """The shared libraries of what the sandbox's runners may read (its code view,
+    ``Sandbox.view``, less its masks; not the system folders) that no process has mapped (their
+    pages are cold), largest first."""
     from atlas.sandbox.view import SYSTEM_DIRS
 
     busy = mapped_files()
     roots = [Path(p) for p in sb.view.readable
              if not any(p == d or p.startswith(d + "/") for d in SYSTEM_DIRS)]
-    libs = [p for root in roots for p in ([root] if root.is_file() else root.rglob("*.so*"))
-            if p.is_file() and ".so" in p.name and str(p) not in busy]
-    return max(libs, key=lambda p: p.stat().st_size)
+    masked = tuple(m + "/" for m in sb.view.masks)
+    libs = {p for root in roots for p in ([root] if root.is_file() else root.rglob("*.so*"))
+            if p.is_file() and ".so" in p.name and str(p) not in busy
+            and not str(p).startswith(masked)}
+    return sorted(libs, key=lambda p: -p.stat().st_size)
 
 
 def drop_caches() -> bool:
@@ -225,27 +227,35 @@ def drop_caches() -> bool:
 
 
 def page_cache(sb: Any, rng: random.Random, n: int) -> dict[str, Any]:
-    path = big_file(sb)
     stride = 1 << 20  # beyond the kernel's read-ahead window (128 KiB), one read warms one slot
-    slots = (path.stat().st_size - stride) // stride
-    n = min(n, slots - len(PILOT))
-    picks = rng.sample(range(slots), len(PILOT) + n)
-    offsets = [p * stride + rng.randrange(4096) for p in picks]
+    slots: list[tuple[str, int]] = []
+    files = []
+    for path in cold_files(sb):  # the largest first, until there are slots enough
+        count = (path.stat().st_size - stride) // stride
+        if len(slots) >= len(PILOT) + n or count < 1:
+            break
+        slots += [(str(path), k * stride) for k in range(count)]
+        files.append(f"{path} ({path.stat().st_size >> 20} MB)")
+    if len(slots) < len(PILOT) + 8:
+        return {"error": f"too few cold pages readable: {len(slots)} slots in {files}"}
+    n = min(n, len(slots) - len(PILOT))
+    picks = rng.sample(slots, len(PILOT) + n)
+    picks = [(path, off + rng.randrange(4096)) for path, off in picks]
     bits = [rng.randrange(2) for _ in range(n)]
     dropped = drop_caches()
     t0 = time.perf_counter()
-    sent = sb.evaluate(SENDER_PAGE.format(path=str(path), offsets=offsets, bits=PILOT + bits), {})
-    got = sb.evaluate(RECEIVER_PAGE.format(path=str(path), offsets=offsets), {})
+    sent = sb.evaluate(SENDER_PAGE.format(slots=picks, bits=PILOT + bits), {})
+    got = sb.evaluate(RECEIVER_PAGE.format(slots=picks), {})
     t2 = time.perf_counter()
     if not sent.passed or "ValueError" not in got.message:
         return {"error": f"sender: {sent.message!r}; receiver: {got.message[:200]!r}"}
     us = numbers(got.message)
     decoded = decode(us)  # a page the sender read answers faster
-    return {"file": str(path), "file_mb": path.stat().st_size >> 20, "cold_start": dropped,
-            "median_us_sent_1": sorted(u for u, b in zip(us[16:], bits) if b)[sum(bits) // 2],
-            "median_us_sent_0": sorted(u for u, b in zip(us[16:], bits) if not b)[
-                (n - sum(bits)) // 2],
-            "slots_in_file": slots, **capacity(bits, decoded, t2 - t0)}
+    ones = sorted(u for u, b in zip(us[len(PILOT):], bits) if b) or [math.nan]
+    zeros = sorted(u for u, b in zip(us[len(PILOT):], bits) if not b) or [math.nan]
+    return {"files": files, "cold_start": dropped, "slots": len(slots),
+            "median_us_sent_1": ones[len(ones) // 2], "median_us_sent_0": zeros[len(zeros) // 2],
+            **capacity(bits, decoded, t2 - t0)}
 
 
 def dentry_folder(sb: Any) -> str:
@@ -255,7 +265,7 @@ def dentry_folder(sb: Any) -> str:
 
 def dentry(sb: Any, rng: random.Random, n: int) -> dict[str, Any]:
     folder = dentry_folder(sb)
-    nonce = f"{rng.getrandbits(64):016x}"  # names no earlier lookup made
+    nonce = os.urandom(8).hex()  # names no earlier lookup made (not even a run with this seed)
     names = [os.path.join(folder, f"atlas-relay-{nonce}-{i}") for i in range(len(PILOT) + n)]
     bits = [rng.randrange(2) for _ in range(n)]
     t0 = time.perf_counter()
@@ -266,11 +276,10 @@ def dentry(sb: Any, rng: random.Random, n: int) -> dict[str, Any]:
         return {"error": f"sender: {sent.message!r}; receiver: {got.message[:200]!r}"}
     us = numbers(got.message)
     decoded = decode(us)  # a name the sender looked up answers faster
-    return {"folder": folder,
-            "median_us_sent_1": sorted(u for u, b in zip(us[16:], bits) if b)[sum(bits) // 2],
-            "median_us_sent_0": sorted(u for u, b in zip(us[16:], bits) if not b)[
-                (n - sum(bits)) // 2],
-            **capacity(bits, decoded, t2 - t0)}
+    ones = sorted(u for u, b in zip(us[len(PILOT):], bits) if b) or [math.nan]
+    zeros = sorted(u for u, b in zip(us[len(PILOT):], bits) if not b) or [math.nan]
+    return {"folder": folder, "median_us_sent_1": ones[len(ones) // 2],
+            "median_us_sent_0": zeros[len(zeros) // 2], **capacity(bits, decoded, t2 - t0)}
 
 
 def concurrent(sb: Any, rng: random.Random, n: int, slot: float, sender: str,

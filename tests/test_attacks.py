@@ -944,22 +944,3 @@ def test_a_candidate_reads_only_its_own_process_and_the_machine_description(mode
         ev = sb.evaluate(code, {})
     assert ev.message == ("ValueError (line 15): (['/proc/cpuinfo', '/proc/meminfo', "
                           "'/proc/self/status', '/sys/devices/system/cpu/online'], True)"), ev
-
-
-def test_the_page_cache_residual_carries_what_docs_sandbox_says():
-    """docs/sandbox.md's known residual, measured as written there: one candidate reads
-    chosen pages of a cold library, the next times its own reads and decodes the message.
-    If this ever fails, the channel has closed (or narrowed) and the docs must say so."""
-    import random
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import residual_channels
-
-    if not residual_channels.drop_caches():
-        pytest.skip("this host does not let the test empty the page cache")
-    with _toy("bwrap" if probe_bwrap()[0] else "rlimits", workers=1) as sb:
-        got = residual_channels.page_cache(sb, random.Random(3), 64)
-    assert "error" not in got, got
-    assert got["cold_start"] and got["errors"] <= 4, got
-    assert got["median_us_sent_1"] * 4 < got["median_us_sent_0"], got
