@@ -177,6 +177,15 @@ def numbers(message: str) -> list[float]:
     return [float(x) for x in message.split(":", 1)[1].split()]
 
 
+def medians(us: list[float], bits: list[int]) -> dict[str, float]:
+    """The receiver's median time (us) for the message bits the sender sent as 1 and as 0."""
+    out = {}
+    for bit in (1, 0):
+        xs = sorted(u for u, b in zip(us[len(PILOT):], bits) if b == bit) or [math.nan]
+        out[f"median_us_sent_{bit}"] = xs[len(xs) // 2]
+    return out
+
+
 def capacity(sent: list[int], got: list[int], seconds: float) -> dict[str, Any]:
     n = len(sent)
     if len(got) != n:
@@ -251,10 +260,7 @@ def page_cache(sb: Any, rng: random.Random, n: int) -> dict[str, Any]:
         return {"error": f"sender: {sent.message!r}; receiver: {got.message[:200]!r}"}
     us = numbers(got.message)
     decoded = decode(us)  # a page the sender read answers faster
-    ones = sorted(u for u, b in zip(us[len(PILOT):], bits) if b) or [math.nan]
-    zeros = sorted(u for u, b in zip(us[len(PILOT):], bits) if not b) or [math.nan]
-    return {"files": files, "cold_start": dropped, "slots": len(slots),
-            "median_us_sent_1": ones[len(ones) // 2], "median_us_sent_0": zeros[len(zeros) // 2],
+    return {"files": files, "cold_start": dropped, "slots": len(slots), **medians(us, bits),
             **capacity(bits, decoded, t2 - t0)}
 
 
@@ -276,10 +282,7 @@ def dentry(sb: Any, rng: random.Random, n: int) -> dict[str, Any]:
         return {"error": f"sender: {sent.message!r}; receiver: {got.message[:200]!r}"}
     us = numbers(got.message)
     decoded = decode(us)  # a name the sender looked up answers faster
-    ones = sorted(u for u, b in zip(us[len(PILOT):], bits) if b) or [math.nan]
-    zeros = sorted(u for u, b in zip(us[len(PILOT):], bits) if not b) or [math.nan]
-    return {"folder": folder, "median_us_sent_1": ones[len(ones) // 2],
-            "median_us_sent_0": zeros[len(zeros) // 2], **capacity(bits, decoded, t2 - t0)}
+    return {"folder": folder, **medians(us, bits), **capacity(bits, decoded, t2 - t0)}
 
 
 def concurrent(sb: Any, rng: random.Random, n: int, slot: float, sender: str,

@@ -675,6 +675,7 @@ def test_the_filter_lets_calls_name_only_their_own_process():
             libc = ctypes.CDLL(None, use_errno=True)
             libc.syscall.restype = ctypes.c_long
             me, parent = os.getpid(), os.getppid()
+            nice = os.getpriority(os.PRIO_PROCESS, 0)  # set it again: allowed unprivileged
             install_seccomp()
             lim = (ctypes.c_uint64 * 2)()
             mask = ctypes.c_uint64(1)
@@ -687,7 +688,7 @@ def test_the_filter_lets_calls_name_only_their_own_process():
 
             for who, tag in ((0, "zero"), (me, "self"), (parent, "parent")):
                 out[f"prlimit64_{tag}"] = call("prlimit64", who, 7, None, lim)
-                out[f"setpriority_{tag}"] = call("setpriority", 0, who, 0)
+                out[f"setpriority_{tag}"] = call("setpriority", 0, who, nice)
                 out[f"sched_getaffinity_{tag}"] = call("sched_getaffinity", who, 8,
                                                        ctypes.byref(mask))
                 out[f"sched_setscheduler_{tag}"] = call("sched_setscheduler", who, 0,
@@ -699,7 +700,7 @@ def test_the_filter_lets_calls_name_only_their_own_process():
             out["fcntl_getfl"] = call("fcntl", fd, 3, 0)
             out["fcntl_setlk"] = call("fcntl", fd, 6, lock)
             out["flock"] = call("flock", fd, 1 | 4)  # LOCK_SH | LOCK_NB
-            out["setpriority_user"] = call("setpriority", 2, 0, 0)
+            out["setpriority_user"] = call("setpriority", 2, 0, nice)
             out["memfd_create"] = call("memfd_create", b"x", 0)
             out["acct"] = call("acct", None)
         except Exception as exc:  # noqa: BLE001
