@@ -406,9 +406,9 @@ def test_an_interpreter_in_a_private_home_imports_what_a_program_needs(mode, tmp
     own, imports any standard module and a task's library (numpy's submodules), none of
     them preloaded by the zygote."""
     exe = _private_interpreter(tmp_path)
-    site = sysconfig.get_paths()["purelib"]
+    sites = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME",)}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), site])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *sites])
     env["PYTHONNOUSERSITE"] = "1"
     proc = subprocess.run([str(exe), "-c", PRIVATE, mode], capture_output=True, text=True,
                           timeout=300, env=env, cwd=tmp_path)

@@ -170,8 +170,8 @@ def new_runner_cgroup(slot_dir: str, version: int, memory_mb: int) -> str:
         _write(os.path.join(path, swap), "0" if version == 2 else size)
     except OSError:
         pass
-    if version == 2:
-        _write(os.path.join(path, "memory.oom.group"), "1")
+    # not memory.oom.group: the zygote sits in the cgroup for a moment after the fork, and the
+    # kernel's own choice, the largest process, is the runner
     return path
 
 
