@@ -273,7 +273,7 @@ def runner_identity(mode: str) -> str:
     if "fresh-uid" in runner_features(mode):
         from atlas.sandbox.runner import RUNNER_UID_BASE, RUNNER_UIDS
 
-        return (f"a fresh uid of its own per runner (kernel uid {RUNNER_UID_BASE}.."
+        return (f"a fresh uid each (kernel uid {RUNNER_UID_BASE}.."
                 f"{RUNNER_UID_BASE + RUNNER_UIDS - 1}, owning nothing)")
     return f"your uid {os.getuid()} (kernel uid; not root)"
 

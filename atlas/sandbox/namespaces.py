@@ -42,6 +42,7 @@ PROC_FILES = ("status", "stat", "statm", "maps", "mountinfo", "cmdline", "enviro
 PROC_MACHINE = ("cpuinfo", "meminfo")
 
 
+@functools.lru_cache(maxsize=1)
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long

@@ -13,15 +13,14 @@ file in a folder of code is refused (``secret_folder``).
 
 from __future__ import annotations
 
-import ast
 import functools
-import importlib.metadata
 import importlib.util
 import os
 import re
 import sys
 import sysconfig
 from dataclasses import dataclass
+from typing import Any
 
 import atlas
 
@@ -195,6 +194,8 @@ def _module_file(name: str, tops: dict[str, str]) -> str | None:
 def _imports(path: str, module: str) -> set[str]:
     """Every module name ``path`` imports, at any depth of its code (lazy imports too),
     relative imports resolved against ``module``."""
+    import ast  # here: the runner, which imports this module, never reads code
+
     try:
         with open(path, "rb") as fh:
             tree = ast.parse(fh.read(), path)
@@ -271,7 +272,10 @@ def _top_level_names() -> dict[str, str]:
     return out
 
 
-def _distribution(name: str) -> importlib.metadata.Distribution | None:
+def _distribution(name: str) -> Any:
+    """The installed distribution ``name`` (an ``importlib.metadata.Distribution``), or None."""
+    import importlib.metadata  # here: heavy, and the runner never needs it
+
     try:
         return importlib.metadata.distribution(name)
     except (importlib.metadata.PackageNotFoundError, ValueError):

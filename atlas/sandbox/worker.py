@@ -195,7 +195,7 @@ class Worker:
         # scratch: the private /tmp under bubblewrap, the pool's directory otherwise; every
         # entry but the scorer's own directory is wiped after each candidate
         self.scratch = init.get("tmp_root") or tempfile.gettempdir()
-        if os.getuid() == 0:  # runners drop to nobody and must reach their directories
+        if os.getuid() == 0:  # runners drop to a fresh uid and must reach their directories
             os.chmod(self.scratch, 0o711)
         self.scratch_mode = os.stat(self.scratch).st_mode & 0o7777
         self.base = tempfile.mkdtemp(prefix="atlas-scorer-", dir=self.scratch)
