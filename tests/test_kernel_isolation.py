@@ -95,6 +95,29 @@ def test_a_runner_is_never_kernel_root_and_the_isolation_line_says_which_uid(mod
     assert "memory:" in line, line
 
 
+def _status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as fh:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in fh if ":\t" in line)
+
+
+@pytest.mark.skipif(not ROOT, reason="an ordinary user's scorer holds no capability anyway")
+@pytest.mark.parametrize("mode", MODES)
+def test_a_root_scorer_keeps_only_the_capabilities_it_needs(mode):
+    """Once its zygote is forked, the scorer (which compiles code derived from candidates)
+    holds CAP_KILL and, in the rlimits mode, CAP_DAC_OVERRIDE and CAP_FOWNER, nothing else,
+    and has no_new_privs, so nothing it runs as uid 0 gets the rest back. Its zygote keeps
+    what making a runner needs (CAP_SYS_ADMIN, CAP_SETUID)."""
+    with _toy(mode, workers=1, timeout_s=20) as sb:
+        assert sb.evaluate("def policy(c, h, t, s):\n    return 0\n", {}).passed
+        scorer = sb._all[0].worker
+        zygote = next(p for p in scorer.children() if p.name() == "atlas-zygote")
+        mine, its = _status(scorer.pid), _status(zygote.pid)
+    kept = (1 << 5) | ((1 << 1) | (1 << 3) if mode == "rlimits" else 0)
+    assert int(mine["CapEff"], 16) == int(mine["CapPrm"], 16) == kept, mine
+    assert int(mine["CapInh"], 16) == 0 and mine["NoNewPrivs"].strip() == "1", mine
+    assert int(its["CapEff"], 16) & (1 << 21 | 1 << 7) == 1 << 21 | 1 << 7, its
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_threads_are_capped_by_rlimit_nproc_in_every_mode(mode):
     """A candidate can add at most ``isolation.MAX_TASKS`` threads (the kernel refuses the

@@ -27,6 +27,7 @@ _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV, _MOUNT_ATTR_NOEXEC = 0x2, 0x4, 0x8
 _OPEN_TREE, _MOVE_MOUNT = 428, 429  # the same on x86_64 and aarch64
 _OPEN_TREE_CLONE, _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 1, 0x4, -100
 _PR_SET_DUMPABLE = 4
+_PR_SET_NO_NEW_PRIVS = 38
 #: the source name of a runner's scratch tmpfs, how the watchdog finds it to count its bytes
 SCRATCH_SOURCE = "atlas-scratch"
 #: files (and directories) a runner's scratch may hold: each costs the kernel an inode and
@@ -234,6 +235,29 @@ def prepare_runner(workdir: str, size_mb: int, got: set[str]) -> set[str]:
             # other candidate can name it (it is alone in its pid namespace)
             _prctl(_PR_SET_DUMPABLE, 1)
     return got
+
+
+#: what a root scorer keeps once its zygote is forked: signals to runners of another uid,
+#: and removing what a runner of another uid left in its swept directory
+SCORER_CAPS = (1, 3, 5)  # CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_KILL
+
+
+def keep_scorer_caps() -> None:
+    """As root, give up every capability but ``SCORER_CAPS`` (the scorer, which compiles
+    code derived from candidates, needs no other; its zygote, forked before, keeps what
+    making a runner's namespaces and switching its uid need). no_new_privs first: without
+    it, anything the scorer ran as uid 0 would get the whole bounding set back."""
+    if os.getuid() != 0:
+        return
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, self
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable (x2: caps 0-31, 32-63)
+    if _libc().capget(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "reading the scorer's capabilities failed")
+    keep = data[1] & sum(1 << c for c in SCORER_CAPS)  # of those it has (bubblewrap: fewer)
+    data = (ctypes.c_uint32 * 6)(keep, keep, 0, 0, 0, 0)
+    if _libc().capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "dropping the scorer's capabilities failed")
 
 
 def _blocked_at(path: str) -> str | None:

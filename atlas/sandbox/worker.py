@@ -35,7 +35,7 @@ from atlas.sandbox import cgroup, protocol
 from atlas.sandbox.candidate import CandidateError
 from atlas.sandbox.isolation import harden_worker, set_process_name
 from atlas.sandbox.link import Link, RunnerFailed
-from atlas.sandbox.namespaces import host_view
+from atlas.sandbox.namespaces import host_view, keep_scorer_caps
 from atlas.sandbox.runner import DENIED_PATH, load_factory, zygote_main
 from atlas.sandbox.seccomp import Supervisor
 from atlas.types import Evaluation, FailureKind
@@ -395,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         os.close(args.resp_fd)
         zygote_main(theirs, args.preload)
     theirs.close()
+    keep_scorer_caps()
     set_process_name("atlas-scorer")
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
