@@ -3,7 +3,9 @@
 exactly the task a run builds. Also the checks Hydra does badly, made on the command line
 before it composes: a ``pkg://`` search path whose package cannot be imported (Hydra says
 only "Could not find 'task/<name>'"), a mistyped group or option, a key that no option of
-``conf/`` defines (``check_known_keys`` checks the composed config the same way).
+``conf/`` defines (``check_known_keys`` checks the composed config the same way), and a YAML
+mistake in a file the config is composed from, as one line naming the file, line and column
+(``atlas.configerrors``; a broken file the command does not use stops nothing).
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from atlas.configerrors import bad_value, missing_option_line, omegaconf_line, yaml_line
 from atlas.fields import check_known_fields
 from atlas.loggers import builtin as builtin_logger
+from atlas.overrides import grammar_problem
 from atlas.schema import ConfigError
 from atlas.tasks import build_task
 
@@ -64,22 +69,38 @@ def _merge(into: dict[str, Any], data: Mapping[str, Any]) -> None:
             into.setdefault(key, None)
 
 
+def _read_option(path: Path) -> Any:
+    """An option file's content, or None (and a note in ``UNREADABLE``) when its YAML is
+    broken: only a command that uses the file fails on it, naming it (``compose``)."""
+    try:
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+    except (yaml.YAMLError, ValueError, OSError) as exc:
+        UNREADABLE[str(path)] = yaml_line(exc) or f"{path}: {exc}"
+        return None
+
+
+#: option files of ``conf/`` that ``schema`` skipped, with why (a YAML mistake)
+UNREADABLE: dict[str, str] = {}
+
+
 @functools.lru_cache(maxsize=1)
 def schema(conf: Path = CONF) -> dict[str, Any]:
-    """Every key any option of ``conf/`` defines, as a tree (leaves are None).
+    """Every key any readable option of ``conf/`` defines, as a tree (leaves are None).
 
     Why from the YAML files: they are the documentation of every field, so a key that none of
-    them defines is read by nothing.
+    them defines is read by nothing. A file whose YAML is broken is skipped (``UNREADABLE``):
+    a draft experiment must not stop a command that does not use it.
     """
     tree: dict[str, Any] = {}
-    top = OmegaConf.to_container(OmegaConf.load(conf / "train.yaml"), resolve=False)
+    top = _read_option(conf / "train.yaml") or {}
     _merge(tree, {k: v for k, v in top.items() if k not in ("defaults", "hydra")})
     for group in sorted(p for p in conf.iterdir() if p.is_dir() and p.name != "hydra"):
         for option in sorted(group.glob("*.yaml")):
-            text = option.read_text()
-            data = OmegaConf.to_container(OmegaConf.create(text), resolve=False) or {}
+            data = _read_option(option)
+            if not isinstance(data, dict):
+                continue
             data.pop("defaults", None)
-            if "@package _global_" in text:
+            if "@package _global_" in option.read_text():
                 _merge(tree, data)
             else:
                 _merge(tree.setdefault(group.name, {}), data)
@@ -98,6 +119,11 @@ def _unknown(node: Mapping[str, Any], known: dict[str, Any], path: str) -> None:
         close = difflib.get_close_matches(str(extra[0]), [str(k) for k in allowed], n=1)
         fix = f"; did you mean {path + '.' if path else ''}{close[0]}?" if close else ""
         added = f" (a key added with `+{path + '.' if path else ''}{extra[0]}=...` is read by nothing)"
+        if not path and str(extra[0]) in groups():  # experiment/*: keys of the whole config
+            raise ConfigError(f"{extra[0]}: its option file put its keys under `{extra[0]}.`; "
+                              f"an {extra[0]} file sets fields of the whole config, so make "
+                              f"`# @package _global_` its first line (as conf/{extra[0]}/*.yaml"
+                              f" do)")
         if not path:
             raise ConfigError(f"unknown top-level key(s) {sorted(map(str, extra))}: {extra[0]} is "
                               f"not a known field; remove it or use one of "
@@ -156,6 +182,12 @@ def override_problem(overrides: Sequence[str]) -> str | None:
 
 
 # -- group names and options, before Hydra ------------------------------------------------------
+def group_defaults(group: str, conf: Path = CONF) -> dict[str, Any]:
+    """The values of a group's default option (``conf/<group>/default.yaml``), unresolved."""
+    return OmegaConf.to_container(OmegaConf.load(conf / group / "default.yaml"),
+                                  resolve=False) or {}
+
+
 def groups(conf: Path = CONF) -> dict[str, list[str]]:
     """``{group: [option, ...]}`` of ``conf/`` (Hydra's own groups left out)."""
     return {d.name: sorted(p.stem for p in d.glob("*.yaml"))
@@ -233,25 +265,78 @@ def group_problem(overrides: Sequence[str]) -> str | None:
 
 
 # -- the composed config ------------------------------------------------------------------------
+def _with_config_dir(overrides: Sequence[str], config_dir: str | None) -> list[str]:
+    """``overrides`` with ``--config-dir``'s folder on ``hydra.searchpath``, where Hydra puts it
+    (after ``conf/``)."""
+    if not config_dir:
+        return list(overrides)
+    extra = f"file://{Path(config_dir).resolve()}"
+    out, added = [], False
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        if eq and key.lstrip("+") == "hydra.searchpath" and value.strip().startswith("["):
+            inner = value.strip()[1:-1].strip()
+            item, added = f"{key}=[{inner + ',' if inner else ''}{extra}]", True
+        out.append(item)
+    return out if added else [*out, f"hydra.searchpath=[{extra}]"]
+
+
+def _hydra_compose(overrides: Sequence[str], config_dir: str | None = None,
+                   config_name: str = "train") -> Any:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose(config_name, overrides=_with_config_dir(overrides, config_dir))
+
+
+def compose_problem(overrides: Sequence[str], config_dir: str | None = None,
+                    config_name: str = "train") -> str | None:
+    """One line for why the config of ``overrides`` does not compose from ``conf/``,
+    ``--config-dir``'s folder and ``hydra.searchpath``: YAML that does not parse, a defaults
+    list naming an option that is not there, an interpolation that does not parse, a key the
+    overrides name wrongly (``override_problem``), else Hydra's own message in one line;
+    None when it composes. An error that is not Hydra's or OmegaConf's (a bug) is left to
+    Hydra's traceback."""
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        _hydra_compose(overrides, config_dir, config_name)
+    except MissingConfigException as exc:
+        return missing_option_line(exc)
+    except Exception as exc:  # noqa: BLE001 - every failure to compose is this check's finding
+        if (bad := bad_value(exc)) is not None:
+            return omegaconf_line(bad)
+        if found := yaml_line(exc) or override_problem(overrides):
+            return found
+        if isinstance(exc, (HydraException, OmegaConfBaseException)):
+            return " ".join(str(exc).split())
+    return None
+
+
 def compose(overrides: list[str]) -> Any:
     """The composed ``train`` config for ``overrides`` (as on the command line), without the
     run-folder fields that need a running Hydra job. ValueError: a one-line cause."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
-    problem = (searchpath_problem(overrides) or group_problem(overrides)
-               or override_problem(overrides))
+    problem = (grammar_problem(overrides, groups()) or searchpath_problem(overrides)
+               or group_problem(overrides))
     if problem:
         raise ValueError(problem)
     try:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return hydra_compose("train", overrides=list(overrides))
-    except (HydraException, OmegaConfBaseException) as exc:
-        raise ValueError(" ".join(str(exc).split())) from None
+        return _hydra_compose(overrides)
+    except MissingConfigException as exc:
+        raise ValueError(missing_option_line(exc)) from None
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError) as exc:
+        # a YAML mistake first: a file that does not parse is missing from ``schema``, so a
+        # key it defines would read as unknown
+        bad = bad_value(exc)
+        raise ValueError(yaml_line(exc) or (omegaconf_line(bad) if bad else None)
+                         or override_problem(overrides) or " ".join(str(exc).split())) from None
 
 
 # build_task: the task a composed config builds (its home is atlas.tasks)
-__all__ = ["CONF", "build_task", "check_known_keys", "compose", "group_problem", "groups",
-           "override_problem", "schema", "searchpath_problem"]
+__all__ = ["CONF", "UNREADABLE", "build_task", "check_known_keys", "compose", "group_problem",
+           "groups", "override_problem", "schema", "searchpath_problem", "compose_problem"]

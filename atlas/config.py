@@ -12,15 +12,19 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from atlas.compose import check_known_keys
+from atlas.configerrors import omegaconf_line
 from atlas.dpo.config import DPOConfig, GateConfig
+from atlas.dpo.rules import read_by_rules
 from atlas.knobs import HARD_BOUNDS
-from atlas.loggers import LoggerSpec, logger_spec
+from atlas.loggers import LoggerSpec, logger_spec, wandb_problem
 from atlas.loggers import builtin as builtin_logger
 from atlas.sandbox.isolation import secret_folder
 from atlas.sandbox.secret import is_secret, missing_secret_message
@@ -30,6 +34,7 @@ from atlas.schema import (
     LoggerConfig,
     MethodConfig,
     ModelConfig,
+    ProbeConfig,
     RunConfig,
     SandboxConfig,
 )
@@ -65,8 +70,9 @@ def check_ignored(cfg: DictConfig) -> None:
 
 
 #: gate fields that only decide a promotion: with method.gate=false (EvoDPO promotes every
-#: phase) the gate's numbers are recorded, and these change nothing
-GATE_DECIDES = ("epsilon", "delta", "holdout", "evidence", "min_holdout_completions",
+#: phase) the gate's numbers are recorded, and these change nothing. Which rule tests c*,
+#: the fields the rules read (each rule names them: ``atlas.dpo.rules``), and G_k's choice
+GATE_DECIDES = ("rule", *read_by_rules(), "holdout", "evidence", "min_holdout_completions",
                 "min_completions")
 
 
@@ -155,10 +161,13 @@ def check_noop(method: MethodConfig, explore: ExploreConfig,
     """Refuse (or, where part of the mechanism remains, warn about) settings under which the
     method would run without what makes it that method; docs/cli.md lists each with its test.
 
-    Every method fine-tunes on preference pairs between phases, so a run without a phase, or
-    whose phases can build no pair, is a sampling run that reports itself as the method.
+    A method that fine-tunes does so on preference pairs between phases, so a run without a
+    phase, or whose phases can build no pair, is a sampling run that reports itself as the
+    method (the controls that never train, ``method.fine_tune=false``, are exempt).
     """
     name = f"method={method.name}"
+    if not method.fine_tune:  # a control: it never trains, so no phase setting applies
+        return
     if explore.phase_every > explore.rounds:
         raise ConfigError(
             f"explore.phase_every={explore.phase_every} > explore.rounds={explore.rounds}: the "
@@ -183,11 +192,17 @@ def check_noop(method: MethodConfig, explore: ExploreConfig,
 
 
 # -- values: every group's schema, built here ------------------------------------------------
+def _message(exc: BaseException) -> str:
+    """A schema's error as it is; OmegaConf's (an interpolation that does not resolve) as
+    one line naming the key."""
+    return omegaconf_line(exc) if isinstance(exc, OmegaConfBaseException) else str(exc)
+
+
 def _build(make: Any, *args: Any) -> Any:
     try:
         return make(*args)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc)) from None
+    except (TypeError, ValueError, OmegaConfBaseException) as exc:
+        raise ConfigError(_message(exc)) from None
 
 
 def check_typed_groups(cfg: DictConfig) -> tuple[DPOConfig, GateConfig]:
@@ -229,6 +244,7 @@ class Settings:
     sandbox: SandboxConfig
     dpo: DPOConfig
     gate: GateConfig
+    probe: ProbeConfig
     #: the supporter roles' settings; None when the method runs no supporters
     supporters: Mapping[str, RoleConfig] | None
     #: the logger to build (``atlas.loggers.make_logger``); None for ``logger=none``. A
@@ -249,6 +265,13 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
     """
     if overrides is None:
         overrides, sweep = command_line()
+    try:
+        return _validate(cfg, overrides, sweep)
+    except OmegaConfBaseException as exc:  # an interpolation no schema's build caught
+        raise ConfigError(omegaconf_line(exc)) from None
+
+
+def _validate(cfg: DictConfig, overrides: Sequence[str] | None, sweep: bool) -> Settings:
     check_known_keys(cfg)
     run = _build(RunConfig.from_top, cfg)
     if not 0 <= run.seed <= SEED_MAX:  # numpy's seed range: past it a traceback 17 s later
@@ -257,8 +280,8 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
     try:  # a built-in name or a `_target_` Task subclass, built once: it checks its fields
         task_class(OmegaConf.to_container(cfg.task, resolve=False))
         task = build_task(cfg)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc)) from None
+    except (TypeError, ValueError, OmegaConfBaseException) as exc:
+        raise ConfigError(_message(exc)) from None
     method = _build(MethodConfig.from_cfg, cfg.method)
     model = _build(ModelConfig.from_cfg, cfg.model)
     sandbox = _build(SandboxConfig.from_cfg, cfg.sandbox)
@@ -268,6 +291,7 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
         _build(LoggerConfig.from_cfg, OmegaConf.create(fields))
     logger = _build(logger_spec, OmegaConf.to_container(cfg.logger, resolve=True))
     explore = _build(ExploreConfig.from_cfg, cfg.explore)
+    probe = _build(ProbeConfig.from_cfg, cfg.probe)
     dpo, gate = check_typed_groups(cfg)
     roles = None
     if method.supporters:  # the roles' settings are read only when supporters run
@@ -281,7 +305,12 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None, *,
     check_noop(method, explore, roles)
     from atlas.agent.availability import model_problem  # no torch; bounded by the hub probe
 
-    if problem := model_problem(model):
-        raise ConfigError(problem)
+    # the model hub and the W&B server side by side: each may take its probe's 3 s;
+    # a method without an LLM (method.writer) needs no model
+    with ThreadPoolExecutor(2, thread_name_prefix="atlas-probe") as pool:
+        hub = pool.submit(model_problem, model) if method.uses_llm else None
+        wandb = pool.submit(wandb_problem, logger)
+        if problem := (hub.result() if hub else None) or wandb.result():
+            raise ConfigError(problem)
     return Settings(run=run, method=method, model=model, explore=explore, sandbox=sandbox,
-                    dpo=dpo, gate=gate, supporters=roles, logger=logger, task=task)
+                    dpo=dpo, gate=gate, probe=probe, supporters=roles, logger=logger, task=task)

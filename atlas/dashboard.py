@@ -54,6 +54,17 @@ SECTIONS: tuple[tuple[str, tuple[Chart, ...]], ...] = (
         Chart("Candidates per round: agent and supporter", ROUND,
               ("round/candidates", "round/supporter_candidates"), kind="stacked"),
     )),
+    ("Learning probe per phase", (
+        Chart("Probe: valid rate before and after the phase", PHASE,
+              ("phase/probe/before/valid_rate", "phase/probe/after/valid_rate")),
+        Chart("Probe: change of valid rate and score, with 95% t bounds", PHASE,
+              ("phase/probe/change/valid_rate/mean", "phase/probe/change/valid_rate/t_lo",
+               "phase/probe/change/valid_rate/t_hi", "phase/probe/change/score/mean")),
+        Chart("Probe: KL per token to the base and to the reference", PHASE,
+              ("phase/probe/kl_base", "phase/probe/kl_reference"), log_y=True),
+        Chart("Probe: held-out pairs, preference accuracy and margin", PHASE,
+              regex=r"^phase/probe/heldout/(pairs|accuracy|margin)$"),
+    )),
     ("DPO per phase", (
         Chart("DPO loss (phase mean, first and last step)", PHASE,
               ("phase/dpo/loss", "phase/dpo/loss_first", "phase/dpo/loss_last")),

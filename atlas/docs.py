@@ -41,6 +41,7 @@ SCHEMAS: dict[str, str] = {
     "logger": "atlas.schema:LoggerConfig",
     "dpo": "atlas.dpo.config:DPOConfig",
     "gate": "atlas.dpo.config:GateConfig",
+    "probe": "atlas.schema:ProbeConfig",
     "supporters": "atlas.supporters.config:RoleConfig",
     "supporters.exploration": "atlas.supporters.config:ExplorationConfig",
     "supporters.strategist": "atlas.supporters.config:StrategistConfig",

@@ -10,7 +10,6 @@ G_k, asks the inspector's review and copies an accepted, unvetoed c* into ``ref`
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import math
 import time
@@ -18,17 +17,23 @@ from collections.abc import Sequence
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
-from atlas.agent.adapters import get_adapter_state
+from atlas.agent.adapters import REF, get_adapter_state
 from atlas.checkpoint import CheckpointError
 from atlas.dpo import DPOConfig, GateConfig, train_phase
 from atlas.dpo.evidence import HOLDOUT, Evidence, choose_evidence
-from atlas.dpo.gate import INSUFFICIENT
 from atlas.dpo.online_inspection import OnlineInspector
-from atlas.dpo.reference import ReferenceCallback, ReferenceOutcome, ReferenceState, no_decision
+from atlas.dpo.reference import (
+    GateJudge,
+    Promoter,
+    ReferenceCallback,
+    ReferenceOutcome,
+    ReferenceState,
+)
 from atlas.evolution.buffer import failure_floor
 from atlas.evolution.preferences import PAIR_KINDS, build_pairs
 from atlas.knobs import KNOBS
-from atlas.schema import MethodConfig
+from atlas.probe import LearningProbe, prompt_hash
+from atlas.schema import MethodConfig, ProbeConfig
 from atlas.supporters import Supporters
 from atlas.supporters import requests as supporter_requests
 from atlas.supporters.schemas import KNOB_FIELDS
@@ -74,12 +79,18 @@ class FineTuner:
     def __init__(self, agent: ResearchAgent, method: MethodConfig, dpo_cfg: DPOConfig,
                  gate_cfg: GateConfig, supporters: Supporters | None, seed: int, *,
                  explorer: Explorer | None = None,
-                 quality_metrics: Sequence[QualityMetric] = ()) -> None:
-        """``explorer``: the run's, for ``gate.score_mode=online`` only; ``quality_metrics``:
-        the task's declared ones, the only metrics the Policy Inspector compares."""
+                 quality_metrics: Sequence[QualityMetric] = (),
+                 probe: ProbeConfig | None = None) -> None:
+        """``explorer``: the run's, for ``gate.score_mode=online`` and the learning probe;
+        ``quality_metrics``: the task's declared ones, the only metrics the Policy Inspector
+        compares; ``probe``: the learning probe's settings (None or not enabled: no probe)."""
         if gate_cfg.score_mode == "online" and explorer is None:
             raise ValueError("gate.score_mode=online samples and scores programs: pass the "
                              "run's Explorer (EvolutionLoop does)")
+        if probe is not None and probe.enabled and explorer is None:
+            raise ValueError("the learning probe samples and scores programs: pass the run's "
+                             "Explorer (EvolutionLoop does), or probe=None")
+        self.probe_cfg = probe if probe is not None and probe.enabled else None
         self.explorer = explorer
         self.quality_metrics = tuple(quality_metrics)
         self.agent = agent
@@ -139,11 +150,37 @@ class FineTuner:
         if not pairs:
             return PhaseRecord(**head, **built, skip_reason="no preference pairs could be built")
 
+        probe = self._probe_before(phase, phase_programs)
+        reference_state = (get_adapter_state(self.agent.model, REF)
+                           if self.method.reference == ReferenceMode.ADAPTIVE else None)
         owner = self._reference_owner(phase, phase_programs, evidence) if evidence else None
         trained, outcome = self._train(phase, pairs, owner, logger)
         gate = (gate_fields(owner, evidence, outcome)
                 if owner is not None and evidence is not None and outcome is not None else {})
-        return PhaseRecord(**head, **built, **trained, **gate, seconds=time.time() - t0)
+        learned = self._probe_after(probe, reference_state)
+        return PhaseRecord(**head, **built, **trained, **gate, **learned,
+                           seconds=time.time() - t0 - learned.get("seconds_probe", 0.0))
+
+    def _probe_before(self, phase: int, programs: list[Program]) -> LearningProbe | None:
+        """The learning probe's prompts and its programs from the policy entering the phase
+        (``atlas.probe``); None when the probe is off."""
+        if self.probe_cfg is None or self.explorer is None:
+            return None
+        probe = LearningProbe.for_phase(self.probe_cfg, self.explorer, programs,
+                                        phase_seed(self.seed, phase))
+        probe.before()
+        return probe
+
+    def _probe_after(self, probe: LearningProbe | None, reference_state: dict | None
+                     ) -> dict[str, Any]:
+        """The record's probe fields: the trained policy's programs and the measures."""
+        if probe is None:
+            return {}
+        probe.after()
+        record = probe.record(self.agent.model, self.agent.tokenizer,
+                              reference_state=reference_state, beta=self.dpo_cfg.beta,
+                              max_length=self.dpo_cfg.max_length)
+        return dict(probe=record, seconds_probe=record["seconds"]["total"])
 
     def _phase_head(self, phase: int, programs: list[Program], best_before: float
                     ) -> dict[str, Any]:
@@ -178,28 +215,25 @@ class FineTuner:
 
     def _reference_owner(self, phase: int, programs: list[Program], evidence: Evidence
                          ) -> ReferenceCallback:
-        """The adaptive reference's owner for this phase's fit: G_k, the gate's settings, the
-        inspector's review, the run's ``ReferenceState``."""
+        """The adaptive reference's owner for this phase's fit: the judge (G_k, the gate's
+        settings), the promoter (the inspector's review, the run's ``ReferenceState``)."""
         t0 = time.time()
-        seed = phase_seed(self.seed, phase)
         gated = bool(self.method.gate)
         items = evidence.items
-        review = decide = None
-        if gated and not evidence.sufficient:
-            def decide(candidates: list) -> GateDecision:
-                return no_decision(candidates, self.gate_cfg, INSUFFICIENT)
+        sufficient = not gated or evidence.sufficient
+        judge = GateJudge(self.agent.tokenizer, items, self.gate_cfg, gated=gated,
+                          seed=phase_seed(self.seed, phase), sufficient=sufficient,
+                          online_score=self._online_inspector(phase, items, programs)
+                          if sufficient else None)
+        review = None
         if gated and self.supporters is not None:
             inspector = self.supporters.inspector
 
             def review(decision: GateDecision) -> Any:
                 return inspector.review(supporter_requests.inspector_request(
-                    phase, decision, items, programs, gate_cfg=self.gate_cfg,
-                    quality_metrics=self.quality_metrics))
-        owner = ReferenceCallback(self.agent.tokenizer, items, self.gate_cfg, gated=gated,
-                                  seed=seed, phase=phase, state=self.reference_state,
-                                  decide=decide, review=review,
-                                  online_score=None if decide else
-                                  self._online_inspector(phase, items, programs))
+                    phase, decision, items, programs, quality_metrics=self.quality_metrics))
+        owner = ReferenceCallback(Promoter(judge, phase=phase, state=self.reference_state,
+                                           review=review))
         owner.prepare_seconds = time.time() - t0
         return owner
 
@@ -222,8 +256,8 @@ class FineTuner:
         """ATLAS only: the strategist may change beta / lr / epochs / score_threshold."""
         if self.supporters is None:
             return None
-        request = supporter_requests.strategist_request(phase, self.dpo_cfg, programs, stats,
-                                                        self.history, gate_cfg=self.gate_cfg)
+        request = supporter_requests.strategist_request(phase, self.dpo_cfg, self.gate_cfg,
+                                                        programs, stats, self.history)
         advice = self.supporters.strategist.advise(request)
         before = dataclasses.asdict(self.dpo_cfg)
         updated = dataclasses.replace(self.dpo_cfg, beta=advice.beta, lr=advice.lr,
@@ -238,11 +272,6 @@ class FineTuner:
                 "values": {k: getattr(updated, k) for k in KNOB_FIELDS}}
 
 
-def prompt_hash(prompt: str) -> str:
-    """A short stable name of a prompt for events.jsonl (G_k's and D_k's prompts, compared)."""
-    return hashlib.sha1(prompt.encode()).hexdigest()[:10]
-
-
 def dk_fields(pairs: list[PreferencePair], held: list[str], cfg: DPOConfig) -> dict[str, Any]:
     """The record's D_k fields: its pairs, their prompts and kinds, the knobs it trains with."""
     return dict(pairs=len(pairs), pair_prompts=len({p.prompt for p in pairs}),
@@ -255,10 +284,11 @@ def dk_fields(pairs: list[PreferencePair], held: list[str], cfg: DPOConfig) -> d
 def gate_fields(owner: ReferenceCallback, evidence: Evidence, outcome: ReferenceOutcome
                 ) -> dict[str, Any]:
     """The record's gate fields: the owner's decision on G_k and the promotion."""
-    online = owner.online_score
+    judge = owner.promoter.judge
+    online = judge.online_score
     return dict(gate=outcome.decision, evidence=evidence.to_event(),
-                held_out=evidence.mode == HOLDOUT, gate_prompts=len(owner.items),
-                gk_prompt_hashes=sorted({prompt_hash(it.prompt) for it in owner.items}),
+                held_out=evidence.mode == HOLDOUT, gate_prompts=len(judge.items),
+                gk_prompt_hashes=sorted({prompt_hash(it.prompt) for it in judge.items}),
                 online=online.records if online is not None else None,
                 promoted=outcome.promoted, vetoed=outcome.vetoed, inspector=outcome.verdict,
                 seconds_gate=outcome.seconds + owner.prepare_seconds,

@@ -15,10 +15,15 @@ torch's writer, cut mid-record, replaces the stop with an error of its own, and 
 finished would be lost for a write that takes a second.
 Where a signal already has an owner (submitit requeues on USR2 and ignores SIGTERM on
 purpose; a program embedding atlas may handle SIGINT itself), it is left alone.
+One stop, one line: a second Ctrl-C (or SIGTERM) while the first stop closes the sandbox and
+the logger is absorbed, a third ends the process at once (``FORCE_AT``), and once the stop
+has left the run (``settle``) further ones are ignored while the process exits with the first
+stop's status, never a ``KeyboardInterrupt`` traceback from the interpreter's shutdown.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -55,6 +60,10 @@ class Interrupted(Stopped):
 
 #: while a ``held`` block runs: the stops that arrived in it, raised when it ends
 _arrived: list[type[Stopped]] | None = None
+#: once a stop was raised: the signals that arrived since (its stop is under way)
+_since_stop: list[int] | None = None
+#: the stop signal whose arrival, counted from the first, ends the process at once
+FORCE_AT = 3
 
 _RAISES = {signal.SIGTERM: (Terminated, signal.SIG_DFL),
            signal.SIGINT: (Interrupted, signal.default_int_handler)}
@@ -69,9 +78,15 @@ def _stop_on(signum: signal.Signals) -> Iterator[bool]:
         return
 
     def _raise(num: int, frame: FrameType | None) -> None:
+        if _since_stop is not None:  # the first stop is under way: no second one
+            _since_stop.append(num)
+            if len(_since_stop) + 1 >= FORCE_AT:
+                os._exit(128 + num)
+            return
         if _arrived is not None:
             _arrived.append(exc)
             return
+        _stopping()
         raise exc()
 
     previous = signal.signal(signum, _raise)
@@ -81,11 +96,32 @@ def _stop_on(signum: signal.Signals) -> Iterator[bool]:
         signal.signal(signum, previous)
 
 
+def _stopping() -> None:
+    global _since_stop
+    _since_stop = []
+
+
 @contextmanager
 def stop_on_signals() -> Iterator[dict[str, bool]]:
     """Install the handlers for the block; yields which ones were installed, by name."""
-    with ExitStack() as stack:
-        yield {s.name: stack.enter_context(_stop_on(s)) for s in _RAISES}
+    global _since_stop
+    try:
+        with ExitStack() as stack:
+            yield {s.name: stack.enter_context(_stop_on(s)) for s in _RAISES}
+    finally:
+        _since_stop = None
+
+
+def settle() -> None:
+    """A stop has left the run and the process is ending: from now on stop signals are
+    ignored. Why: a Ctrl-C during the interpreter's shutdown printed a ``KeyboardInterrupt``
+    traceback, or (once Python had reset its handlers) killed the process with status -2
+    instead of the stop's 130. ``SIG_IGN`` is the one disposition shutdown leaves in place."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in _RAISES:
+        if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 @contextmanager
@@ -103,4 +139,5 @@ def held() -> Iterator[None]:
     finally:
         arrived, _arrived = _arrived, None
     if arrived:
+        _stopping()
         raise arrived[0]()

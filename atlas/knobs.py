@@ -23,7 +23,21 @@ HARD_BOUNDS: dict[str, tuple[float, float]] = {
     "epochs": (1, 5),
 }
 
+#: the strategist's default range of each bounded knob (``dpo.bounds``, which may only narrow
+#: ``HARD_BOUNDS``): around ``conf/dpo/default.yaml``'s values, lr from a tenth of the default
+#: up to it and at most 2 epochs. Why no higher lr: retrained from the main command's first
+#: phase, twice the default lr (5e-4) collapsed the agent's valid rate from 0.69 to 0.06
+#: (docs/results.md, "Does the agent learn?"); so did 2 epochs at the default (0.00), which
+#: the strategist reaches only when DPO's accuracy falls under 0.6, and the gate rejects
+DEFAULT_BOUNDS: dict[str, tuple[float, float]] = {
+    "beta": (0.01, 2.0),
+    "lr": (2.5e-5, 2.5e-4),
+    "epochs": (1, 2),
+}
+
 #: knobs that take integer values (their bounds are integers too)
 INTEGER_KNOBS: frozenset[str] = frozenset({"epochs"})
 
-assert set(HARD_BOUNDS) < set(KNOBS)
+assert set(HARD_BOUNDS) < set(KNOBS) and set(DEFAULT_BOUNDS) == set(HARD_BOUNDS)
+assert all(HARD_BOUNDS[k][0] <= lo <= hi <= HARD_BOUNDS[k][1]
+           for k, (lo, hi) in DEFAULT_BOUNDS.items())

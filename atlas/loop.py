@@ -40,6 +40,7 @@ from atlas.config import Settings
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.evaluation import regime_key
 from atlas.evolution.explorer import Explorer
+from atlas.evolution.literals import LiteralSearch
 from atlas.evolution.seeding import score_seed
 from atlas.fine_tuning import FineTuner, adapter_snapshot
 from atlas.provenance import LoadMeter, provenance
@@ -134,21 +135,28 @@ class EvolutionLoop:
         except BaseException:
             self.sandbox.close()
             raise
-        device = resolve_device(run.device)
-        self.precision = run_precision(self.run_dir, settings.model.dtype, device,
-                                       settings.model.cache_dir, resume=run.resume)
-        log.info("precision: %s (%s)", self.precision.dtype, self.precision.reason)
-        self.agent = ResearchAgent(settings.model, device=device, seed=seed,
-                                   precision=self.precision)
+        method = settings.method
         self.db = ProgramDatabase(ex, seed)
         self.threads = agent_thread_budget(ex.agent_threads, self.sandbox)
-        self.agent.thread_budget = self.threads
-        self.explorer = Explorer(self.task, self.agent, self.sandbox, self.db, ex, seed)
+        # the research agent; the control without an LLM (method.writer) never loads a model
+        self.precision = self.agent = self.finetuner = None
+        if method.uses_llm:
+            device = resolve_device(run.device)
+            self.precision = run_precision(self.run_dir, settings.model.dtype, device,
+                                           settings.model.cache_dir, resume=run.resume)
+            log.info("precision: %s (%s)", self.precision.dtype, self.precision.reason)
+            self.agent = ResearchAgent(settings.model, device=device, seed=seed,
+                                       precision=self.precision)
+            self.agent.thread_budget = self.threads
+        self.explorer = Explorer(self.task, self.agent, self.sandbox, self.db, ex, seed,
+                                 writer=None if method.uses_llm else LiteralSearch())
         self.supporters = (make_supporters(settings.supporters, seed=seed)
                            if settings.supporters else None)
-        self.finetuner = FineTuner(self.agent, settings.method, settings.dpo, settings.gate,
-                                   self.supporters, seed, explorer=self.explorer,
-                                   quality_metrics=self.task.quality_metrics)
+        if method.fine_tune:
+            self.finetuner = FineTuner(self.agent, method, settings.dpo, settings.gate,
+                                       self.supporters, seed, explorer=self.explorer,
+                                       quality_metrics=self.task.quality_metrics,
+                                       probe=settings.probe)
         self.telemetry = Telemetry(self.run_dir, logger)
         self.critiques: dict[int, str] = {}
         self.temperatures: dict[int, float] = {}
@@ -161,7 +169,8 @@ class EvolutionLoop:
     # -- checkpointing --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"next_round": self.next_round, "db": self.db.state_dict(),
-                "finetuner": self.finetuner.state_dict(), "adapters": adapter_snapshot(self.agent),
+                "finetuner": self.finetuner.state_dict() if self.finetuner else None,
+                "adapters": adapter_snapshot(self.agent) if self.agent else {},
                 "critiques": self.critiques, "temperatures": self.temperatures,
                 "regime": self.regime, "supporter_debt": self.explorer.supporter_debt,
                 "telemetry": self.telemetry.offsets(), "rng": checkpoint.rng_state(),
@@ -171,9 +180,10 @@ class EvolutionLoop:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.next_round = int(state["next_round"])
         self.db.load_state_dict(state["db"])
-        for name, tensors in state["adapters"].items():
+        for name, tensors in (state["adapters"] if self.agent else {}).items():
             set_adapter_state(self.agent.model, name, tensors)
-        self.finetuner.load_state_dict(state["finetuner"])  # after the adapters: it may promote
+        if self.finetuner is not None:  # after the adapters: it may promote
+            self.finetuner.load_state_dict(state["finetuner"])
         self.critiques = {int(k): v for k, v in state["critiques"].items()}
         self.temperatures = {int(k): float(v) for k, v in state["temperatures"].items()}
         self.regime = str(state.get("regime", self.regime))
@@ -205,7 +215,7 @@ class EvolutionLoop:
             self.telemetry.truncate_to({})
             self.telemetry.event("config", config=self.config,
                                  isolation=self.sandbox.isolation,
-                                 precision=self.precision.to_dict())
+                                 precision=self.precision.to_dict() if self.precision else None)
             seeds = self.explorer.seed_islands(0, evaluation=self.seed_evaluation)
             self.telemetry.programs(seeds)
             self.telemetry.event("seed", round=0, score=max(p.score for p in seeds),
@@ -237,7 +247,8 @@ class EvolutionLoop:
         t0 = time.time()
         phase = (r - 1) // every + 1
         self._enter_regime(r, phase)
-        self.agent.check_device(f"round {r}")
+        if self.agent is not None:
+            self.agent.check_device(f"round {r}")
         with torch_threads(self.threads()):
             programs = self.explorer.run_round(r, phase, critiques=self.critiques or None,
                                                temperature_overrides=self.temperatures or None,
@@ -250,7 +261,7 @@ class EvolutionLoop:
         self.telemetry.programs(programs)
         self.telemetry.event("round", **self._round_event(r, phase, served, programs, t0,
                                                           t_explore))
-        if r % every == 0:
+        if r % every == 0 and self.finetuner is not None:  # a control never fine-tunes
             self._phase(phase, r, every)
 
     def _round_event(self, r: int, phase: int, served: list[int], programs: list[Program],
@@ -278,7 +289,8 @@ class EvolutionLoop:
             "seconds": {"explore": t_explore, "total": time.time() - t0,
                         "generate": stats.generation_s, "evaluate_wait": stats.evaluate_wait_s},
             "agent_threads": stats.agent_threads, "device": stats.device,
-            "attention": self.agent.attention, "batched_islands": stats.batched_islands,
+            "attention": self.agent.attention if self.agent else None,
+            "batched_islands": stats.batched_islands,
             "scored_while_generating": stats.scored_while_generating,
             "sampler": stats.sampler,
             "evaluations_reused": self.explorer.evaluations_reused}
@@ -353,6 +365,7 @@ class EvolutionLoop:
                     if (r - every) < p.round <= r and p.source != ProgramSource.RESCORE]
         before = [p.score for p in everything if p.passed and p.regime == self.regime
                   and (p.round <= r - every or p.source == ProgramSource.RESCORE)]
+        assert self.finetuner is not None and self.agent is not None  # _round checked
         with torch_threads(self.threads()):  # DPO and the gate: every core workers leave free
             record = self.finetuner.run_phase(phase, programs, max(before, default=-math.inf),
                                               db=self.db, logger=self.logger)
@@ -362,16 +375,21 @@ class EvolutionLoop:
     def finish(self) -> dict[str, Any]:
         wall = self.wall_before + time.time() - self.started
         meta = {"task": self.task.name, "method": self.settings.method.name,
-                "seed": self.settings.run.seed, "model": self.settings.model.source, "isolation": self.sandbox.isolation,
+                "seed": self.settings.run.seed, "model": self.settings.model.source if self.agent else None,
+                "isolation": self.sandbox.isolation,
                 "isolation_reason": self.sandbox.isolation_reason,
                 "isolation_gaps": self.sandbox.isolation_gaps,
                 "sandbox_workers": self.sandbox.workers,
-                "dtype": self.precision.dtype, "dtype_reason": self.precision.reason,
+                "dtype": self.precision.dtype if self.precision else None,
+                "dtype_reason": self.precision.reason if self.precision else
+                "no model: method.writer=" + self.settings.method.writer,
                 "wall_seconds": wall, "score_label": self.task.score_label,
                 "supporters": self.supporters.stats() if self.supporters else None,
-                "provenance": provenance(self.agent.device, self.precision.dtype),
+                "provenance": provenance(self.agent.device if self.agent else "cpu",
+                                         self.precision.dtype if self.precision else "none"),
                 "load": self.load.record()}
-        self.export_adapters()
+        if self.finetuner is not None:  # a control's adapters were never trained
+            self.export_adapters()
         results = summarise(self.run_dir, meta)
         self.telemetry.event("end", results=results)
         write_text_atomic(self.run_dir / "results.json", dumps(results) + "\n")

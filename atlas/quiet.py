@@ -12,9 +12,9 @@ import warnings
 
 #: (message regex, category, module regex): the module is the one the warning is attributed to
 FILTERS: tuple[tuple[str, type[Warning], str], ...] = (
-    # the KV cache argument of a model's forward, renamed in transformers 5; the decode step
-    # (atlas/agent/sampling.py, atlas/dpo/prefix.py) passes it by its old name until it moves to
-    # `cache`. Attributed to torch's Module.__call__, which calls forward
+    # the KV cache argument of a model's forward, renamed in transformers 5; the decode
+    # (atlas/agent/steps.py, atlas/agent/kv_cache.py, atlas/dpo/prefix.py) passes it by its
+    # old name until it moves to `cache`. Attributed to torch's Module.__call__, which calls forward
     (r"`past_key_values` is deprecated", FutureWarning, r"torch\.nn\.modules\.module"),
     # read by Lightning/peft when they inspect the model (atlas.dpo.phase reads the new name)
     (r"`is_gradient_checkpointing` is deprecated", FutureWarning, r"transformers\.modeling_utils"),

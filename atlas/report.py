@@ -24,12 +24,22 @@ from typing import Any
 import numpy as np
 
 from atlas import stats
+from atlas.learning import (
+    FINE_TUNED,
+    NEVER_TRAINED,
+    NO_LLM,
+    PROBE_MEASURES,
+    learning_rows,
+    separations,
+)
 from atlas.provenance import differences, flat
 from atlas.results import KNOBS, round_regimes, summarise
 from atlas.tasks import make_task
 from atlas.telemetry import EVENTS, PROGRAMS, dumps, read_jsonl
 
-METHOD_ORDER = ("evotune", "evodpo", "atlas")
+#: the arms in the order paired differences are taken (later minus earlier): the two
+#: controls first (no LLM, then the agent never fine-tuned), then the fine-tuned methods
+METHOD_ORDER = (NO_LLM, NEVER_TRAINED, *FINE_TUNED)
 
 
 def find_runs(roots: list[Path]) -> list[Path]:
@@ -62,7 +72,40 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     out["phase_log"] = phase_log(events)
     regimes = round_regimes(programs, out["rounds"])
     out["regime_changes"] = [r for r in range(1, len(regimes)) if regimes[r] != regimes[r - 1]]
+    out["count_note"] = count_note(run_dir, out, end, events)
     return out
+
+
+def _torn(path: Path) -> bool:
+    """Whether ``path`` ends inside a line (its last record cut)."""
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            if size == 0:
+                return False
+            fh.seek(size - 1)
+            return fh.read(1) != b"\n"
+    except OSError:
+        return False
+
+
+def count_note(run_dir: Path, out: dict[str, Any], end: dict[str, Any] | None,
+               events: list[dict[str, Any]]) -> str | None:
+    """Why a run's counts are short, in one line; None when they are whole. Why: a table
+    that counts 15 of 16 candidates must say whether a line was torn or the run stopped."""
+    torn = [name for name in (EVENTS, PROGRAMS) if _torn(run_dir / name)]
+    cut = f" (torn last line in {', '.join(torn)})" if torn else ""
+    fix = "re-run its command: a finished run gets its lines back from its checkpoint"
+    if end is None:
+        last = max((e.get("round", 0) for e in events if e.get("event") == "round"), default=0)
+        return (f"{run_dir}: no end record, so its counts stop at round {last}{cut}; the run "
+                f"stopped before it finished, or its last line was torn; {fix}, an unfinished "
+                f"one resumes")
+    recorded = (end.get("results") or {}).get("candidates")
+    if isinstance(recorded, int) and out.get("candidates", 0) < recorded:
+        return (f"{run_dir}: {PROGRAMS} holds {out['candidates']} of the {recorded} candidates "
+                f"its end record counts{cut or ' (lines lost after the run ended)'}; {fix}")
+    return None
 
 
 def provenance_lines(runs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
@@ -298,6 +341,13 @@ def study_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[
                "; ".join(f"{k}: {why}" for k, why in p["strategist"].items()) or "-"]
               for r in sorted(runs, key=lambda r: (r["task"], _arm_order(r["method"]), r["seed"]))
               for p in r.get("phase_log", [])]
+    learning = [[r["task"], r["method"], str(r["phase"]), str(r["n"]),
+                 *(f"{_g(r[k]['mean'], '+.3g')} {_ci(r[k])}" for k, _ in PROBE_MEASURES)]
+                for r in learning_rows(runs)]
+    separated = [[r["task"], r["question"], f"{r['a']} - {r['b']}", str(r["n"]),
+                  _g(r["mean"]), _ci(r, "boot_lo", "boot_hi"), _ci(r, "t_lo", "t_hi"),
+                  f"{r['wins']}/{r['losses']}", _g(r["p_signed_rank"], ".3g")]
+                 for r in separations(runs)]
     return [
         ("Means with 95% Student-t intervals over seeds (mean +- t(0.975, n-1) s/sqrt(n))",
          ["task", "method", "metric", "n", "mean", "std", "95% CI (t)"], means),
@@ -317,6 +367,16 @@ def study_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[
          "lower bound and the KL; the strategist's changes with their reasons",
          ["task", "method", "seed", "phase", "pairs", "kinds", "G_k", "decision", "c*", "S(c*)",
           "S(ref)", "gain", "lower", "KL", "strategist"], phases),
+        ("Learning: the learning probe per phase (programs written before and after the phase, "
+         "on prompts it never trained on, with the same seeds), mean over seeds with 95% t CI: "
+         "the change in valid rate and in score (failures at the phase's floor), KL(policy || "
+         "base) per token, held-out preference accuracy (0.5: no better than chance)",
+         ["task", "method", "phase", "n", *(label for _, label in PROBE_MEASURES)], learning),
+        ("What each part adds, paired on seeds: the LLM over blind tuning (random_literals, no "
+         "LLM), fine-tuning over sampling (sample, never trained), the supporters (within "
+         "ATLAS runs, and over EvoDPO); bootstrap and t 95% CIs, wins/losses, exact signed-rank p",
+         ["task", "question", "A - B", "n", "mean diff", "95% CI (bootstrap)", "95% CI (t)",
+          "wins/losses", "p (signed-rank)"], separated),
     ]
 
 
@@ -369,7 +429,8 @@ def classic_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], lis
     ]
 
 
-CSV_NAMES = ("table2", "table3", "table5", "means_ci", "paired", "valid_by_phase", "phases")
+CSV_NAMES = ("table2", "table3", "table5", "means_ci", "paired", "valid_by_phase", "phases",
+             "learning", "separations")
 
 
 def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]) -> list[Path]:
@@ -411,7 +472,8 @@ def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]
             "interventions", "pair_kinds", "candidates_by_source", "phase_log", "provenance",
             "regime_changes", "supporter_calls")
     doc = {"runs": [{k: r.get(k) for k in keep} | {"run": Path(r["run_dir"]).name} for r in runs],
-           "means": study_means(runs), "paired": study_paired(runs), "valid_by_phase": study_valid(runs)}
+           "means": study_means(runs), "paired": study_paired(runs), "valid_by_phase": study_valid(runs),
+           "learning": learning_rows(runs), "separations": separations(runs)}
     (out_dir / "report.json").write_text(dumps(doc) + "\n")
     written.append(out_dir / "report.json")
     return written
@@ -545,7 +607,7 @@ def main(argv: list[str] | None = None) -> None:
         print(_text(*table), end="\n\n")
     shown, warnings = provenance_lines(runs)
     print("Provenance per arm:\n" + "\n".join(shown), end="\n\n")
-    for line in warnings:
+    for line in warnings + [f"warning: {r['count_note']}" for r in runs if r.get("count_note")]:
         print(line, file=sys.stderr)
     out = args.out or args.dirs[0]
     figures = figure2(runs, out)

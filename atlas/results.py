@@ -20,9 +20,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from atlas.compose import group_defaults
+from atlas.dpo.config import GateConfig
+from atlas.dpo.rules import DEFAULT_RULE, INSUFFICIENT, rule
 from atlas.knobs import KNOBS
+from atlas.schema import ExploreConfig, from_record
 from atlas.telemetry import EVENTS, PROGRAMS, read_jsonl
-from atlas.types import INSUFFICIENT_EVIDENCE as INSUFFICIENT
 from atlas.types import code_key
 
 __all__ = ["KNOBS", "summarise"]
@@ -99,21 +102,66 @@ def _pct(new: float, old: float) -> float | None:
     return None
 
 
-def _budget(events: list[dict[str, Any]], rounds: int) -> int | None:
-    """Evaluated candidates the config allows: rounds x islands_per_round x samples_per_prompt."""
-    cfg = next((e["config"] for e in events if e["event"] == "config"), None)
-    ex = (cfg or {}).get("explore") or {}
-    if "islands_per_round" not in ex or "samples_per_prompt" not in ex:
+def recorded_config(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's composed config as its ``config`` event recorded it ({} without one)."""
+    return next((e["config"] for e in events if e["event"] == "config"), None) or {}
+
+
+def _budget(config: dict[str, Any], rounds: int) -> int | None:
+    """Evaluated candidates the config allows: rounds x islands_per_round x samples_per_prompt
+    (the explore settings read through their schema; None where the run did not record the
+    two per-round counts, or recorded values the schema refuses; a run that did not record
+    its rounds counts the rounds its programs reached)."""
+    recorded = from_record(ExploreConfig, config.get("explore"), group_defaults("explore"))
+    if recorded is None:
         return None
-    return int(ex.get("rounds", rounds)) * int(ex["islands_per_round"]) * int(ex["samples_per_prompt"])
+    explore, lacked = recorded
+    if {"islands_per_round", "samples_per_prompt"} & lacked:
+        return None
+    runs = rounds if "rounds" in lacked else explore.rounds
+    return runs * explore.islands_per_round * explore.samples_per_prompt
 
 
-def phase_line(event: dict[str, Any]) -> dict[str, Any]:
+def gate_rule(config: dict[str, Any]) -> str:
+    """The rule that judged the run's phases (``gate.rule``; a run recorded before rules
+    existed, or whose gate settings the schema refuses, had the default)."""
+    recorded = from_record(GateConfig, config.get("gate"), {})
+    return recorded[0].rule if recorded is not None else DEFAULT_RULE
+
+
+def probe_line(event: dict[str, Any]) -> dict[str, Any] | None:
+    """What the learning probe of one phase found (``atlas.probe``), from its ``phase``
+    event: valid rate and scores before and after with the paired changes, the KL to the
+    base and to the reference, held-out preference accuracy and margin, and its cost (seconds
+    and the share of the phase's own seconds); None without a probe."""
+    probe = event.get("probe")
+    if not probe:
+        return None
+    before, after = probe.get("before") or {}, probe.get("after") or {}
+    change = probe.get("change") or {}
+    held = probe.get("heldout") or {}
+    seconds = (probe.get("seconds") or {}).get("total")
+    phase_seconds = event.get("seconds")
+    return {"prompts": probe.get("prompts"), "samples": probe.get("samples"),
+            "valid_before": before.get("valid_rate"), "valid_after": after.get("valid_rate"),
+            "valid_change": change.get("valid_rate"),
+            "mean_before": before.get("mean_score"), "mean_after": after.get("mean_score"),
+            "best_before": before.get("best_score"), "best_after": after.get("best_score"),
+            "score_change": change.get("score"),
+            "kl_base": probe.get("kl_base"), "kl_reference": probe.get("kl_reference"),
+            "heldout_pairs": held.get("pairs"), "heldout_accuracy": held.get("accuracy"),
+            "heldout_margin": held.get("margin"), "seconds": seconds,
+            "share_of_phase": (seconds / phase_seconds
+                               if seconds is not None and phase_seconds else None)}
+
+
+def phase_line(event: dict[str, Any], rule_name: str = DEFAULT_RULE) -> dict[str, Any]:
     """What the reference did in one phase, from its ``phase`` event: trained or skipped (and
-    why), G_k, the gain, its lower bound, the KL and the outcome (promoted, rejected with the
-    failing condition, vetoed, insufficient evidence, or the fixed reference kept)."""
+    why), G_k, the gain, its lower bound, the KL and the outcome (promoted, rejected in the
+    words of the rule that judged it, ``rule_name``; vetoed, insufficient evidence, or the
+    fixed reference kept), and what the learning probe found (``probe_line``)."""
     out: dict[str, Any] = {"phase": event.get("phase"), "round": event.get("round"),
-                           "trained": not event.get("skipped")}
+                           "trained": not event.get("skipped"), "probe": probe_line(event)}
     if event.get("skipped"):
         return {**out, "outcome": "skipped", "why": event.get("reason")}
     gate = event.get("gate")
@@ -135,13 +183,7 @@ def phase_line(event: dict[str, Any]) -> dict[str, Any]:
         return {**out, "outcome": "vetoed", "why": verdict.get("reason") or "inspector veto"}
     if event.get("promoted"):
         return {**out, "outcome": "promoted", "why": reason}
-    if "KL" in reason:
-        why = f"{reason}: KL {gate.get('kl'):.3g} > delta {gate.get('delta')}"
-    elif gate.get("lower_bound") is not None:
-        why = f"{reason}: lower bound {gate.get('lower_bound'):+.4g} < epsilon {gate.get('epsilon')}"
-    else:
-        why = reason
-    return {**out, "outcome": "rejected", "why": why}
+    return {**out, "outcome": "rejected", "why": rule(rule_name).explain(gate)}
 
 
 def summarise(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
@@ -149,6 +191,7 @@ def summarise(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     run_dir = Path(run_dir)
     programs = read_jsonl(run_dir / PROGRAMS)
     events = read_jsonl(run_dir / EVENTS)
+    config = recorded_config(events)
     rounds = max((int(p["round"]) for p in programs), default=0)
     origins = _origins(programs)
     last_regime = round_regimes(programs, rounds)[-1]  # the equation the run ends on
@@ -190,7 +233,7 @@ def summarise(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
         "rounds": rounds,
         # evaluated candidates (the budget every method spends equally): agent + supporter
         "candidates": by_source.get("agent", 0) + by_source.get("supporter", 0),
-        "candidate_budget": _budget(events, rounds),
+        "candidate_budget": _budget(config, rounds),
         "candidates_by_source": {k: by_source.get(k, 0) for k in ("agent", "supporter", "rescore")},
         # agent programs that repeat an earlier supporter program: evaluated agent samples
         # (they count in the budget and the valid rate) but not the agent's own best
@@ -211,7 +254,7 @@ def summarise(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
         "accept_rate": rate(promotions, len(decided)),
         "vetoes": sum(1 for e in gated if e.get("vetoed")),
         "insufficient_evidence": len(gated) - len(decided),
-        "reference_log": [phase_line(e) for e in phases],
+        "reference_log": [phase_line(e, gate_rule(config)) for e in phases],
         "interventions": interventions,
         "intervention_rates": {k: rate(v, len(trained)) for k, v in interventions.items()},
         "supporter_calls": supporter_calls(meta.get("supporters")),

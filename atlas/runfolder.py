@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from atlas.atomic import write_text_atomic
 from atlas.schema import ConfigError
-from atlas.telemetry import EVENTS, dumps
+from atlas.telemetry import EVENTS, PROGRAMS, dumps, restore_files
 
 log = logging.getLogger("atlas.runfolder")
 
@@ -111,6 +111,65 @@ def locked(run_dir: Path) -> Iterator[Path]:
         os.close(fd)  # drops the flock
 
 
+class LogFilesHeld:
+    """The root logger's file handlers (Hydra's ``<run dir>/train.log``), detached until this
+    process holds the run folder's lock; what was logged meanwhile is replayed into them then.
+
+    Why: Hydra opens ``train.log`` before atlas runs, so a second command refused because the
+    folder is in use (or stopped by a mistake before the lock) wrote its lines into the log of
+    the run that holds the folder. Refused, it writes to its own stderr only.
+    """
+
+    def __init__(self) -> None:
+        self.root = logging.getLogger()
+        self.files = [h for h in self.root.handlers if isinstance(h, logging.FileHandler)]
+        self.records: list[logging.LogRecord] = []
+        self.buffer = _Keep(self.records)
+        for handler in self.files:
+            self.root.removeHandler(handler)
+        if self.files:
+            self.root.addHandler(self.buffer)
+
+    def release(self) -> None:
+        """The lock is held: the files get what was logged so far, and all that follows."""
+        if not self.files:
+            return
+        self.root.removeHandler(self.buffer)
+        for handler in self.files:
+            self.root.addHandler(handler)
+            for record in self.records:
+                if record.levelno >= handler.level:
+                    handler.handle(record)
+        self.files, self.records[:] = [], []
+
+    def drop(self) -> None:
+        """Never locked: the files stay untouched (closed; the process ends or Hydra's next job
+        opens its own)."""
+        self.root.removeHandler(self.buffer)
+        for handler in self.files:
+            handler.close()
+        self.files = []
+
+
+class _Keep(logging.Handler):
+    def __init__(self, into: list[logging.LogRecord]) -> None:
+        super().__init__()
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record)
+
+
+@contextmanager
+def log_files_held() -> Iterator[LogFilesHeld]:
+    """``LogFilesHeld`` for the block: released by the caller once locked, else dropped."""
+    held = LogFilesHeld()
+    try:
+        yield held
+    finally:
+        held.drop()
+
+
 def recorded_config(run_dir: Path) -> dict[str, Any] | None:
     """The resolved config the run in ``run_dir`` was started with (its first ``config`` event)."""
     path = Path(run_dir) / EVENTS
@@ -172,6 +231,55 @@ def new_folder_hint() -> str:
 def holds_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a checkpointed run that ``resume=true`` would continue."""
     return (Path(run_dir) / "checkpoint" / "state.pt").exists()
+
+
+def _last_record(path: Path) -> dict[str, Any] | None:
+    """The last line of a JSONL file as a record; None when the file does not end with a whole
+    line (torn) or the line does not parse."""
+    try:
+        with open(path, "rb") as fh:
+            end = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, end - (1 << 20)))
+            data = fh.read()
+    except OSError:
+        return None
+    if not data.endswith(b"\n"):
+        return None
+    try:
+        record = json.loads(data.rstrip(b"\n").rsplit(b"\n", 1)[-1])
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def finished_results(run_dir: Path) -> dict[str, Any] | None:
+    """The results of the finished run in ``run_dir``, or None when it has not finished.
+
+    Why here: re-running a finished run's command must say so before a model or a sandbox is
+    built (it took 11-15 s). A finished run's ``events.jsonl`` ends with its ``end`` record,
+    which holds ``results.json``'s content, and both JSONL files end with a whole line: then
+    no torch is imported. A folder that does not look so is read from its checkpoint: a
+    finished run whose last lines were torn gets them back from it (or a warning naming what
+    is lost, ``atlas.telemetry.restore_files``); an unfinished one is left to resume.
+    """
+    run_dir = Path(run_dir)
+    if not holds_run(run_dir):
+        return None
+    try:
+        results = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+    end = _last_record(run_dir / EVENTS)
+    if (end is not None and end.get("event") == "end" and end.get("results") == results
+            and _last_record(run_dir / PROGRAMS) is not None):
+        return results
+    from atlas import checkpoint  # deferred: torch, for a folder that does not look finished
+
+    state = checkpoint.load(run_dir)
+    if not state or not state.get("finished"):
+        return None
+    restore_files(run_dir, state.get("telemetry") or {})  # warns what it restored or lost
+    return results
 
 
 def check_same_config(cfg: DictConfig, run_dir: Path, *, resume: bool) -> None:

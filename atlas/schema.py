@@ -45,7 +45,10 @@ class ConfigError(ValueError, CompactHydraException):
     """A config value that cannot work; the message names the field and the fix.
 
     A ``CompactHydraException``: on the command line Hydra prints the message, not a traceback.
+    ``exit_status``: a mistake refused before the run started (``atlas.commandline``).
     """
+
+    exit_status = 2
 
 
 # -- field types: strict numbers and booleans (YAML ``true`` is not 1, ``'0.3'`` not 0.3) -----
@@ -176,6 +179,26 @@ def plain_mapping(cfg: Any, group: str) -> dict[str, Any]:
     return dict(cfg)
 
 
+def from_record(schema: type[T], record: Mapping[str, Any] | None,
+                defaults: Mapping[str, Any]) -> tuple[T, frozenset[str]] | None:
+    """A group's settings as a run folder recorded them (its ``config`` event), through the
+    group's schema, and the names of the fields the record lacks.
+
+    A run recorded before a field existed lacks it: the field takes ``defaults`` (the group's
+    YAML), and the caller sees it was not recorded. A field the schema no longer has is left
+    out. None when the record holds values the schema refuses.
+    """
+    names = {f.name for f in dataclasses.fields(schema)}
+    record = dict(record or {})
+    lacked = frozenset(n for n in names if n not in record)
+    values = {**{n: v for n, v in defaults.items() if n in lacked},
+              **{n: v for n, v in record.items() if n in names}}
+    try:
+        return schema(**values), lacked
+    except (TypeError, ValueError):
+        return None
+
+
 def group(name: str, *, fixes: Mapping[str, str] | None = None) -> Callable[[type[T]], type[T]]:
     """Class decorator: the schema of config group ``name`` ("" for the top-level fields).
 
@@ -220,13 +243,31 @@ class MethodConfig:
     supporters: Bool = Field(description="run the exploration supporter, strategist, inspector")
     skip_without_improvement: Bool = Field(description="skip fine-tuning after a phase with "
                                            "no score gain (App. B.4)")
+    fine_tune: Bool = Field(True, description="fine-tune the agent every explore.phase_every "
+                            "rounds; false: the controls that never train (method=sample, "
+                            "method=random_literals), which run no phase")
+    writer: Literal["llm", "random_literals"] = Field(
+        "llm", description="who writes the candidates: llm (the research agent, from its "
+        "island's prompt) | random_literals (no LLM: the island's best programs with their "
+        "numeric literals drawn at random; the model is never loaded)")
 
     @model_validator(mode="after")
     def _gate_needs_adaptive(self) -> MethodConfig:
         if self.reference == ReferenceMode.FIXED and self.gate:
             raise ValueError("method.gate=true needs method.reference=adaptive (a fixed "
                              "reference is never promoted)")
+        if self.writer != "llm" and (self.fine_tune or self.supporters):
+            raise ValueError(f"method.writer={self.writer} has no LLM to fine-tune or to "
+                             f"support; set method.fine_tune=false and method.supporters=false")
+        if not self.fine_tune and self.gate:
+            raise ValueError("method.gate=true needs method.fine_tune=true (nothing is trained, "
+                             "so no reference is ever a candidate)")
         return self
+
+    @property
+    def uses_llm(self) -> bool:
+        """Whether the run loads the research agent's model."""
+        return self.writer == "llm"
 
 
 @group("model")
@@ -304,6 +345,17 @@ class ExploreConfig:
         if self.islands_per_round > self.islands:
             raise ValueError("explore.islands_per_round must be <= explore.islands")
         return self
+
+
+@group("probe")
+class ProbeConfig:
+    """``conf/probe/default.yaml``: the learning probe of every trained phase
+    (``atlas.probe``)."""
+
+    enabled: Bool
+    prompts: Int = Field(ge=1)
+    samples: Int = Field(ge=1)
+    temperature: Num = Field(gt=0)
 
 
 @group("sandbox")

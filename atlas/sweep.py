@@ -32,6 +32,23 @@ def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
+def with_sweeper_params(overrides: Sequence[str]) -> list[str]:
+    """The command line's overrides after those of ``hydra.sweeper.params`` in the config it
+    composes (``experiment=study`` fixes its seeds there), as Hydra's basic sweeper orders
+    them: a key on the command line wins over the config's."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    jobs = sweep_jobs(overrides)
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = hydra_compose("train", overrides=list(jobs[0]), return_hydra_config=True)
+    except Exception:  # noqa: BLE001 - a job that does not compose: check_sweep names it
+        return list(overrides)
+    params = cfg.hydra.sweeper.get("params") or {}
+    return [*(f"{k}={v}" for k, v in params.items()), *overrides]
+
+
 def _describe(job: Sequence[str], swept: set[str]) -> str:
     return " ".join(o for o in job if o.split("=", 1)[0] in swept) or " ".join(job)
 
@@ -43,6 +60,7 @@ def check_sweep(overrides: Sequence[str]) -> str | None:
     if any(o.split("=", 1)[0] == "hydra/sweeper" or o.startswith("-") for o in overrides):
         return None
     try:
+        overrides = with_sweeper_params(overrides)
         jobs = sweep_jobs(overrides)
     except Exception as exc:  # noqa: BLE001 - a grammar error: Hydra's own line says it better
         return " ".join(str(exc).split()) or None

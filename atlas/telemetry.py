@@ -203,10 +203,10 @@ class Telemetry:
         """Bring each file back to its checkpointed size: drop what a crashed round appended,
         and restore a checkpointed tail the file lost. Never pads (``truncate`` past the end
         of a file fills it with NUL bytes, which glued the next record onto a torn line)."""
-        tails = offsets.get("tail") or {}
-        for name, fh in ((EVENTS, self._events), (PROGRAMS, self._programs)):
+        for fh in (self._events, self._programs):
             fh.flush()
-            _restore(self.run_dir / name, int(offsets.get(name, 0)), tails.get(name) or b"")
+        restore_files(self.run_dir, offsets)
+        for fh in (self._events, self._programs):
             fh.seek(0, os.SEEK_END)
         self._step = int(offsets.get("step", 0))
         self._agent_best, self._explorations = None, []
@@ -275,6 +275,15 @@ class Telemetry:
         self.flush()
         self._events.close()
         self._programs.close()
+
+
+def restore_files(run_dir: Path, offsets: dict[str, Any]) -> None:
+    """Make ``events.jsonl`` and ``programs.jsonl`` exactly as a checkpoint's ``offsets``
+    (``Telemetry.offsets``) recorded them: a resume, and a finished run whose last lines were
+    torn after it ended (``atlas.runfolder.finished_results``), get their records back."""
+    tails = offsets.get("tail") or {}
+    for name in (EVENTS, PROGRAMS):
+        _restore(Path(run_dir) / name, int(offsets.get(name, 0)), tails.get(name) or b"")
 
 
 def _restore(path: Path, size: int, tail: bytes) -> None:

@@ -17,12 +17,23 @@ from omegaconf import DictConfig, OmegaConf
 
 from atlas.agent.device import resolve_device
 from atlas.atomic import disk_full_error
-from atlas.config import command_line, validate
-from atlas.interrupt import Stopped, stop_on_signals
+from atlas.commandline import FAILED, MISTAKE, problem
+from atlas.config import Settings, command_line, validate
+from atlas.interrupt import Stopped, settle, stop_on_signals
 from atlas.loggers import finish_logger, make_logger
+from atlas.overrides import split
 from atlas.provenance import provenance
 from atlas.quiet import install
-from atlas.runfolder import check_writable, holds_run, locked, prepare
+from atlas.runfolder import (
+    LogFilesHeld,
+    check_writable,
+    finished_results,
+    holds_run,
+    locked,
+    log_files_held,
+    new_folder_hint,
+    prepare,
+)
 
 log = logging.getLogger("atlas.train")
 
@@ -36,8 +47,41 @@ if not OmegaConf.has_resolver("atlas.suffix"):
     OmegaConf.register_new_resolver("atlas.suffix", lambda s: f"_{s}" if s else "")
 
 
+def probe_text(probe: dict[str, Any]) -> str:
+    """The learning probe's line of a phase (``atlas.results.probe_line``): the change of the
+    valid rate and of the mean score (failures at the floor) with their paired 95 % t
+    intervals, the KL to base and reference, held-out preference accuracy, and its cost."""
+    def num(v: Any, form: str) -> str:
+        return "n/a" if v is None else format(v, form)
+
+    def change(c: dict[str, Any] | None, form: str) -> str:
+        c = c or {}
+        return (f"{num(c.get('mean'), '+' + form)} "
+                f"[{num(c.get('t_lo'), '+' + form)}, {num(c.get('t_hi'), '+' + form)}]")
+
+    n = (probe.get("prompts") or 0) * (probe.get("samples") or 0)
+    share = probe.get("share_of_phase")
+    return (f"probe ({n} programs on prompts D_k never saw): valid "
+            f"{num(probe.get('valid_before'), '.2f')} -> {num(probe.get('valid_after'), '.2f')} "
+            f"({change(probe.get('valid_change'), '.2f')}), score "
+            f"{change(probe.get('score_change'), '.3g')}; KL to base "
+            f"{num(probe.get('kl_base'), '.2e')}, to reference "
+            f"{num(probe.get('kl_reference'), '.2e')}; held-out accuracy "
+            f"{num(probe.get('heldout_accuracy'), '.2f')} of {probe.get('heldout_pairs')} pairs; "
+            f"{num(probe.get('seconds'), '.0f')} s"
+            + (f" ({share:.0%} of the phase)" if share is not None else ""))
+
+
 def phase_text(p: dict[str, Any]) -> str:
-    """One summary line per phase: what the reference did (``atlas.results.phase_line``)."""
+    """The summary's lines of a phase: what the reference did (``atlas.results.phase_line``)
+    and, below it, what the learning probe found."""
+    text = _reference_text(p)
+    if p.get("probe"):
+        text += "\n    " + probe_text(p["probe"])
+    return text
+
+
+def _reference_text(p: dict[str, Any]) -> str:
     head = f"phase {p['phase']} (round {p.get('round')}): "
     if not p["trained"]:
         return head + f"skipped ({p.get('why')})"
@@ -106,9 +150,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     install()  # library warnings a user cannot act on (atlas/quiet.py lists them)
     run_dir = Path(cfg.run_dir)  # read before validation: its errors are written there too
-    with stop_on_signals():
+    # the run folder's train.log only once this process holds the folder
+    with stop_on_signals(), log_files_held() as logs:
         try:
-            return _run(cfg, run_dir)
+            return _run(cfg, run_dir, logs)
         except Stopped as stop:
             log.warning("%s: stopped; %s", stop.signal_name, _resume_hint(run_dir))
             raise
@@ -119,38 +164,49 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             raise err from None
 
 
-def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+def _run(cfg: DictConfig, run_dir: Path, logs: LogFilesHeld) -> dict[str, Any]:
     settings = validate(cfg)
     check_writable(run_dir)
     with locked(run_dir):
+        logs.release()
         prepare(cfg, run_dir, resume=settings.run.resume)  # not another configuration's run
-        resolve_device(settings.run.device)  # device=cuda without a GPU stops here
-        if settings.supporters:  # a dead supporter server is a finding, before anything loads
-            # deferred: loads openai; only a run with supporters needs it
-            from atlas.supporters.health import check_supporters
-
-            check_supporters(settings.supporters)
-        # deferred: loads torch, transformers, peft and lightning, only once the config, the
-        # run folder and the device are checked (a typo fails in a second or two)
-        from atlas.loop import EvolutionLoop
-
-        record = OmegaConf.to_container(cfg, resolve=True)  # the config event, W&B's config
-        logger = make_logger(settings.logger, run_dir, record)
-        status = "failed"
-        try:
-            loop = EvolutionLoop(settings, record, run_dir, logger)
-            try:
-                if callable(getattr(logger, "log_hyperparams", None)):  # the W&B config too
-                    logger.log_hyperparams(
-                        {"provenance": provenance(loop.agent.device, loop.precision.dtype)})
-                results = loop.run()
-                status = "success"
-            finally:
-                loop.close()
-        finally:
-            finish_logger(logger, status)
+        done = finished_results(run_dir) if settings.run.resume else None
+        if done is not None:  # said before a model, a sandbox or a logger is built
+            log.info("%s already holds a finished run; set %s for a new one", run_dir,
+                     new_folder_hint())
+        results = done if done is not None else _evolve(cfg, settings, run_dir)
     print(summary(results), flush=True)
     print(f"  outputs in {run_dir}", flush=True)
+    return results
+
+
+def _evolve(cfg: DictConfig, settings: Settings, run_dir: Path) -> dict[str, Any]:
+    """Build the run's parts and run (or resume) it; the run folder is locked."""
+    resolve_device(settings.run.device)  # device=cuda without a GPU stops here
+    if settings.supporters:  # a dead supporter server is a finding, before anything loads
+        # deferred: loads openai; only a run with supporters needs it
+        from atlas.supporters.health import check_supporters
+
+        check_supporters(settings.supporters)
+    # deferred: loads torch, transformers, peft and lightning, only once the config, the
+    # run folder and the device are checked (a typo fails in a second or two)
+    from atlas.loop import EvolutionLoop
+
+    record = OmegaConf.to_container(cfg, resolve=True)  # the config event, W&B's config
+    logger = make_logger(settings.logger, run_dir, record)
+    status = "failed"
+    try:
+        loop = EvolutionLoop(settings, record, run_dir, logger)
+        try:
+            if callable(getattr(logger, "log_hyperparams", None)):  # the W&B config too
+                logger.log_hyperparams(
+                    {"provenance": provenance(loop.agent.device, loop.precision.dtype)})
+            results = loop.run()
+            status = "success"
+        finally:
+            loop.close()
+    finally:
+        finish_logger(logger, status)
     return results
 
 
@@ -192,16 +248,20 @@ def _to_log_files(message: str) -> None:
 
 def run_command(cfg: DictConfig) -> float | None:
     """``run`` as the command line's job: an error the user can fix is printed as its one
-    line and exits 1 (Hydra would frame it with three more lines). In a sweep it goes to
-    Hydra, whose launcher then runs the other jobs; ``run`` has logged it already."""
+    line and exits with its kind's status (``atlas.commandline``: 2 refused at start, 1 failed
+    while running); Hydra would frame it with three more lines. In a sweep it goes to Hydra,
+    whose launcher then runs the other jobs; ``run`` has logged it already."""
     logging.raiseExceptions = False  # a log line that cannot be written (a full disk) is
     try:                             # dropped, not printed as a traceback
         return run(cfg)["final_score"]
+    except Stopped:
+        settle()  # a Ctrl-C while the process exits: no traceback, the same status
+        raise
     except CompactHydraException as exc:
         if command_line()[1]:
             raise
         print(exc, file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        raise SystemExit(getattr(exc, "exit_status", FAILED)) from None
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
@@ -210,24 +270,17 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def hoist_multirun_flag(argv: list[str]) -> list[str]:
-    """Let ``-m`` stand anywhere (``... task=pinn -m seed=0,1``): Hydra's parser needs it before
-    the overrides on Python < 3.12, where argparse cannot split positionals around a flag."""
-    flags = [a for a in argv[1:] if a in ("-m", "--multirun")]
-    rest = [a for a in argv[1:] if a not in ("-m", "--multirun")]
-    return [argv[0], *flags[:1], *rest]
+    """Let ``-m`` and Hydra's other flags stand anywhere (``... task=pinn -m seed=0,1``):
+    Hydra's parser needs them before the overrides on Python < 3.12, where argparse cannot
+    split positionals around a flag."""
+    return [argv[0], *split(argv[1:]).hoisted()]
 
 
 if __name__ == "__main__":
-    from atlas.compose import group_problem, override_problem, searchpath_problem
-
-    # Hydra would say only "Could not find", or suggest `+field=` for a mistyped field or group
-    if problem := (searchpath_problem(sys.argv[1:]) or group_problem(sys.argv[1:])
-                   or override_problem(sys.argv[1:])):
-        sys.exit(problem)
+    # flags, grammar, names, YAML, keys and a sweep's jobs: one line each, where Hydra would
+    # print a usage block, its grammar's tokens, a traceback or suggest `+field=`
+    if found := problem(sys.argv[1:]):
+        print(found, file=sys.stderr, flush=True)
+        sys.exit(MISTAKE)
     sys.argv = hoist_multirun_flag(sys.argv)
-    if sys.argv[1:2] in (["-m"], ["--multirun"]):  # every job checked before any is launched
-        from atlas.sweep import check_sweep
-
-        if problem := check_sweep(sys.argv[2:]):
-            sys.exit(problem)
     main()

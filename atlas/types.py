@@ -379,7 +379,10 @@ class PhaseRecord:
     # seconds_gate's parts: evidence (gathering G_k), pass (C_k and the reference over G_k),
     # estimate (Eq. 4/5's bootstrap), review (the inspector), promote
     seconds_gate_parts: dict[str, float] = field(default_factory=dict)
-    seconds: float = 0.0
+    # the learning probe (``atlas.probe``): before/after programs on prompts D_k never saw
+    probe: dict[str, Any] | None = None
+    seconds_probe: float = 0.0
+    seconds: float = 0.0  # the phase without its probe
 
     @property
     def trained(self) -> bool:
@@ -418,6 +421,8 @@ class PhaseRecord:
             out.update(gate=self.gate_event(), promoted=self.promoted, vetoed=self.vetoed,
                        inspector=self.inspector, seconds_gate=self.seconds_gate,
                        seconds_gate_parts=self.seconds_gate_parts)
+        if self.probe is not None:
+            out.update(probe=self.probe, seconds_probe=self.seconds_probe)
         out["seconds"] = self.seconds
         return out
 

@@ -122,22 +122,23 @@ def _round():
 
 
 def gqa(repeats: int) -> None:
-    import atlas.agent.sampling as sampling
-    from atlas.agent.sampling import _GQA_SWITCH, _grouped_query_sdpa, sample_requests
+    import atlas.agent.steps as steps
+    from atlas.agent.sampling import sample_requests
+    from atlas.agent.steps import _GQA_SWITCH, _grouped_query_sdpa
     from atlas.evolution.explorer import STOP
 
     agent, requests = _round()
     outs = {}
     for _ in range(repeats):
         for on in (False, True):
-            sampling._grouped_query_sdpa = (_grouped_query_sdpa if on else
-                                            lambda enabled: _grouped_query_sdpa(False))
+            steps._grouped_query_sdpa = (_grouped_query_sdpa if on else
+                                         lambda enabled: _grouped_query_sdpa(False))
             out, st = sample_requests(agent.model, agent.tokenizer, requests, top_p=0.95,
                                       max_new_tokens=320, stop=STOP, path="lookup")
             outs[on] = out
             print(f"grouped-query switch {'on ' if on else 'off'}: {st.new_tokens} tokens in "
                   f"{st.seconds:.2f} s", flush=True)
-    sampling._grouped_query_sdpa = _grouped_query_sdpa
+    steps._grouped_query_sdpa = _grouped_query_sdpa
     assert _GQA_SWITCH not in os.environ
     print("the same completions:", outs[False] == outs[True])
 

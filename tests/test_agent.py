@@ -664,28 +664,29 @@ def test_a_failing_graph_step_falls_back_to_compact_and_says_why(agent, monkeypa
 def test_a_lookup_pass_that_fails_falls_back_to_compact_and_says_why(agent, monkeypatch):
     """Before any row is handed on: the compact path's output with the same streams, the
     failure named; once a row was handed on, the error stands (no row is reported twice)."""
-    from atlas.agent import sampling
     from atlas.agent.sampling import sample_requests
+    from atlas.agent.steps import LookupStep
 
     requests, kw = _islands(agent), {"top_p": 0.9, "max_new_tokens": 8}
     compact = sample_requests(agent.model, agent.tokenizer, requests, path="compact", **kw)[0]
-    real = sampling._lookup_loop
+    real = LookupStep.__call__
 
-    def broken(*args, **kwargs):
+    def broken(self):
         raise RuntimeError("no room in the cache")
 
-    monkeypatch.setattr(sampling, "_lookup_loop", broken)
+    monkeypatch.setattr(LookupStep, "__call__", broken)
     out, st = sample_requests(agent.model, agent.tokenizer, requests, path="lookup", **kw)
     assert out == compact and st.path == "compact" and st.drafted == 0
     assert st.fallback == "lookup path failed (RuntimeError: no room in the cache)"
 
-    def late(model, tokenizer, pre, contexts, max_new, top_p, stop, report, *rest):
-        report(0, "a row")
-        raise RuntimeError("after a row")
+    def late(self):  # the first pass ends row 0 at EOS (handed on), the next one fails
+        if self.started:
+            raise RuntimeError("after a row")
+        return [(0, [self.state.batch.eos_ids[0]])] + real(self)[1:]
 
-    monkeypatch.setattr(sampling, "_lookup_loop", late)
+    monkeypatch.setattr(LookupStep, "__call__", late)
     with pytest.raises(RuntimeError, match="after a row"):
         sample_requests(agent.model, agent.tokenizer, requests, path="lookup", **kw)
-    monkeypatch.setattr(sampling, "_lookup_loop", real)
+    monkeypatch.setattr(LookupStep, "__call__", real)
     assert sample_requests(agent.model, agent.tokenizer, requests, path="lookup",
                            **kw)[1].path == "lookup"  # nothing marked: the next call looks up

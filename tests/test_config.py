@@ -175,7 +175,7 @@ def test_cli_config_errors_are_one_line_without_a_traceback(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-m", "atlas.train", "experiment=test",
                           "+explore.roundz=3", f"hydra.run.dir={tmp_path}/run"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert any(line.startswith("unknown explore field(s) ['roundz']: explore.roundz is not a "
                                "known field") and line.endswith("did you mean explore.rounds? (a "
                                "key added with `+explore.roundz=...` is read by nothing)")
@@ -226,7 +226,7 @@ def test_cli_typo_fails_before_torch_is_imported(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-X", "importtime", "-m", "atlas.train",
                           "experiment=test", "seed=abc", f"hydra.run.dir={tmp_path}"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1
+    assert out.returncode == 2
     errors = [line for line in out.stderr.splitlines() if not line.startswith("import time:")]
     assert errors == ["seed='abc' must be an integer; set e.g. seed=0"], errors
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()
@@ -249,7 +249,7 @@ def test_cli_typo_fails_before_torch_is_imported(tmp_path) -> None:
 ])
 def test_cli_file_and_ignored_setting_errors_are_one_line(tmp_path, overrides, line) -> None:
     out = _cli("experiment=test", *overrides, f"hydra.run.dir={tmp_path / 'run'}")
-    assert out.returncode == 1
+    assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [line], out.stderr
     assert not (tmp_path / "run" / "events.jsonl").exists()
     assert not (tmp_path / "run" / ".task_secret").exists()
@@ -261,7 +261,7 @@ def test_cli_device_cuda_without_a_gpu_is_one_line(tmp_path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     out = _cli("experiment=test", "device=cuda", f"hydra.run.dir={tmp_path}")
-    assert out.returncode == 1
+    assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         "device=cuda but torch sees no GPU (torch.cuda.is_available() is false); use "
         "device=cpu or device=auto, or install a CUDA build of torch on a machine with a GPU"]
@@ -337,7 +337,7 @@ def test_cli_mistyped_field_is_one_line_with_the_closest_field(tmp_path, overrid
     """Hydra alone rejects a field no YAML defines in four lines that suggest ``+field=``, which
     adds a key nothing reads; the command line names the field and the closest known one."""
     out = _cli("experiment=test", override, f"hydra.run.dir={tmp_path / 'run'}")
-    assert out.returncode == 1
+    assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"unknown {override.split('.')[0]} field(s)")
     assert fix in lines[0] and "Could not override" not in out.stderr

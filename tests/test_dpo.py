@@ -33,6 +33,7 @@ from atlas.dpo.batching import PairCollator, encode
 from atlas.dpo.callbacks import snapshot_steps
 from atlas.dpo.logprobs import sequence_logps
 from atlas.dpo.loss import dpo_terms
+from atlas.knobs import HARD_BOUNDS
 from atlas.types import PreferencePair
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -69,10 +70,12 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 # -- config -----------------------------------------------------------------------------------
 def test_config_mirrors_yaml_validates_and_clamps():
     cfg = DPOConfig.from_cfg(OmegaConf.load(CONF / "dpo" / "default.yaml"))
-    assert (cfg.beta, cfg.lr, cfg.epochs, cfg.batch_size, cfg.checkpoints) == (0.1, 5e-5, 1, 2, 1)
-    assert cfg.score_threshold is None and cfg.bounds["lr"] == (1e-6, 1e-3)
+    assert (cfg.beta, cfg.lr, cfg.epochs, cfg.batch_size, cfg.checkpoints) == (0.1, 2.5e-4, 1, 2, 1)
+    assert cfg.score_threshold is None and cfg.bounds["lr"] == (2.5e-5, 2.5e-4)
     wild = DPOConfig(beta=7.0, lr=0.5, epochs=40).clamped()
-    assert (wild.beta, wild.lr, wild.epochs) == (2.0, 1e-3, 5)
+    assert (wild.beta, wild.lr, wild.epochs) == (2.0, 2.5e-4, 2)
+    wide = DPOConfig(beta=7.0, lr=0.5, epochs=40, bounds=HARD_BOUNDS).clamped()
+    assert (wide.beta, wide.lr, wide.epochs) == (2.0, 1e-3, 5)
     assert isinstance(wild.epochs, int)
     assert DPOConfig(beta=0.001).clamped().beta == 0.01
     with pytest.raises(ValueError, match=r"dpo\.beta must be > 0"):
@@ -202,7 +205,8 @@ def test_snapshot_steps_are_spread_and_exclude_final():
 def test_train_phase_learns_and_keeps_reference_and_base(reference):
     model, tok = tiny_peft()
     pairs = make_pairs(8)
-    cfg = DPOConfig(beta=0.5, lr=1e-3, epochs=3, batch_size=4, max_length=96, checkpoints=2)
+    cfg = DPOConfig(beta=0.5, lr=1e-3, epochs=3, batch_size=4, max_length=96, checkpoints=2,
+                    bounds=HARD_BOUNDS)  # 3 epochs at 1e-3: past the default range
     ref_before = get_adapter_state(model, REF)
     policy_before = get_adapter_state(model, POLICY)
     base_before = base_state(model)
@@ -426,13 +430,22 @@ def test_train_phase_rejects_bad_input():
 
 
 # -- the reference's owner: a Lightning callback -----------------------------------------------
+def _decided(tok, decision_for):
+    """A judge whose Eq. 4/5 is replaced by ``decision_for(C_k)``."""
+    from atlas.dpo.reference import GateJudge
+
+    class Decided(GateJudge):
+        def __call__(self, model, candidates, timings):
+            return decision_for(candidates)
+
+    return Decided(tok, [], GateConfig(), gated=True, seed=0)
+
+
 def _owner(tok, decision_for, **kw):
     """A ReferenceCallback whose Eq. 4/5 is replaced by ``decision_for(C_k)``."""
-    from atlas.dpo import GateConfig
-    from atlas.dpo.reference import ReferenceCallback
+    from atlas.dpo.reference import Promoter, ReferenceCallback
 
-    return ReferenceCallback(tok, [], GateConfig(), gated=True, seed=0, phase=3,
-                             decide=decision_for, **kw)
+    return ReferenceCallback(Promoter(_decided(tok, decision_for), phase=3, **kw))
 
 
 def test_the_reference_callback_promotes_its_chosen_candidate_when_the_fit_ends():
@@ -440,16 +453,17 @@ def test_the_reference_callback_promotes_its_chosen_candidate_when_the_fit_ends(
 
     model, tok = tiny_peft()
     before = get_adapter_state(model, REF)
-    cfg = DPOConfig(lr=1e-3, epochs=3, batch_size=2, max_length=64, checkpoints=2)
+    cfg = DPOConfig(lr=1e-3, epochs=3, batch_size=2, max_length=64, checkpoints=2,
+                    bounds=HARD_BOUNDS)
     owner = _owner(tok, lambda cands: GateDecision(accepted=True, chosen=cands[0].name))
     res = train_phase(model, tok, make_pairs(4), cfg, "adaptive", reference_callback=owner)
     assert [c.name for c in res.candidates] == ["step_2", "step_4", "final"]
     assert res.reference is owner.outcome and res.reference.candidate == "step_2"
     assert same(get_adapter_state(model, REF), res.candidates[0].state)
     assert not same(get_adapter_state(model, REF), before)
-    assert owner.state.current == "phase 3 step_2"
-    assert owner.state.promotions == [{"phase": 3, "candidate": "step_2", "step": 2}]
-    assert owner.state_dict() == owner.state.to_state()  # Lightning's callback state
+    assert owner.promoter.state.current == "phase 3 step_2"
+    assert owner.promoter.state.promotions == [{"phase": 3, "candidate": "step_2", "step": 2}]
+    assert owner.state_dict() == owner.promoter.state.to_state()  # Lightning's callback state
 
     # rejected, or accepted but vetoed by the review: ref stays
     for decision, review in ((GateDecision(accepted=False, chosen="final"), None),
@@ -467,8 +481,7 @@ def test_a_write_to_ref_inside_the_fit_stops_the_phase():
     """The reference log-prob table is built when the fit starts: ``ref`` moving inside the
     fit would make that phase's DPO loss wrong, so the owner refuses it."""
     from atlas.agent.adapters import promote as write_ref
-    from atlas.dpo import GateConfig
-    from atlas.dpo.reference import ReferenceCallback, ReferenceMoved
+    from atlas.dpo.reference import Promoter, ReferenceCallback, ReferenceMoved
     from atlas.types import GateDecision
 
     class Intruder(ReferenceCallback):  # something writes ref between two steps
@@ -477,8 +490,9 @@ def test_a_write_to_ref_inside_the_fit_stops_the_phase():
             super().on_train_batch_end(trainer, pl_module, *args)
 
     model, tok = tiny_peft()
-    owner = Intruder(tok, [], GateConfig(), gated=True, seed=0, phase=3,
-                     decide=lambda cands: GateDecision(accepted=True, chosen="final"))
+    owner = Intruder(Promoter(_decided(tok, lambda cands: GateDecision(accepted=True,
+                                                                        chosen="final")),
+                              phase=3))
     with pytest.raises(ReferenceMoved, match="changed during phase 3's fit"):
         train_phase(model, tok, make_pairs(4), DPOConfig(lr=1e-3, batch_size=2, max_length=64),
                     "adaptive", reference_callback=owner)

@@ -88,3 +88,29 @@ def test_an_ignored_sigint_stays_ignored() -> None:
         assert installed == {"SIGTERM": True, "SIGINT": False}
         os.kill(os.getpid(), signal.SIGINT)  # ignored: nothing is raised
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_a_second_stop_while_the_first_stops_the_run_is_absorbed() -> None:
+    """One stop, one line: a Ctrl-C that arrives while the first stop closes the run's parts
+    (the ``finally`` blocks on the way out) does not raise again."""
+    closed = []
+    with stop_on_signals(), pytest.raises(Interrupted) as info:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        finally:
+            os.kill(os.getpid(), signal.SIGINT)  # while the sandbox closes: absorbed
+            closed.append("the sandbox")
+    assert closed == ["the sandbox"] and info.value.code == 130
+    with stop_on_signals(), pytest.raises(Interrupted):  # the next run stops as the first did
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_after_a_stop_left_the_run_further_signals_are_ignored() -> None:
+    from atlas.interrupt import settle
+
+    settle()
+    try:
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGINT)  # nothing is raised while the process exits
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from atlas.dpo import DPOConfig, GateConfig
-from atlas.knobs import HARD_BOUNDS, KNOBS
+from atlas.knobs import DEFAULT_BOUNDS, HARD_BOUNDS, KNOBS
 from atlas.schema import ExploreConfig, MethodConfig, ModelConfig, RunConfig, SandboxConfig
 from atlas.supporters.config import ExplorationConfig, InspectorConfig, StrategistConfig
 from atlas.supporters.schemas import KNOB_FIELDS, Knobs
@@ -69,7 +69,10 @@ def test_hydra_only_groups_take_their_values_from_the_yaml() -> None:
 
 def test_knobs_are_defined_once() -> None:
     assert set(KNOB_FIELDS) == set(KNOBS) == set(Knobs.model_fields)
-    assert DPOConfig().bounds == HARD_BOUNDS
+    # the strategist's default range sits inside the hard limits, knob by knob
+    assert DPOConfig().bounds == DEFAULT_BOUNDS and set(DEFAULT_BOUNDS) == set(HARD_BOUNDS)
+    assert all(HARD_BOUNDS[k][0] <= lo <= hi <= HARD_BOUNDS[k][1]
+               for k, (lo, hi) in DEFAULT_BOUNDS.items())
 
 
 @pytest.mark.parametrize("make,exc,message", [

@@ -3,6 +3,7 @@ against a real (scripted) OpenAI-compatible HTTP server on 127.0.0.1."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import threading
@@ -13,7 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from atlas.dpo.config import GateConfig
+from atlas.dpo.config import DPOConfig, GateConfig
+from atlas.dpo.rules import NO_GAIN
 from atlas.supporters import (
     DpoMetrics,
     ExplorationRequest,
@@ -184,12 +186,12 @@ def test_exploration_without_programs_gives_a_critique_and_no_patches():
     ({"gate_decisions": [GateDecision(accepted=False, gain=0.1, kl=0.2)]}, ["lr"],
      lambda k: k.lr == pytest.approx(2.5e-5)),
     # one no-gain rejection is noise; two in a row with a policy that hardly moved are not
-    ({"gate_decisions": [GateDecision(accepted=False, gain=-0.1, kl=0.01)]}, [],
-     lambda k: k.lr == 5e-5),
-    ({"gate_decisions": [GateDecision(accepted=False, gain=-0.1, kl=0.01)] * 2}, ["lr"],
-     lambda k: k.lr == pytest.approx(1e-4)),
-    ({"gate_decisions": [GateDecision(accepted=False, gain=-0.1, kl=0.04)] * 2}, [],
-     lambda k: k.lr == 5e-5),  # KL > delta/2: the policy moved, a bigger step is no cure
+    ({"gate_decisions": [GateDecision(accepted=False, reason=NO_GAIN, gain=-0.1, kl=0.01)]},
+     [], lambda k: k.lr == 5e-5),
+    ({"gate_decisions": [GateDecision(accepted=False, reason=NO_GAIN, gain=-0.1, kl=0.01)] * 2},
+     ["lr"], lambda k: k.lr == pytest.approx(1e-4)),
+    ({"gate_decisions": [GateDecision(accepted=False, reason=NO_GAIN, gain=-0.1, kl=0.04)] * 2},
+     [], lambda k: k.lr == 5e-5),  # KL > delta/2: the policy moved, a bigger step is no cure
     # the gate tests a bound on the gain: its reason, not gain < epsilon, says "no gain"
     ({"gate_epsilon": 0.02, "gate_decisions": [GateDecision(
         accepted=False, reason="rejected: no gain", gain=0.03, kl=0.01)] * 2}, ["lr"],
@@ -197,6 +199,10 @@ def test_exploration_without_programs_gives_a_critique_and_no_patches():
     ({"gate_epsilon": 0.02, "gate_decisions": [GateDecision(
         accepted=False, reason="rejected: no held-out gate item", gain=0.0, kl=0.0)] * 2}, [],
      lambda k: k.lr == 5e-5),
+    # a decision is read, never re-derived: a gain below epsilon without the gate's reason
+    # is not a "no gain" rejection
+    ({"gate_epsilon": 0.02, "gate_decisions": [GateDecision(
+        accepted=False, gain=-0.1, kl=0.01)] * 2}, [], lambda k: k.lr == 5e-5),
     ({"dpo": DpoMetrics(accuracy=1.0)}, ["epochs"], lambda k: k.epochs == 1 and k.beta == 0.1),
     ({"dpo": DpoMetrics(accuracy=1.0), "knobs": Knobs(beta=0.1, lr=5e-5, epochs=1)}, ["beta"],
      lambda k: k.epochs == 1 and k.beta == pytest.approx(0.15)),
@@ -284,8 +290,9 @@ def _preferred(metrics_cand: dict, metrics_ref: dict):
                      evaluation=Evaluation(score=-0.3, passed=True, metrics=m))
              for i, m in enumerate((metrics_cand, metrics_ref))]
     items = [GateItem(prompt="q", completions=["c0", "c1"], scores=[-0.3, -0.3], preferred="c0")]
-    decision = {"gain": 0.01, "kl": 0.001, "accepted": True, "candidate_preferred": [0],
-                "reference_preferred": [1]}
+    decision = GateDecision(gain=0.01, kl=0.001, accepted=True, reason="accepted",
+                            epsilon=0.0, delta=0.05, candidate_preferred=[0],
+                            reference_preferred=[1])
     return decision, items, progs
 
 
@@ -443,30 +450,28 @@ def test_request_builders_read_loop_objects():
     assert [p.score for p in er.programs] == [-0.4, -0.5, -0.6] and er.hints == ("h",)
     assert sreq.code_diversity(progs) == pytest.approx(2 / 4)
 
-    class Dpo:
-        beta, lr, epochs, score_threshold = 0.1, 5e-5, 1, None
-        bounds = {"beta": (0.05, 5.0), "lr": (1e-6, 1e-3), "epochs": (1, 3)}
-
+    dpo = DPOConfig(beta=0.1, lr=5e-5, epochs=1, score_threshold=None,
+                    bounds={"beta": (0.05, 5.0), "lr": (1e-6, 1e-3), "epochs": (1, 3)})
+    gate = GateConfig(epsilon=0.0, delta=0.05)
     history = [phase_record(1, pairs=6, dpo={"loss": 0.5, "accuracy": 0.9},
                             gate=GateDecision(accepted=False, gain=0.1, kl=0.2, reason="kl")),
                phase_record(2, skip="no score improvement")]
-    sr = sreq.strategist_request(3, Dpo(), progs, {"best": -0.4, "median": -0.5, "min": -0.6,
-                                                   "valid_rate": 0.75, "n": 4}, history,
-                                 gate_cfg=GateConfig(epsilon=0.0, delta=0.05))
+    sr = sreq.strategist_request(3, dpo, gate, progs, {"best": -0.4, "median": -0.5,
+                                                       "min": -0.6, "valid_rate": 0.75, "n": 4},
+                                 history)
     assert sr.bounds.beta == (0.05, 2.0) and sr.bounds.epochs == (1, 3)
     assert sr.pairs_built == 6 and sr.dpo.accuracy == 0.9 and sr.gate_decisions[0].kl == 0.2
     assert sr.scores.n_passed == 3
-    assert sreq.strategist_request(1, Dpo(), progs, {}, []).pairs_built is None  # no D_k yet
-    assert sreq.strategist_request(3, Dpo(), progs, {}, [phase_record(
+    assert sreq.strategist_request(1, dpo, gate, progs, {}, []).pairs_built is None  # no D_k yet
+    assert sreq.strategist_request(3, dpo, gate, progs, {}, [phase_record(
         2, pairs=0, skip="no preference pairs")]).pairs_built == 0
     adv = make_supporters(role_configs(None), seed=0).strategist.advise(sr)
     assert adv.lr == pytest.approx(2.5e-5)  # last gate rejected for KL 0.2 > 0.05
 
     items = [GateItem(prompt="q", completions=["c2", "c3"], scores=[-0.4, -0.6], preferred="c2")]
-    ir = sreq.inspector_request(3, {"gain": 0.01, "kl": 0.01, "accepted": True,
-                                    "candidate_preferred": [1], "reference_preferred": ["c2"]},
-                                items, progs, gate_cfg={"epsilon": 0.0, "delta": 0.05},
-                                quality_metrics={"val_ic": "min"})
+    decision = GateDecision(gain=0.01, kl=0.01, accepted=True, reason="accepted", epsilon=0.0,
+                            delta=0.05, candidate_preferred=[1], reference_preferred=["c2"])
+    ir = sreq.inspector_request(3, decision, items, progs, quality_metrics={"val_ic": "min"})
     assert ir.candidate_metrics == {"val_ic": 0.4} and ir.reference_metrics == {"val_ic": 0.1}
     assert make_supporters(role_configs(None), seed=0).inspector.review(ir).veto
 
@@ -706,8 +711,7 @@ def test_strategist_acts_on_cpu_run_telemetry():
               else Evaluation.failure("exception", "boom"))
         return Program(id=i, island=0, round=1, code=code, evaluation=ev, source=source)
 
-    class Dpo:
-        beta, lr, epochs, score_threshold, bounds = 0.1, 5e-5, 1, None, {}
+    dpo = DPOConfig(beta=0.1, lr=5e-5, epochs=1, score_threshold=None, bounds={})
 
     # phase 1: 9 seed copies pass, 23 distinct failures; 8 patches spread around the seed
     p1 = ([prog(i, -0.375, seed) for i in range(9)]
@@ -716,7 +720,8 @@ def test_strategist_acts_on_cpu_run_telemetry():
              enumerate((-0.30, -0.22, -0.45, -0.41, -0.33, -0.39, -0.26, -0.5))])
     stats1 = {"best": -0.22, "median": -0.375, "min": -0.5, "valid_rate": 17 / 40, "n": 40}
     strat = make_supporters(role_configs(None), seed=0).strategist
-    a1 = strat.advise(sreq.strategist_request(1, Dpo(), p1, stats1, []))
+    a1 = strat.advise(sreq.strategist_request(1, dpo, GateConfig(epsilon=0.0, delta=0.05), p1,
+                                              stats1, []))
     assert a1.changed == ["score_threshold"] and a1.score_threshold == -0.375
     assert "median" in a1.reasons["score_threshold"]
     # phase 2: 23 of 32 agent programs pass, 3 distinct (measured diversity 0.375); the last
@@ -725,10 +730,10 @@ def test_strategist_acts_on_cpu_run_telemetry():
           + [prog(100 + i, None, f"def policy(): return {i % 9}") for i in range(9)])
     hist = [phase_record(1, pairs=24, dpo={"accuracy": 0.917},
                          gate=GateDecision(accepted=True, gain=1e-4, kl=8e-4))]
-    Dpo.score_threshold = -0.375
-    req2 = sreq.strategist_request(2, Dpo(), p2, {"best": -0.375, "median": -0.375,
-                                                  "min": -0.375, "valid_rate": 0.72, "n": 32},
-                                   hist, gate_cfg=GateConfig(epsilon=0.0, delta=0.05))
+    dpo = dataclasses.replace(dpo, score_threshold=-0.375)
+    req2 = sreq.strategist_request(2, dpo, GateConfig(epsilon=0.0, delta=0.05), p2,
+                                   {"best": -0.375, "median": -0.375, "min": -0.375,
+                                    "valid_rate": 0.72, "n": 32}, hist)
     assert req2.diversity < 0.5
     a2 = strat.advise(req2)
     assert a2.changed == ["beta"] and a2.beta == pytest.approx(0.2)
@@ -759,17 +764,16 @@ def test_strategist_on_the_recorded_cpu_run():
             prompt=r.get("prompt") or "", completion=r.get("completion") or "",
             source=r.get("source", "agent")))
 
-    class Dpo:
-        beta, lr, epochs, score_threshold, bounds = 0.1, 5e-5, 1, None, {}
+    dpo = DPOConfig(beta=0.1, lr=5e-5, epochs=1, score_threshold=None, bounds={})
 
     strat = make_supporters(role_configs(None), seed=0).strategist
     history: list[PhaseRecord] = []
     changed = []
     for phase, (a, b) in enumerate([(1, 4), (5, 8)], 1):
         pp = [p for p in progs if a <= p.round <= b]
-        req = sreq.strategist_request(phase, Dpo(), pp,
+        req = sreq.strategist_request(phase, dpo, GateConfig(epsilon=0.0, delta=0.05), pp,
                                       score_stats([p for p in pp if p.source != "seed"]),
-                                      history, gate_cfg=GateConfig(epsilon=0.0, delta=0.05))
+                                      history)
         adv = strat.advise(req)
         changed.append((round(req.diversity, 3), adv.changed))
         # what that run recorded after each phase: D_k size and mean DPO accuracy

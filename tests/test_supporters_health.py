@@ -86,7 +86,7 @@ def test_a_dead_server_stops_the_run_in_one_line(kind, tmp_path, not_found_url, 
     proc = _train(tmp_path, *_openai(url))
     took = time.time() - t0
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-2000:]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     line = lines[0]
     assert line.startswith("supporter exploration, strategist, inspector: the server at " + url)
     assert "supporters.on_unreachable=fallback" in line and "supporters.base_url" in line

@@ -378,7 +378,7 @@ def test_every_job_of_a_sweep_is_validated_before_any_is_launched(tmp_path: Path
     proc, took = _sweep_line(tmp_path, "seed=0,1,-1", "method=evotune,atlas",
                              "hydra/launcher=submitit_local")
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     assert lines[0].startswith("sweep job 5 of 6 (seed=-1 method=evotune): seed=-1 is outside "
                                "0..4294967295")
     assert lines[0].endswith("nothing was launched")
@@ -388,7 +388,7 @@ def test_every_job_of_a_sweep_is_validated_before_any_is_launched(tmp_path: Path
 
 def test_a_method_no_op_in_one_job_of_a_sweep_is_found_first(tmp_path: Path) -> None:
     proc, _ = _sweep_line(tmp_path, "explore.rounds=4,1", "explore.phase_every=2")
-    assert proc.returncode == 1 and "sweep job 2 of 2 (explore.rounds=1): explore.phase_every" \
+    assert proc.returncode == 2 and "sweep job 2 of 2 (explore.rounds=1): explore.phase_every" \
         "=2 > explore.rounds=1" in proc.stderr
     assert not (tmp_path / "multirun").exists()
 
@@ -404,7 +404,7 @@ def test_a_request_no_node_meets_stops_before_submission(slurm_cluster: None,
                              "hydra.launcher.partition=debug",
                              f"hydra.launcher.cpus_per_task={cpus + 62}", "hydra.launcher.mem_gb=1")
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     assert lines[0].startswith(f"hydra.launcher.cpus_per_task={cpus + 62} and "
                                f"hydra.launcher.mem_gb=1 fit no node of partition debug (sinfo: "
                                f"the largest has {cpus} CPUs and {mem:.1f} GB)")
@@ -452,5 +452,20 @@ def test_a_sweep_of_an_external_task_is_validated_with_its_search_path(tmp_path:
     proc = subprocess.run([sys.executable, "-m", "atlas.train", "-m", "experiment=test",
                            "task=linefit", "hydra.searchpath=[pkg://linefit.conf]", "seed=0,-1"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1 and proc.stderr.strip().startswith(
+    assert proc.returncode == 2 and proc.stderr.strip().startswith(
         "sweep job 2 of 2 (seed=-1): seed=-1 is outside"), proc.stderr[-2000:]
+
+
+def test_the_study_fixes_ten_fresh_seeds_that_its_sweep_expands_and_checks() -> None:
+    """experiment=study's seeds live in its config (hydra.sweeper.params): ten, none of the
+    development seeds 0-4; the sweep's check expands them (a bad value names job 1 of 20), and
+    a seed on the command line wins over them."""
+    from atlas.sweep import check_sweep, sweep_jobs, with_sweeper_params
+
+    jobs = sweep_jobs(with_sweeper_params(["experiment=study", "method=atlas,sample"]))
+    seeds = sorted({int(o.split("=")[1]) for job in jobs for o in job if o.startswith("seed=")})
+    assert len(jobs) == 20 and seeds == list(range(10, 20)) and not set(seeds) & set(range(5))
+    assert sweep_jobs(with_sweeper_params(["experiment=study", "seed=3"])) == [
+        ["seed=3", "experiment=study"]]
+    line = check_sweep(["experiment=study", "method=atlas,sample", "dpo.beta=-1"])
+    assert line is not None and line.startswith("sweep job 1 of 20 (seed=10 method=atlas)")

@@ -28,7 +28,7 @@ from tests.conftest import compose_cfg
 OVERRIDES = ["experiment=test", "method=atlas", "progress=false", "explore.rounds=2",
              "explore.phase_every=1", "task.env_seeds=[0]", "task.T=500",
              "method.skip_without_improvement=false", "gate.epsilon=-1", "gate.delta=100",
-             "dpo.lr=1e-3"]  # a visible step on the tiny model
+             "dpo.lr=1e-3", "dpo.bounds.lr=[1e-4,1e-3]"]  # a visible step on the tiny model
 PROMPT = "Write a policy for the bandit."
 TOLERANCE = 2e-6  # fp32, the same weights: a few ulp of summation order (logits_to_keep)
 COMPLETION = "```python\ndef policy(context, arms):\n    return 0\n```"

@@ -370,3 +370,72 @@ def test_score_cli_takes_flags_before_between_and_after_the_files(tmp_path: Path
         assert out.returncode == 0, out.stderr
         (row,) = [json.loads(line) for line in out.stdout.splitlines()]
         assert row["program"] == str(good) and row["passed"]
+
+
+# -- a missing entry point is missing_entry_point in every task (issue 49) --------------------
+NO_ENTRY = "import numpy as np\n\n\ndef estimate_centre(xs):\n    return float(np.median(xs))\n"
+
+
+def test_a_program_without_the_entry_point_is_missing_entry_point_never_a_race(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scaffold's scorer sends ~1 MB before it reads: a runner that fails at once (no
+    `estimate`) used to close its pipe mid-send, and the program counted as killed
+    (BrokenPipeError). Now the runner's own word is read after the broken pipe, every time."""
+    scaffold("entry_demo", tmp_path)
+    _on_path(tmp_path, monkeypatch)
+    task = make_task(_target_="entry_demo.EntryDemoTask", name="entry_demo")
+    with Sandbox.for_task(task, workers=1) as sb:
+        evs = sb.evaluate_many([NO_ENTRY] * 12, task.context(0))
+        broken = sb.evaluate("def estimate(xs:\n", task.context(0))
+    assert {(ev.failure_kind, ev.message) for ev in evs} == {
+        (FailureKind.MISSING_ENTRY_POINT.value, "the program defines no function named 'estimate'")}
+    assert broken.failure_kind == FailureKind.SYNTAX_ERROR.value, broken.message  # likewise
+    report = check_task(task, secrets=1)
+    check = next(c for c in report.checks if c.name.startswith("a program without the entry"))
+    assert check.status == "ok" and check.detail.startswith("missing_entry_point"), report.text()
+    # atlas.score says the same (exit 1: the program failed)
+    prog = tmp_path / "prog.py"
+    prog.write_text(NO_ENTRY)
+    out = subprocess.run([sys.executable, "-m", "atlas.score", "task=entry_demo",
+                          "hydra.searchpath=[pkg://entry_demo.conf]", str(prog)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path),
+                                                                          str(ROOT)])))
+    assert out.returncode == 1 and "FAILED missing_entry_point" in out.stdout, out.stdout
+    assert "the program defines no function named 'estimate'" in out.stdout
+
+
+@pytest.mark.parametrize("task_name", ["bandit", "binpacking"])
+def test_built_in_tasks_fail_a_program_without_its_entry_point_the_same_way(task_name) -> None:
+    from atlas.tasks.checker import without_entry_point_program
+
+    task = build_task(compose([f"task={task_name}"]))
+    with Sandbox.for_task(task, workers=1) as sb:
+        ev = sb.evaluate(without_entry_point_program(task.prompt_spec().entry_point),
+                         task.context(0))
+    assert ev.failure_kind == FailureKind.MISSING_ENTRY_POINT.value, ev.message
+
+
+def test_the_checker_parses_the_seed_for_its_entry_point(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seed defining `estimate_centre` does not define `estimate` (the check used to be a
+    substring test): the checker names what the seed defines, and the command exits 1."""
+    _faulty(tmp_path, monkeypatch, "centre", "def estimate(xs):\n    \"\"\"The sample mean",
+            "def estimate_centre(xs):\n    \"\"\"The sample mean", file="__init__.py")
+    task = make_task(_target_="centre.CentreTask", name="centre")
+    report = check_task(task, secrets=1)
+    entry = next(c for c in report.checks if c.name == "entry point")
+    assert entry.status == "fail"
+    assert entry.detail == ("the seed program defines no top-level 'estimate' (it defines "
+                            "estimate_centre); rename 'estimate_centre' to 'estimate', or set "
+                            "PromptSpec.entry_point to the function it defines")
+    seed = next(c for c in report.checks if c.name == "seed program passes")
+    assert seed.status == "fail" and seed.detail.startswith("missing_entry_point"), seed.detail
+    out = subprocess.run([sys.executable, "-m", "atlas.tasks", "check", "task=centre",
+                          "hydra.searchpath=[pkg://centre.conf]", "--secrets", "1"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path),
+                                                                          str(ROOT)])))
+    assert out.returncode == 1 and "FAIL  entry point: the seed program defines no top-level " \
+        "'estimate' (it defines estimate_centre)" in out.stdout, out.stdout + out.stderr
+    assert "BrokenPipeError" not in out.stdout

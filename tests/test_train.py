@@ -174,7 +174,7 @@ def test_a_locked_run_folder_is_refused_naming_the_holder(tmp_path: Path) -> Non
             f"or choose another run folder with name=<new> (hydra.sweep.dir=<dir> under -m)")
         out = subprocess.run([*CLI, *SHORT, f"hydra.run.dir={tmp_path}"], cwd=ROOT, env=_env(),
                              capture_output=True, text=True, timeout=120)
-        assert out.returncode == 1  # hydra.run.dir given: name=<new> would not move the run
+        assert out.returncode == 2  # hydra.run.dir given: name=<new> would not move the run
         assert out.stderr.strip().splitlines() == [str(err.value).replace(
             "name=<new> (hydra.sweep.dir=<dir> under -m)", "hydra.run.dir=<another dir>")], \
             out.stderr
@@ -221,10 +221,13 @@ def test_two_commands_into_one_folder_do_not_double_the_records(tmp_path: Path) 
             first.kill()
     assert first.returncode == 0, err[-3000:]
     holder = f"is in use by process {first.pid}, which is running this run"
-    assert same.returncode == 1 and len(same.stderr.strip().splitlines()) == 1, same.stderr
+    assert same.returncode == 2 and len(same.stderr.strip().splitlines()) == 1, same.stderr
     assert holder in same.stderr and "hydra.run.dir=<another dir>" in same.stderr
     assert other_sweep.returncode == 1 and holder in other_sweep.stderr, other_sweep.stderr
     assert "Traceback" not in same.stderr + other_sweep.stderr
+    # the refused commands wrote to their own stderr only, not into the first run's log
+    log = (job() / "train.log").read_text()
+    assert "is in use by process" not in log and "stopped" not in log, log[-3000:]
     events = _events(job())
     assert [e["event"] for e in events].count("seed") == 1
     assert [e["round"] for e in events if e["event"] == "round"] == list(range(1, 101))
@@ -271,10 +274,12 @@ def _no_tmp_files(run_dir: Path) -> list[Path]:
     return [p for p in run_dir.rglob("*") if p.name.endswith(".tmp") or ".tmp" in p.suffixes]
 
 
-def test_ctrl_c_in_a_round_stops_in_one_line_and_resumes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_in_a_round_stops_in_one_line_and_resumes(tmp_path: Path, presses: int) -> None:
     """Ctrl-C as a terminal sends it: SIGINT to the whole process group (the sandbox workers
     too) while a round is in flight. Exit 130, one line, the checkpoint of the last finished
-    round, no temporary file; the same command then resumes and finishes."""
+    round, no temporary file; the same command then resumes and finishes. A second Ctrl-C
+    while it stops changes nothing: one line, 130, no traceback from the shutdown."""
     cmd = [*CLI, *LONG, f"hydra.run.dir={tmp_path}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -284,7 +289,9 @@ def test_ctrl_c_in_a_round_stops_in_one_line_and_resumes(tmp_path: Path) -> None
         # save or a later round
         _wait_for(lambda: sum(e["event"] == "round" for e in _events(tmp_path)) >= 2, proc, 300,
                   "the second round event")
-        os.killpg(proc.pid, signal.SIGINT)
+        for _ in range(presses):
+            os.killpg(proc.pid, signal.SIGINT)
+            time.sleep(0.3)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

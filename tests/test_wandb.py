@@ -380,3 +380,134 @@ def test_sweep_runs_chart_rounds_phases_and_log_the_programs_table(sweep: Path) 
         results = json.loads((d / "results.json").read_text())
         assert run["summary"]["results/final_score"] == pytest.approx(results["final_score"])
         assert run["summary"]["results/candidates"] == results["candidates"]
+
+
+# -- W&B online: checked at start, a lost server said once (issue 49) ------------------------
+class _Answers(__import__("http.server").server.BaseHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"OK")
+
+
+@pytest.fixture
+def answering_url():
+    """A real HTTP server on loopback that answers every GET."""
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def silent_http_url():
+    """A socket that accepts connections (the kernel's backlog) and never answers."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+def _online_env(tmp_path: Path, url: str, key: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(WANDB_BASE_URL=url, NETRC=str(tmp_path / "no-netrc"), HF_HOME=str(tmp_path / "hf"),
+               WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"))
+    if key:
+        env["WANDB_API_KEY"] = key
+    return env
+
+
+@pytest.mark.parametrize("case", ["no key", "refused", "silent", "WANDB_MODE=online"])
+def test_wandb_online_is_checked_at_start_in_one_line(case: str, tmp_path: Path,
+                                                      silent_http_url: str) -> None:
+    """Before the model loads, within the probe's 3 s: no key names `wandb login`; a server that
+    refuses or never answers names the offline fix; WANDB_MODE=online names WANDB_MODE."""
+    from tests.test_supporters_health import _closed_port
+
+    url = silent_http_url if case == "silent" else f"http://127.0.0.1:{_closed_port()}"
+    env = _online_env(tmp_path, url, None if case == "no key" else "k" * 40)
+    mode = ["logger.mode=online"]
+    if case == "WANDB_MODE=online":
+        env["WANDB_MODE"], mode = "online", []
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "atlas.train",
+                           "experiment=test", "logger=wandb", *mode,
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    took = time.perf_counter() - t0
+    lines = [x for x in proc.stderr.splitlines() if not x.startswith("import time:")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    line = lines[0]
+    source = "WANDB_MODE=online" if case == "WANDB_MODE=online" else "logger.mode=online"
+    assert line.startswith(f"logger=wandb runs online ({source}) but "), line
+    if case == "no key":
+        assert "no W&B API key is set" in line and "run `wandb login` once" in line
+    else:
+        assert {"refused": f"the W&B server {url} refused the connection",
+                "silent": f"the W&B server {url} did not answer within 3 s",
+                "WANDB_MODE=online": "refused the connection"}[case] in line
+        assert "upload later with `wandb sync <run dir>/wandb/offline-run-*`" in line
+    fix = "WANDB_MODE=offline" if case == "WANDB_MODE=online" else (
+        "logger.mode=offline (or WANDB_MODE=offline)")
+    assert f"log offline with {fix}" in line, line
+    imported = {x.rsplit("|", 1)[-1].strip() for x in proc.stderr.splitlines()
+                if x.startswith("import time:")}
+    assert not imported & {"torch", "wandb", "lightning"}  # before the model (and wandb) load
+    assert took < 30, took  # ~1 s, ~4 s when silent, on an idle machine
+    assert not (tmp_path / "run" / "events.jsonl").exists()
+
+
+def test_wandb_online_with_a_key_and_an_answering_server_passes_the_check(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answering_url) -> None:
+    from atlas.loggers import WANDB_TARGET, LoggerSpec, wandb_problem
+
+    _server, url = answering_url
+    for k, v in _online_env(tmp_path, url, "k" * 40).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    online = LoggerSpec(WANDB_TARGET, {"name": "wandb", "mode": "online"})
+    assert wandb_problem(online) is None
+    # the key may come from the netrc file `wandb login` writes, for the server's host
+    monkeypatch.delenv("WANDB_API_KEY")
+    assert "no W&B API key" in wandb_problem(online)
+    (tmp_path / "no-netrc").write_text(f"machine {url.split('//')[1]} login user password "
+                                       f"{'k' * 40}\n")
+    assert wandb_problem(online) is None
+    assert wandb_problem(LoggerSpec(WANDB_TARGET, {"name": "wandb", "mode": "offline"})) is None
+
+
+def test_a_server_lost_mid_run_is_said_once_and_logging_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answering_url, caplog) -> None:
+    """The watch an online run gets (``atlas.loggers.wandb_logger``), on a real W&B logger
+    (offline: no W&B server can run here) and a real server that goes away after round 3:
+    one warning naming the server, the folder and `wandb sync`, and every round still logged."""
+    _offline_wandb(tmp_path, monkeypatch)
+    from lightning.pytorch.loggers import WandbLogger
+
+    from atlas.loggers import ServerWatch, _watched
+
+    server, url = answering_url
+    logger = _watched(WandbLogger(project="atlas-test", name="lost", save_dir=str(tmp_path),
+                                  offline=True), ServerWatch(url, tmp_path / "wandb", every_s=0))
+    for step in range(1, 7):
+        if step == 4:
+            server.shutdown()
+            server.server_close()
+        logger.log_metrics({"round/round": float(step), "round/best": -1.0 / step}, step=step)
+    finish_logger(logger, "success")
+    said = [r.getMessage() for r in caplog.records if "W&B: the server" in r.getMessage()]
+    assert len(said) == 1, said
+    assert f"W&B: the server {url} refused the connection" in said[0]
+    assert f"`wandb sync {tmp_path / 'wandb' / 'latest-run'}`" in said[0]
+    assert series(read_offline_run(tmp_path), "round/round") == [1, 2, 3, 4, 5, 6]

@@ -46,6 +46,13 @@ def get_adapter_state(model: PeftModel, name: str) -> dict[str, torch.Tensor]:
     return {k: p.detach().to("cpu", copy=True) for k, p in adapter_params(model, name).items()}
 
 
+def adds_nothing(state: dict[str, torch.Tensor]) -> bool:
+    """Whether an adapter state computes the base model exactly: every LoRA up-projection
+    (``lora_B``, zero at initialisation) is zero, so each layer adds ``B @ A @ x = 0``."""
+    ups = [t for k, t in state.items() if "lora_B" in k]
+    return bool(ups) and all(not bool(t.any()) for t in ups)
+
+
 @torch.no_grad()
 def set_adapter_state(model: PeftModel, name: str, state: dict[str, torch.Tensor]) -> None:
     """Overwrite an adapter's tensors in place (shapes must match)."""

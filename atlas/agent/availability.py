@@ -11,10 +11,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
-import threading
 from pathlib import Path
 
+from atlas.reach import unreachable
 from atlas.schema import ModelConfig
 
 #: seconds the hub may take to accept a connection before a load counts as offline
@@ -25,28 +24,17 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
                 "pytorch_model.bin.index.json")
 
 
-def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT) -> bool:
-    """True when the hub endpoint accepts a TCP connection within ``timeout`` seconds (name
-    lookup included: it runs in a thread, since ``getaddrinfo`` ignores socket timeouts)."""
-    from urllib.parse import urlparse
-
+def hub_problem(timeout: float = HUB_PROBE_TIMEOUT) -> str | None:
+    """None when the hub endpoint accepts a TCP connection within ``timeout`` seconds; else
+    why not, truly (a name that cannot be looked up fails at once, not after the timeout)."""
     from huggingface_hub import constants
 
-    url = urlparse(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    ok: list[bool] = []
+    return unreachable(constants.ENDPOINT, timeout)
 
-    def probe() -> None:
-        try:
-            with socket.create_connection((url.hostname or "", port), timeout=timeout):
-                ok.append(True)
-        except OSError:
-            pass
 
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return bool(ok)
+def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT) -> bool:
+    """True when the hub endpoint accepts a TCP connection within ``timeout`` seconds."""
+    return hub_problem(timeout) is None
 
 
 def offline_env() -> bool:
@@ -111,9 +99,6 @@ def model_problem(cfg: ModelConfig) -> str | None:
         return None
     if offline_env():
         return unavailable_message(name, "not in the local hub cache and HF_HUB_OFFLINE is set")
-    if not hub_reachable():
-        from huggingface_hub import constants
-
-        return unavailable_message(name, f"not in the local hub cache and {constants.ENDPOINT} "
-                                   f"did not answer within {HUB_PROBE_TIMEOUT:g} s (no network?)")
+    if why := hub_problem():
+        return unavailable_message(name, f"not in the local hub cache, and the hub {why}")
     return None

@@ -7,7 +7,7 @@ import sys
 
 BENCHES = {"accept": "atlas.bench.accept", "agent": "atlas.bench.agent",
            "decode": "atlas.bench.decode", "dpo": "atlas.bench.dpo",
-           "engine": "atlas.bench.engine", "gate": "atlas.bench.gate",
+           "engine": "atlas.bench.engine", "gate": "atlas.bench.gate", "learn": "atlas.bench.learn",
            "paper": "atlas.bench.paper",
            "parity": "atlas.bench.parity", "pinn": "atlas.bench.pinn",
            "sampler": "atlas.bench.sampler",

@@ -34,9 +34,11 @@ import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from atlas.bench.machine import resolve_bench_device
+from atlas.dpo.rules import BOUNDS, SCALES, Eq5, judge
 from atlas.types import GateItem, Program
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,7 +186,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from atlas.agent.adapters import POLICY, REF, get_adapter_state, set_adapter_state
     from atlas.agent.research_agent import ResearchAgent
     from atlas.dpo import DPOConfig, train_phase
-    from atlas.dpo.reference import ReferenceCallback
+    from atlas.dpo.reference import GateJudge, Promoter, ReferenceCallback
     from atlas.evolution.database import ProgramDatabase
     from atlas.schema import ExploreConfig, ModelConfig
 
@@ -214,8 +216,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             set_adapter_state(agent.model, REF, start[REF])
             passes: list = []
             # the run's reference owner, deciding without promoting
-            owner = ReferenceCallback(agent.tokenizer, items, gate, gated=True, seed=t,
-                                      promote_accepted=False, keep_pass=passes)
+            owner = ReferenceCallback(Promoter(
+                GateJudge(agent.tokenizer, items, gate, gated=True, seed=t, keep_pass=passes),
+                promote_accepted=False))
             t0 = time.perf_counter()
             res = train_phase(agent.model, agent.tokenizer, arm_pairs, dpo, "adaptive", seed=t,
                               reference_callback=owner)
@@ -294,7 +297,7 @@ def null_rates(shapes: list[tuple[int, int]], trials: int, gate: Any, sigma: flo
     gen = torch.Generator().manual_seed(seed)
     out = []
     for n_items, n in shapes:
-        passed = {b: 0 for b in ("bc", "percentile", "normal")}
+        passed = {b: 0 for b in BOUNDS}
         for t in range(trials):
             items, logps = [], []
             for _ in range(n_items):
@@ -343,10 +346,14 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def accepted_at(row: dict[str, Any], epsilon: float, delta: float) -> bool:
-    """Eq. 5 on a recorded row at another epsilon: c* (Eq. 4) does not depend on epsilon, so
-    the decision is the row's lower bound and KL against the thresholds (NaN fails)."""
+    """The Eq. 5 rule (``atlas.dpo.rules.Eq5``) on a recorded row at another epsilon: c*
+    (Eq. 4) does not depend on epsilon, so the decision is the rule's verdict on the row's
+    lower bound and KL (an unrecorded or NaN number fails)."""
     lower, kl = row.get("lower"), row.get("kl")
-    return (lower is not None and kl is not None and lower >= epsilon and kl <= delta)
+    if lower is None or kl is None:
+        return False
+    at = SimpleNamespace(rule=Eq5.name, epsilon=epsilon, delta=delta)
+    return judge(at, gain=row.get("gain", lower), lower=lower, kl=kl).accepted
 
 
 def rates_by_epsilon(rows: list[dict[str, Any]], epsilons: list[float], delta: float
@@ -416,9 +423,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--candidates", default="",
                     help="with --rows: re-decide on these positions of C_k only, e.g. -1 (the "
                          "final policy) or 1,-1 (the second snapshot and the final one)")
-    ap.add_argument("--scale", choices=("subset", "item"), default=None,
+    ap.add_argument("--scale", choices=SCALES, default=None,
                     help="gate.scale for this command (default: conf/gate/default.yaml)")
-    ap.add_argument("--bound", choices=("bc", "percentile", "normal"), default=None,
+    ap.add_argument("--bound", choices=BOUNDS, default=None,
                     help="gate.bound for this command (default: conf/gate/default.yaml)")
     ap.add_argument("--holdout-share", type=float, default=None,
                     help="gate.holdout for this command: the share of prompts held out of D_k "

@@ -2,8 +2,9 @@
 with the gate's evidence G_k (``evidence``) and the on-line inspector (``online_inspection``).
 
 The phase loop calls ``train_phase`` with, for the adaptive reference, a
-``ReferenceCallback`` on its Trainer: the callback keeps C_k and, when the fit ends, runs
-``select_and_gate`` (Eq. 4/5), the inspector's review, and ``promote`` into ``ref``.
+``ReferenceCallback`` on its Trainer: the callback keeps C_k and, when the fit ends, hands it
+to its ``Promoter``, which runs the ``GateJudge`` (``select_and_gate``: Eq. 4 and the gate's
+rule), the inspector's review, and ``promote`` into ``ref``.
 
 Dependencies run one way (no import circle): the shared records (``ReferenceMode``,
 ``PolicyCandidate``, ``GateDecision``) live in the leaf ``atlas.types``; ``promote`` in
@@ -24,6 +25,7 @@ _WHERE = {
     "promote": "atlas.agent.adapters",
     "PolicySnapshotCallback": "atlas.dpo.callbacks",
     "ReferenceCallback": "atlas.dpo.reference", "ReferenceState": "atlas.dpo.reference",
+    "GateJudge": "atlas.dpo.reference", "Promoter": "atlas.dpo.reference",
     "DPOConfig": "atlas.dpo.config", "GateConfig": "atlas.dpo.config",
     "decide": "atlas.dpo.gate",
     "select_and_gate": "atlas.dpo.gate",

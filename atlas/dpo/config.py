@@ -16,7 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from atlas.knobs import HARD_BOUNDS
+from atlas.dpo.rules import DEFAULT_RULE, Bound, RuleName, Scale
+from atlas.knobs import DEFAULT_BOUNDS
 from atlas.schema import Bool, Int, Num, NumOrAuto, group
 
 
@@ -38,7 +39,7 @@ class DPOConfig:
 
     beta: Num = Field(0.1, gt=0.0)
     """Inverse temperature of the preference margin (reward = beta * log-ratio)."""
-    lr: Num = Field(5.0e-5, gt=0.0)
+    lr: Num = Field(2.5e-4, gt=0.0)
     """AdamW learning rate of the policy adapter."""
     epochs: Int = Field(1, ge=1)
     """Passes over D_k per phase."""
@@ -77,7 +78,7 @@ class DPOConfig:
     instead of one unpadded row each; the same log-probs within float rounding, fewer and
     wider passes. ``auto``: padded on CUDA, rows on the CPU (``python -m atlas.bench dpo``
     measures both; docs/results.md). Each phase records the path it ran."""
-    bounds: dict[str, Any] = Field(default_factory=lambda: dict(HARD_BOUNDS),
+    bounds: dict[str, Any] = Field(default_factory=lambda: dict(DEFAULT_BOUNDS),
                                    validate_default=True)
     """Hard [low, high] limits that ``clamped`` applies to the named knobs."""
 
@@ -131,6 +132,10 @@ class DPOConfig:
 class GateConfig:
     """The Policy Inspector's numbers: Eq. 4 selection and the Eq. 5 trust-region gate."""
 
+    rule: RuleName = DEFAULT_RULE
+    """Which test accepts c* (``atlas.dpo.rules``, where each rule says what it tests and
+    which of these fields it reads). eq5: paper Eq. 5 with a confidence bound, the gain's
+    paired lower bound >= epsilon and KL <= delta."""
     epsilon: Num = 0.01
     """Minimum gain in normalised score units (``scale``; 0.01 = 1% of G_k's score range) that
     the paired lower confidence bound of S(c*) - S(ref) must reach to accept a promotion. A
@@ -168,13 +173,13 @@ class GateConfig:
     """One-sided level of the paired bootstrap lower bound on the gain."""
     resamples: Int = Field(1000, ge=1)
     """Bootstrap resamples of each gate item's completions for that bound."""
-    scale: Literal["subset", "item"] = "subset"
+    scale: Scale = "subset"
     """The unit of the inspector score. subset: one scale for all of G_k, 0 = its worst
     score (a failure's floor when one failed), 1 = its best, so a near-tie between two valid
     programs weighs as little as it scores; item: each item's own worst-to-best range (a
     0.006 near-tie then counts as much as a failure against the best). The gate bench
     measures both (docs/results.md)."""
-    bound: Literal["bc", "percentile", "normal"] = "bc"
+    bound: Bound = "bc"
     """How the lower confidence bound is read off the paired bootstrap. bc: bias-corrected
     percentile (Efron), needed because resampling a handful of completions per item shrinks
     the re-weighting gain (a plug-in covariance, times (n-1)/n); percentile: the plain

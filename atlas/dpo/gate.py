@@ -1,9 +1,10 @@
 """The Policy Inspector's numeric gate: Eq. 3 KL, inspector score, Eq. 4 choice, Eq. 5 test.
 
 ``select_and_gate`` scores every candidate of C_k and the current reference on the phase's
-gate subset G_k (prompts held out of D_k by the caller), picks c* by Eq. 4 and accepts the
-promotion iff the paired lower confidence bound of S(c*) - S(ref) is >= epsilon and
-KL(c* || ref) <= delta (Eq. 5).
+gate subset G_k (prompts held out of D_k by the caller), picks c* by Eq. 4 and judges it by
+the rule ``gate.rule`` names (``atlas.dpo.rules``; the default, Eq. 5: accept the promotion
+iff the paired lower confidence bound of S(c*) - S(ref) is >= epsilon and
+KL(c* || ref) <= delta).
 
 Units. S is in *normalised score units* (``gate.scale``): 0 is G_k's worst evaluated score
 (a failure's floor when one failed) and 1 its best; S(pi) is the self-normalised
@@ -31,6 +32,7 @@ from collections.abc import Callable, Sequence
 
 from atlas.dpo.config import GateConfig
 from atlas.dpo.prefix import resolve_padded
+from atlas.dpo.rules import DISABLED, NO_ITEMS, judge
 from atlas.dpo.scoring import (
     GainEstimate,
     PolicySpec,
@@ -39,20 +41,12 @@ from atlas.dpo.scoring import (
     mean_kl,
 )
 from atlas.types import (
-    INSUFFICIENT_EVIDENCE,
     GateCandidate,
     GateDecision,
     GateItem,
     PolicyCandidate,
     ReferenceMode,
 )
-
-ACCEPTED = "accepted"
-NO_GAIN = "rejected: no gain"
-KL_TOO_LARGE = "rejected: KL too large"
-DISABLED = "accepted: gate disabled"
-NO_ITEMS = "rejected: no held-out gate item"
-INSUFFICIENT = INSUFFICIENT_EVIDENCE  # G_k below gate.min_completions: no decision made
 
 
 def offline_estimates(sum_logps: Sequence[list[list[float]]], ref_sum_logps: list[list[float]],
@@ -81,10 +75,11 @@ def decide(scores: Sequence[float], kls: Sequence[float], names: Sequence[str], 
 
     gain(c) = score(c) - ref_score; objective(c) = gain(c) / G - lam * KL(c) / K with
     G = max |gain|, K = max KL over C_k (1 when that is 0). Ties go to the earliest
-    candidate. Accept iff lower(c*) >= epsilon and KL(c*) <= delta, where lower is the
+    candidate. c* is then judged by the rule ``gate.rule`` names (``atlas.dpo.rules``; the
+    default, Eq. 5: accept iff lower(c*) >= epsilon and KL(c*) <= delta), where lower is the
     gain's paired lower confidence bound (``lowers``; the gain itself when none is given,
-    e.g. the on-line score). If both tests fail the reason is "no gain". Disabled: the last
-    candidate (the phase-final policy) is promoted regardless.
+    e.g. the on-line score). Disabled: the last candidate (the phase-final policy) is
+    promoted regardless.
     """
     if not names:
         raise ValueError("candidates: C_k is empty; pass at least the phase-final policy")
@@ -107,12 +102,9 @@ def decide(scores: Sequence[float], kls: Sequence[float], names: Sequence[str], 
     gain, kl, lower = gains[pick], kls[pick], lowers[pick]
     if not enabled:
         accepted, reason = True, DISABLED
-    elif not lower >= gate.epsilon:  # NaN fails too
-        accepted, reason = False, NO_GAIN
-    elif not kl <= gate.delta:
-        accepted, reason = False, KL_TOO_LARGE
     else:
-        accepted, reason = True, ACCEPTED
+        verdict = judge(gate, gain=gain, lower=lower, kl=kl)
+        accepted, reason = verdict.accepted, verdict.reason
     return GateDecision(accepted=accepted, reason=reason, chosen=names[pick], gain=gain, kl=kl,
                         candidates=rows, ref_score=ref_score, epsilon=gate.epsilon,
                         delta=gate.delta, lam=gate.lam, score=scores[pick], enabled=enabled,

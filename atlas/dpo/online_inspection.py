@@ -17,10 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas.dpo.scoring import PolicySpec, check_spec, running_policy
-from atlas.evolution.evaluation import outcome, submit
-from atlas.evolution.explorer import STOP, Explorer
-from atlas.evolution.extract import extract_program
-from atlas.evolution.prompts import prefill_of
+from atlas.evolution.explorer import Explorer
 from atlas.types import Evaluation
 
 
@@ -58,16 +55,11 @@ class OnlineInspector:
 
     def sample_and_score(self, adapter: str | None) -> list[list[Evaluation]]:
         """Sample ``samples`` completions per gate prompt from ``adapter`` and score them in
-        the explorer's sandbox, filing nothing."""
-        ex = self.explorer
-        entry, top_p, max_new = ex.spec.entry_point, ex.settings.top_p, ex.settings.max_new_tokens
-        completions = ex.agent.generate(self.prompts, self.samples, temperature=self.temperature,
-                                        top_p=top_p, max_new_tokens=max_new, stop=STOP,
-                                        adapter=adapter, seed=self.seed)
-        futures = [[submit(ex.sandbox, extract_program(prefill_of(prompt), c, entry),
-                           self.context) for c in comps]
-                   for prompt, comps in zip(self.prompts, completions)]
-        return [[outcome(f) for f in row] for row in futures]
+        the explorer's sandbox, filing nothing (``Explorer.write_unfiled``)."""
+        rows = self.explorer.write_unfiled(self.prompts, self.samples,
+                                           temperature=self.temperature, seed=self.seed,
+                                           context=self.context, adapter=adapter)
+        return [[a.evaluation for a in row] for row in rows]
 
     def score_of(self, rows: list[list[Evaluation]]) -> float:
         """Mean over prompts of the mean score of that prompt's programs (floor if failed)."""

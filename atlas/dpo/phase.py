@@ -155,7 +155,7 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     _emit(logger, history)
     candidates = _candidates(model, trainer, snaps, reference_callback)
     metrics = _summary(history, trainer.global_step, seconds, len(chosen))
-    gate_padded = (resolve_padded(reference_callback.gate.padded, device)
+    gate_padded = (resolve_padded(reference_callback.promoter.judge.gate.padded, device)
                    if reference_callback is not None else math.nan)
     metrics.update(shared_prompt=float(cfg.shared_prompt), padded=float(padded),
                    gate_padded=float(gate_padded), recompute=float(recompute),

@@ -25,6 +25,7 @@ from atlas.agent.adapters import POLICY, REF, adapter, get_adapter_state, set_ad
 from atlas.agent.fastlinear import packed_linears
 from atlas.agent.precision import native_bf16
 from atlas.dpo.prefix import PromptGroup, completion_logits, encode_group
+from atlas.dpo.rules import BOUNDS, SCALES
 from atlas.types import GateItem, ReferenceMode
 
 
@@ -259,8 +260,8 @@ def normalised_scores(items: Sequence[GateItem], scale: str = "subset"
     "subset" maps G_k's worst score to 0 and its best to 1; "item" maps each item's own
     worst to 0 and best to 1. None for an item whose completions all score alike (it
     carries no preference)."""
-    if scale not in ("subset", "item"):
-        raise ValueError(f"scale must be 'subset' or 'item' (gate.scale), got {scale!r}")
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {list(SCALES)} (gate.scale), got {scale!r}")
     every = [float(s) for item in items for s in item.scores]
     g_lo, g_hi = (min(every), max(every)) if every else (0.0, 0.0)
     out: list[list[float] | None] = []
@@ -282,8 +283,8 @@ def lower_bound(resampled: torch.Tensor, estimate: float, confidence: float,
     Phi(2 z0 - z_c), z0 = Phi^-1(share of replicates below the estimate, ties counted half),
     which undoes the bootstrap's median bias; "percentile": the (1 - confidence) quantile;
     "normal": estimate - z_c * SD(replicates)."""
-    if bound not in ("bc", "percentile", "normal"):
-        raise ValueError(f"bound must be 'bc', 'percentile' or 'normal' (gate.bound), got {bound!r}")
+    if bound not in BOUNDS:
+        raise ValueError(f"bound must be one of {list(BOUNDS)} (gate.bound), got {bound!r}")
     normal = torch.distributions.Normal(0.0, 1.0)
     z_c = float(normal.icdf(torch.tensor(confidence, dtype=torch.float64)))
     b = resampled.double()

@@ -36,7 +36,7 @@ from atlas.evolution.patches import (
     add_external,
     submit_patches,
 )
-from atlas.evolution.prompts import build_prompt
+from atlas.evolution.prompts import build_prompt, prefill_of
 from atlas.evolution.rescoring import rescore
 from atlas.evolution.seeding import seed_islands
 from atlas.schema import ExploreConfig
@@ -90,6 +90,22 @@ class RoundStats:
     sampler: dict | None = None  # ``SampleStats.add_to`` over the round's decode calls
 
 
+class Writer(Protocol):
+    """Writes a round's candidates for an island from its parents, without a prompt."""
+
+    def write(self, parents: Sequence[Program], samples: int, seed: int) -> list[str]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """A completion written outside the rounds (``Explorer.write_unfiled``), its extracted
+    program (None: no code) and the sandbox's evaluation of it."""
+
+    completion: str
+    code: str | None
+    evaluation: Evaluation
+
+
 @dataclasses.dataclass
 class IslandPlan:
     """What a round samples for one island: its prompt, parents, temperature and seed."""
@@ -106,8 +122,13 @@ class IslandPlan:
 class Explorer:
     """Runs exploration rounds: prompts -> samples -> extraction -> sandbox -> database."""
 
-    def __init__(self, task: Task, agent: Agent, sandbox: Sandbox, db: ProgramDatabase,
-                 settings: ExploreConfig, seed: int) -> None:
+    def __init__(self, task: Task, agent: Agent | None, sandbox: Sandbox, db: ProgramDatabase,
+                 settings: ExploreConfig, seed: int, writer: Writer | None = None) -> None:
+        """``writer``: writes the candidates instead of the agent (``method.writer``; the
+        control without an LLM, ``atlas.evolution.literals``); then ``agent`` may be None."""
+        if agent is None and writer is None:
+            raise ValueError("the explorer needs an agent or a writer of candidates")
+        self.writer = writer
         self.settings = settings
         if db.num_islands != self.settings.islands:
             raise ValueError(f"the database has {db.num_islands} islands but explore.islands="
@@ -160,6 +181,14 @@ class Explorer:
             best = self.db.best()
             parents = [best] if best is not None else []
         return parents
+
+    def prompt_for(self, parents: Sequence[Program]) -> str:
+        """The chat prompt that shows ``parents`` (no critique), as an island's is built."""
+        return self.agent.chat_prompt(*build_prompt(self.spec, list(parents), None))
+
+    def island_prompt(self, island: int) -> str:
+        """The prompt ``island`` would be served next, without a critique."""
+        return self.prompt_for(self.parents_for(island))
 
     def round_budget(self) -> int:
         """Evaluated candidates one round may spend: ``islands_per_round * samples_per_prompt``
@@ -230,13 +259,17 @@ class Explorer:
                 for row, completion in enumerate(completions):
                     if row in early and early[row][0] == completion:
                         _, code, fut = early[row]
+                    elif self.writer is not None:  # the writer's text is the program
+                        code = completion or None
+                        fut = self.submit_code(code, context, filed)
                     else:
                         code = extract_program(plan.prefill, completion, self.spec.entry_point)
                         fut = self.submit_code(code, context, filed)
                     prog = Program(id=self.db.next_id(), island=plan.island, round=round_index,
                                    code=code or "",
                                    evaluation=Evaluation.failure(FailureKind.KILLED, "pending"),
-                                   prompt=plan.text, completion=completion,
+                                   prompt=plan.text,
+                                   completion=completion if self.writer is None else "",
                                    parents=[p.id for p in plan.parents],
                                    source=ProgramSource.AGENT, phase=phase, regime=regime)
                     pending.append((prog, fut))
@@ -262,9 +295,12 @@ class Explorer:
     def _plan(self, island: int, samples: int, critiques: Mapping[int, str],
               overrides: Mapping[int, float] | None, round_index: int) -> IslandPlan:
         parents = self.parents_for(island)
-        system, user, prefill = build_prompt(self.spec, parents, critiques.get(island))
-        return IslandPlan(island=island, parents=parents, prefill=prefill,
-                          text=self.agent.chat_prompt(system, user, prefill),
+        if self.writer is not None:  # no prompt: the writer reads the parents themselves
+            prefill = text = ""
+        else:
+            system, user, prefill = build_prompt(self.spec, parents, critiques.get(island))
+            text = self.agent.chat_prompt(system, user, prefill)
+        return IslandPlan(island=island, parents=parents, prefill=prefill, text=text,
                           temperature=self.temperature(island, overrides), samples=samples,
                           seed=self._generation_seed(round_index, island))
 
@@ -278,6 +314,8 @@ class Explorer:
 
         s = self.settings
         early: list[dict[int, tuple[str, str | None, Future]]] = [{} for _ in plans]
+        if self.writer is not None:
+            return [(self.writer.write(p.parents, p.samples, p.seed), {}) for p in plans]
         starts = [0]
         for plan in plans:
             starts.append(starts[-1] + plan.samples)
@@ -301,6 +339,50 @@ class Explorer:
                 top_p=s.top_p, max_new_tokens=s.max_new_tokens, stop=STOP, adapter=POLICY,
                 **streams)
         return list(zip(texts, early))
+
+    def write_unfiled(self, prompts: Sequence[str], samples: int, *, temperature: float,
+                      seed: int, context: dict[str, Any], adapter: str | None,
+                      known: Mapping[str, Evaluation] | None = None) -> list[list[Attempt]]:
+        """``samples`` completions per prompt from ``adapter``, each scored in the sandbox
+        under ``context`` and filed nowhere (the on-line inspector's and the learning probe's
+        programs: they are not candidates, so neither the database nor the budget sees them).
+        A sample that ends early is scored while the others still decode; with
+        ``explore.reuse_evaluations``, a copy of a program that passed on this regime, or of
+        one in ``known`` (code -> its passing evaluation under ``context``), takes that
+        evaluation. Deterministic for a given ``seed``: the same seed, prompts and ``samples``
+        draw the same random numbers under any policy (common random numbers)."""
+        s, entry, filed = self.settings, self.spec.entry_point, len(self.db)
+        prefills = [prefill_of(p) for p in prompts]
+        early: dict[int, tuple[str, str | None, Future]] = {}
+
+        def submit_one(code: str | None) -> Future:
+            if s.reuse_evaluations and known and code in known:
+                return done(reused(known[code]))
+            return self.submit_code(code, context, filed)
+
+        def score_now(row: int, completion: str) -> None:
+            code = extract_program(prefills[row // samples], completion, entry)
+            early[row] = (completion, code, submit_one(code))
+
+        streams = {"on_done": score_now} if getattr(self.agent, "streams_results", False) \
+            else {}
+        texts = self.agent.generate(list(prompts), samples, temperature=temperature,
+                                    top_p=s.top_p, max_new_tokens=s.max_new_tokens, stop=STOP,
+                                    adapter=adapter, seed=seed, **streams)
+        pending = []
+        for j, completions in enumerate(texts):
+            row_out = []
+            for i, completion in enumerate(completions):
+                hit = early.get(j * samples + i)
+                if hit is not None and hit[0] == completion:
+                    _, code, fut = hit
+                else:
+                    code = extract_program(prefills[j], completion, entry)
+                    fut = submit_one(code)
+                row_out.append((completion, code, fut))
+            pending.append(row_out)
+        return [[Attempt(completion, code, outcome(fut)) for completion, code, fut in row]
+                for row in pending]
 
     def add_external(self, code: str, island: int, round_index: int, phase: int,
                      source: ProgramSource, parents: list[int], *, prompt: str = "",

@@ -22,7 +22,15 @@ import subprocess
 import sys
 
 from atlas.sandbox import landlock
-from atlas.sandbox.namespaces import _libc, _prctl, host_root, own_process_tree, prepare_runner
+from atlas.sandbox.namespaces import (
+    RUNNER_UID_BASE,
+    RUNNER_UIDS,
+    _libc,
+    _prctl,
+    host_root,
+    own_process_tree,
+    prepare_runner,
+)
 from atlas.sandbox.view import CodeView, bind_args, repo_root
 from atlas.sandbox.view import secret_folder as secret_folder  # atlas.config imports it here
 
@@ -271,8 +279,6 @@ def isolation_gaps(mode: str, no_cgroup: str | None = None) -> list[str]:
 def runner_identity(mode: str) -> str:
     """Which uid a runner of ``mode`` runs as here, for the isolation line."""
     if "fresh-uid" in runner_features(mode):
-        from atlas.sandbox.runner import RUNNER_UID_BASE, RUNNER_UIDS
-
         return (f"a fresh uid each (kernel uid {RUNNER_UID_BASE}.."
                 f"{RUNNER_UID_BASE + RUNNER_UIDS - 1}, owning nothing)")
     return f"your uid {os.getuid()} (kernel uid; not root)"

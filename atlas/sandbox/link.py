@@ -31,6 +31,10 @@ class RunnerFailed(Exception):
         self.message = message
 
 
+class RunnerEnded(RunnerFailed):
+    """The runner's end of the pipe closed without a word."""
+
+
 class Link:
     """One end of a runner conversation: ``send`` / ``recv`` JSON objects over two fds."""
 
@@ -48,9 +52,25 @@ class Link:
             protocol.write_frame(self.write_fd, obj)
         except (BrokenPipeError, OSError) as exc:
             if self.trusted:
-                raise RunnerFailed(FailureKind.KILLED, f"the program's process ended early "
-                                                        f"({type(exc).__name__})") from exc
+                # a runner that failed before reading (no entry point, a syntax error) said why
+                # and exited while this large message was on its way: its word, not the pipe's
+                raise self._said_before_exit() or RunnerFailed(
+                    FailureKind.KILLED, f"the program's process ended early "
+                                        f"({type(exc).__name__})") from exc
             raise
+
+    def _said_before_exit(self) -> RunnerFailed | None:
+        """The failure a runner reported before its end of the pipe closed, if it did (not
+        an end of file, nor a second of silence)."""
+        try:
+            self.recv(timeout_s=1.0)
+        except RunnerEnded:
+            return None
+        except RunnerFailed as failed:
+            return None if failed.kind == FailureKind.TIMEOUT.value else failed
+        except OSError:
+            return None
+        return None
 
     def recv(self, timeout_s: float = math.inf) -> dict[str, Any]:
         """The next message; on the trusted side a runner error/EOF raises ``RunnerFailed``."""
@@ -71,8 +91,8 @@ class Link:
                     continue
             chunk = protocol._os_read(self.read_fd, 1 << 16)
             if not chunk:
-                raise RunnerFailed(FailureKind.EXCEPTION, "the program's process ended "
-                                   "before answering (it exited, crashed or was killed)")
+                raise RunnerEnded(FailureKind.EXCEPTION, "the program's process ended "
+                                  "before answering (it exited, crashed or was killed)")
             try:
                 self._buf.feed(chunk)
             except protocol.ProtocolError as exc:

@@ -28,6 +28,10 @@ _OPEN_TREE, _MOVE_MOUNT = 428, 429  # the same on x86_64 and aarch64
 _OPEN_TREE_CLONE, _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 1, 0x4, -100
 _PR_SET_DUMPABLE = 4
 _PR_SET_NO_NEW_PRIVS = 38
+#: host root (the rlimits mode in a container) gives each runner a uid of its own from
+#: ``RUNNER_UID_BASE`` on: no host file belongs to it, no other process shares it, and
+#: ``RLIMIT_NPROC`` counts that one candidate's threads
+RUNNER_UID_BASE, RUNNER_UIDS = 0x70000000, 1 << 24
 #: the source name of a runner's scratch tmpfs, how the watchdog finds it to count its bytes
 SCRATCH_SOURCE = "atlas-scratch"
 #: files (and directories) a runner's scratch may hold: each costs the kernel an inode and

@@ -41,7 +41,14 @@ from atlas.sandbox.isolation import (
 )
 from atlas.sandbox.landlock import restrict_writes
 from atlas.sandbox.link import Link
-from atlas.sandbox.namespaces import _prctl, host_root, own_process_tree, prepare_runner
+from atlas.sandbox.namespaces import (
+    RUNNER_UID_BASE,
+    RUNNER_UIDS,
+    _prctl,
+    host_root,
+    own_process_tree,
+    prepare_runner,
+)
 from atlas.sandbox.seccomp import install_seccomp, no_new_privs
 from atlas.sandbox.view import candidate_readable
 from atlas.types import FailureKind
@@ -72,12 +79,6 @@ def seed_candidate_rngs(context: dict[str, Any]) -> int:
     if numpy is not None:
         numpy.random.seed(seed)
     return seed
-
-
-#: host root (the rlimits mode in a container) gives each runner a uid of its own from
-#: ``RUNNER_UID_BASE`` on: no host file belongs to it, no other process shares it, and
-#: ``RLIMIT_NPROC`` counts that one candidate's threads
-RUNNER_UID_BASE, RUNNER_UIDS = 0x70000000, 1 << 24
 
 
 def drop_root(workdir: str) -> int | None:

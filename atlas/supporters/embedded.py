@@ -22,10 +22,10 @@ changes at most once per phase and every change is logged with its reason (``rea
     agent's code diversity < low_diversity (repetitive)  -> x2 (stay nearer the reference)
     DPO accuracy >= high_accuracy at the minimum epochs  -> x1.5 (saturated: damp the drift)
   lr
-    last gate rejected for KL (kl > delta)               -> x0.5
+    last gate rejected with KL > delta (moved too far)   -> x0.5
     DPO accuracy < collapse_accuracy (below chance)      -> x0.5 (collapsing)
-    last reject_streak gates rejected for no gain with
-      KL <= delta/2 (the policy hardly moves)            -> x2
+    last reject_streak gates rejected for no gain (the
+      decision's reason) with KL <= delta/2 (hardly moves) -> x2
   epochs
     DPO accuracy >= high_accuracy, above the minimum     -> -1 (saturated: over-fitting D_k)
     collapse_accuracy <= DPO accuracy < low_accuracy     -> +1 (under-fitting)
@@ -43,6 +43,7 @@ import math
 import random
 from collections import Counter
 
+from atlas.dpo.rules import NO_GAIN
 from atlas.knobs import HARD_BOUNDS
 from atlas.supporters.answers import changed_knobs
 from atlas.supporters.config import ExplorationConfig, InspectorConfig, StrategistConfig
@@ -50,7 +51,6 @@ from atlas.supporters.patching import add_robust_loss, find_numeric_sites, norma
 from atlas.supporters.schemas import (
     ExplorationAdvice,
     ExplorationRequest,
-    GateDecision,
     InspectorRequest,
     InspectorVerdict,
     Knobs,
@@ -205,20 +205,11 @@ def _lr(req: StrategistRequest, cfg: StrategistConfig, new: dict, why: dict) -> 
                      "the rejected programs): lr halved")
     elif (cfg.reject_streak > 0 and len(streak) == cfg.reject_streak and delta is not None
           and all(not g.accepted and g.kl <= delta / 2  # NaN: False
-                  and _no_gain(g, req.gate_epsilon) for g in streak)
+                  and g.reason == NO_GAIN for g in streak)
           and new["lr"] < hi):
         new["lr"] = min(new["lr"] * 2.0, hi)
         why["lr"] = (f"last {cfg.reject_streak} gates rejected for no gain with KL <= delta/2 "
                      "(the policy hardly moves): lr doubled")
-
-
-def _no_gain(g: GateDecision, epsilon: float) -> bool:
-    """Was gate ``g`` rejected for no gain? Its own reason says so (the gate tests a confidence
-    bound on the gain, so a gain above epsilon can still be "no gain"); a decision without a
-    reason falls back to comparing the gain with epsilon."""
-    if g.reason:
-        return "no gain" in g.reason
-    return not g.gain >= epsilon  # an unmeasured (NaN) gain is no gain
 
 
 def _epochs(req: StrategistRequest, cfg: StrategistConfig, new: dict, why: dict) -> None:

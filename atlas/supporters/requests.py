@@ -1,9 +1,9 @@
-"""Build the roles' requests from what the loop holds (tasks, Programs, configs, history).
+"""Build the roles' requests from what the loop holds (tasks, Programs, settings, history).
 
-Kept apart from the schemas so the contracts stay free of loop details: these builders
-read configs by attribute or key (``dpo_cfg.beta``, ``gate_cfg["epsilon"]``), so a field a
-caller does not have degrades to "unknown" instead of failing the run; the phase history is
-typed (``PhaseRecord``).
+Kept apart from the schemas so the contracts stay free of loop details. The inputs are the
+run's typed settings (``DPOConfig``, ``GateConfig``) and the gate's own records
+(``GateDecision``, ``PhaseRecord``): every number a request carries is one the run was
+configured with or the gate recorded, never a default of this module's.
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ from atlas.supporters.schemas import (
     ScoreStats,
     StrategistRequest,
 )
-from atlas.types import GateItem, PhaseRecord, Program, ProgramSource
+from atlas.types import GateDecision, GateItem, PhaseRecord, Program, ProgramSource
 
 if TYPE_CHECKING:
     from atlas.dpo.config import DPOConfig, GateConfig
 
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
+    """A task declaration's field, whether it declares a mapping or an object."""
     if isinstance(obj, Mapping):
         return obj.get(key, default)
     return getattr(obj, key, default)
@@ -80,11 +81,12 @@ def _bounds(dpo_cfg: DPOConfig) -> KnobBounds:
     return KnobBounds(**out)
 
 
-def strategist_request(phase: int, dpo_cfg: DPOConfig, programs: Sequence[Program],
-                       stats: Mapping[str, Any], history: Sequence[PhaseRecord],
-                       gate_cfg: GateConfig | None = None) -> StrategistRequest:
-    """Phase telemetry: knobs and bounds from ``dpo_cfg``, score stats of this phase, and the
-    last trained phase's pairs / DPO metrics / gate decision from ``history`` (oldest first)."""
+def strategist_request(phase: int, dpo_cfg: DPOConfig, gate_cfg: GateConfig,
+                       programs: Sequence[Program], stats: Mapping[str, Any],
+                       history: Sequence[PhaseRecord]) -> StrategistRequest:
+    """Phase telemetry: knobs and bounds from ``dpo_cfg``, the gate's epsilon and delta from
+    ``gate_cfg``, score stats of this phase, and the last trained phase's pairs / DPO metrics
+    / gate decisions from ``history`` (oldest first)."""
     th = dpo_cfg.score_threshold
     knobs = Knobs(beta=float(dpo_cfg.beta), lr=float(dpo_cfg.lr), epochs=int(dpo_cfg.epochs),
                   score_threshold=None if th is None else float(th))
@@ -99,7 +101,6 @@ def strategist_request(phase: int, dpo_cfg: DPOConfig, programs: Sequence[Progra
                         n_passed=sum(1 for p in programs
                                      if p.passed and p.source != ProgramSource.SEED
                                      and math.isfinite(p.score)) if programs else None)
-    last_gate = gates[0] if gates else None
     return StrategistRequest(
         phase=phase, knobs=knobs, bounds=_bounds(dpo_cfg),
         pairs_built=built[-1].pairs if built else None,
@@ -108,9 +109,7 @@ def strategist_request(phase: int, dpo_cfg: DPOConfig, programs: Sequence[Progra
         dpo=DpoMetrics(loss=_finite(dpo.get("loss")),
                        accuracy=_clip01(_finite(dpo.get("accuracy", dpo.get("reward_accuracy")))),
                        margin=_finite(dpo.get("margin", dpo.get("reward_margin")))),
-        gate_epsilon=_finite(gate_cfg.epsilon if gate_cfg is not None
-                             else _get(last_gate, "epsilon")) or 0.0,
-        gate_delta=_finite(gate_cfg.delta if gate_cfg is not None else _get(last_gate, "delta")))
+        gate_epsilon=gate_cfg.epsilon, gate_delta=gate_cfg.delta)
 
 
 def _clip01(v: float | None) -> float | None:
@@ -151,12 +150,13 @@ def quality_views(declared: Any) -> list[QualityMetricView]:
             for m in declared]
 
 
-def inspector_request(phase: int, decision: Any, items: Sequence[GateItem],
-                      programs: Sequence[Program], gate_cfg: Any = None,
+def inspector_request(phase: int, decision: GateDecision, items: Sequence[GateItem],
+                      programs: Sequence[Program],
                       candidate_preferred: Sequence[str] | None = None,
                       reference_preferred: Sequence[str] | None = None,
                       quality_metrics: Any = None) -> InspectorRequest:
-    """The gate's numbers and the declared quality metrics of the programs each policy prefers.
+    """The gate's decision as it recorded it (its numbers, epsilon and delta, verdict and
+    reason) and the declared quality metrics of the programs each policy prefers.
 
     ``quality_metrics`` is the task's declaration (``Task.quality_metrics`` or
     ``Task.metric_directions()``); only those metrics enter the request, so timings, flags and
@@ -166,14 +166,10 @@ def inspector_request(phase: int, decision: Any, items: Sequence[GateItem],
     without them (or without a declaration) there is nothing to compare and the embedded
     inspector keeps the gate's decision.
     """
-    cand = _resolve(candidate_preferred or _get(decision, "candidate_preferred") or [], items)
-    ref = _resolve(reference_preferred or _get(decision, "reference_preferred") or [], items)
-    eps = _get(decision, "epsilon", _get(gate_cfg, "epsilon", 0.0))
-    delta = _get(decision, "delta", _get(gate_cfg, "delta", math.inf))
-    gate = GateNumbers(gain=float(_get(decision, "gain", 0.0) or 0.0),
-                       kl=float(_get(decision, "kl", 0.0) or 0.0), epsilon=float(eps),
-                       delta=float(delta), accepted=bool(_get(decision, "accepted")),
-                       reason=str(_get(decision, "reason", "") or ""))
+    cand = _resolve(candidate_preferred or decision.candidate_preferred, items)
+    ref = _resolve(reference_preferred or decision.reference_preferred, items)
+    gate = GateNumbers(gain=decision.gain, kl=decision.kl, epsilon=decision.epsilon,
+                       delta=decision.delta, accepted=decision.accepted, reason=decision.reason)
     views = quality_views(quality_metrics)
     names = {m.name for m in views}
 

@@ -8,8 +8,11 @@ scaffold's test and ``tests/test_task_contract.py`` run the same checks:
 - ``score_range`` is declared (a warning when it is not: it also catches a flipped sign);
 - the seed program passes, scores inside ``score_range`` and reports every declared
   quality metric (the sandbox turns each of these into a failure);
+- the signature and the seed program define the entry point (parsed: a seed defining
+  ``estimate_centre`` does not define ``estimate``);
 - a program whose entry point returns a wrong type fails cleanly: a failure of the
-  program, not a crash of the scorer (``task_error``) or of the sandbox;
+  program, not a crash of the scorer (``task_error``) or of the sandbox; a program without
+  the entry point fails as ``missing_entry_point``, as in every built-in task;
 - the hidden set is large enough: the seed's score across ``secrets`` fresh secrets varies
   by at most ``max_spread`` of its mean (otherwise the secret's draw, not the program,
   decides what a run reports).
@@ -17,6 +20,8 @@ scaffold's test and ``tests/test_task_contract.py`` run the same checks:
 
 from __future__ import annotations
 
+import ast
+import difflib
 import hashlib
 import math
 from collections.abc import Callable
@@ -25,6 +30,7 @@ from typing import Any
 
 from atlas.messages import cause
 from atlas.sandbox import Sandbox
+from atlas.sandbox.audit import audit_seed, unreadable_paths
 from atlas.sandbox.pool import SandboxError
 from atlas.sandbox.seccomp import check_extra_syscalls
 from atlas.tasks import check_task_class
@@ -88,6 +94,64 @@ def wrong_return_program(entry_point: str) -> str:
             f"    return object()  # the checker's wrong return type\n")
 
 
+def without_entry_point_program(entry_point: str) -> str:
+    """A program that defines everything but its entry point."""
+    return (f"def not_{entry_point}(*args, **kwargs):\n"
+            f"    return None  # the checker's program without {entry_point!r}\n")
+
+
+def _top_level_names(tree: ast.Module) -> dict[str, str]:
+    """Names a module binds outside functions and classes -> how (``def``, ``class``, ``=``,
+    ``import``), conditional blocks included."""
+    out: dict[str, str] = {}
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out[node.name] = "class" if isinstance(node, ast.ClassDef) else "def"
+                continue  # what its body binds is not top level
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                out.update({(a.asname or a.name).split(".")[0]: "import" for a in node.names})
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                out.update({n.id: "=" for t in targets for n in ast.walk(t)
+                            if isinstance(n, ast.Name)})
+            for block in ("body", "orelse", "finalbody"):  # if, try, with, for, while
+                visit([b for b in getattr(node, block, None) or [] if isinstance(b, ast.stmt)])
+            for handler in getattr(node, "handlers", None) or []:
+                visit(handler.body)
+
+    visit(tree.body)
+    return out
+
+
+def entry_point_problem(spec: PromptSpec, seed_code: str) -> str | None:
+    """Why the prompt's signature or the seed program does not define the entry point, naming
+    what they define instead; None when both do. Parsed, not searched as text."""
+    name = spec.entry_point
+    try:
+        sig = ast.parse(spec.signature.strip() + "\n    ...\n").body[0]
+    except SyntaxError:
+        return (f"the signature {spec.signature!r} is not a Python `def` line; write it as "
+                f"'def {name}(...):'")
+    if not isinstance(sig, (ast.FunctionDef, ast.AsyncFunctionDef)) or sig.name != name:
+        found = getattr(sig, "name", type(sig).__name__)
+        return (f"the signature {spec.signature!r} defines {found!r}, not the entry point "
+                f"{name!r}; make PromptSpec.signature and entry_point name one function")
+    try:
+        names = _top_level_names(ast.parse(seed_code))
+    except SyntaxError as exc:
+        return f"the seed program does not parse (line {exc.lineno}: {exc.msg}); fix it"
+    if name not in names:
+        defs = sorted(n for n, how in names.items() if how in ("def", "class"))
+        close = difflib.get_close_matches(name, defs, n=1)
+        return (f"the seed program defines no top-level {name!r} (it defines "
+                f"{', '.join(defs) or 'no function'}); "
+                + (f"rename {close[0]!r} to {name!r}, or " if close else "")
+                + "set PromptSpec.entry_point to the function it defines")
+    return None  # bound by a def, or another way (an alias): the sandbox checks it is callable
+
+
 def spread(scores: list[float]) -> float:
     """(max - min) / |mean| of the scores; 0 when they are equal, inf around a zero mean."""
     lo, hi = min(scores), max(scores)
@@ -120,9 +184,9 @@ def check_task(task: Task, *, secrets: int = SECRETS, max_spread: float = MAX_SP
     _check_readable(report, task, isolation)
     spec = task.prompt_spec()
     seed_code = task.seed_program()
-    report.add("entry point", spec.entry_point in spec.signature
-               and spec.entry_point in seed_code,
-               f"{spec.entry_point!r} in the signature {spec.signature!r} and the seed program")
+    problem = entry_point_problem(spec, seed_code)
+    report.add("entry point", problem is None, problem or (
+        f"{spec.entry_point!r}: the signature {spec.signature!r} and the seed program define it"))
     if not math.isfinite(max_spread) or max_spread <= 0 or secrets < 1:
         raise ValueError(f"max_spread={max_spread!r} and secrets={secrets!r}: use a share > 0 "
                          f"and at least one secret")
@@ -173,8 +237,6 @@ def _check_readable(report: Report, task: Task, isolation: str) -> None:
     """Every file the task's runner opens lies in what a runner may read (its package,
     atlas's runner modules, the interpreter, the libraries it imports): the seed program
     under the auditing sandbox, each other file named."""
-    from atlas.sandbox.audit import audit_seed, unreadable_paths
-
     try:
         paths = unreadable_paths(audit_seed(task, isolation))
     except (SandboxError, ValueError) as exc:
@@ -227,6 +289,7 @@ def _check_seed_and_wrong_return(report: Report, task: Task, spec: PromptSpec, s
                f"score {ev.score:.6g} in [{lo:g}, {hi:g}], {ev.seconds:.2f} s")
     report.add("declared quality metrics reported", True,
                ", ".join(f"{n}={ev.metrics[n]:.4g}" for n in names) or "none declared")
+    _check_missing_entry_point(report, spec, sb, context)
     wrong = sb.evaluate(wrong_return_program(spec.entry_point), context)
     if wrong.passed:
         report.add("wrong return type fails cleanly", False,
@@ -236,6 +299,22 @@ def _check_seed_and_wrong_return(report: Report, task: Task, spec: PromptSpec, s
         report.add("wrong return type fails cleanly", False, _first_line(wrong))
     else:
         report.add("wrong return type fails cleanly", True, _first_line(wrong))
+
+
+def _check_missing_entry_point(report: Report, spec: PromptSpec, sb: Sandbox,
+                               context: dict[str, Any]) -> None:
+    """A program without the entry point fails as ``missing_entry_point`` (the failure kind a
+    run counts it as), not as a killed process or the scorer's error."""
+    ev = sb.evaluate(without_entry_point_program(spec.entry_point), context)
+    name = "a program without the entry point fails as missing_entry_point"
+    if ev.passed:
+        report.add(name, False, f"a program without {spec.entry_point!r} passed with score "
+                   f"{ev.score:g}: the runner does not call the program's entry point")
+    elif ev.failure_kind != FailureKind.MISSING_ENTRY_POINT.value:
+        report.add(name, False, f"{_first_line(ev)}; let the runner load the program with "
+                   f"load_candidate(code, {spec.entry_point!r}) before it reads a message")
+    else:
+        report.add(name, True, _first_line(ev))
 
 
 def _check_spread(report: Report, secrets: int, max_spread: float) -> None:
@@ -248,5 +327,5 @@ def _check_spread(report: Report, secrets: int, max_spread: float) -> None:
                + ("ok" if share <= max_spread else "draw more hidden instances per "
                   "evaluation (or larger ones) until the secret moves the score less"))
 
-__all__ = ["Check", "MAX_SPREAD", "Report", "SECRETS", "check_secrets",
-           "check_task", "spread", "wrong_return_program"]
+__all__ = ["Check", "MAX_SPREAD", "Report", "SECRETS", "check_secrets", "check_task",
+           "entry_point_problem", "spread", "without_entry_point_program", "wrong_return_program"]

@@ -1,0 +1,235 @@
+"""The learning probe: did a phase make the agent write better programs for prompts it never
+trained on?
+
+Training loss and training accuracy say only that DPO fitted D_k. The probe asks the agent
+itself, before and after every trained phase of a DPO method:
+
+1. **Prompts the phase never trained on** (``choose_prompts``), chosen before D_k is built:
+   the next prompt of each island in the order the following rounds serve them (the prompts
+   the agent faces next), skipping any prompt the phase itself sampled, since D_k and G_k
+   are built from exactly those; then, if too few remain, prompts of the same form from
+   random parent sets of the database's passed programs. No critique is shown, so every
+   method is probed alike.
+2. **Fresh programs, before and after, with the same seeds**: ``probe.samples`` completions
+   per prompt from the policy as it enters the phase and again from the policy it leaves
+   with, the same random numbers both times (common random numbers: a difference comes from
+   the policy, not the sampler). They are scored in the sandbox under the phase's last task
+   context and filed nowhere: not in the database, D_k, G_k, any later phase, or the budget.
+3. **Measures** (``record``): valid rate, mean and best score before and after, with paired
+   95 % intervals of the change per sample slot (a failure counts at the phase's failure
+   floor in the score change); KL(policy || base) and KL(policy || reference) per token on
+   the "before" completions; the trained policy's preference accuracy and margin on every
+   pair those completions support (``atlas.dpo.heldout``), against the reference it was
+   trained against.
+
+A method that never fine-tunes runs no phase and so no probe; a skipped phase has none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from atlas.evolution.buffer import failure_floor
+from atlas.schema import ProbeConfig
+from atlas.stats import bootstrap_interval, t_interval
+from atlas.types import Evaluation, Program, ProgramSource
+
+if TYPE_CHECKING:  # annotations only: the run's collaborators
+    from atlas.evolution.explorer import Attempt, Explorer
+
+#: the probe's sampling seeds are derived from the phase's seed and this salt, so they never
+#: coincide with a round's (``Explorer._generation_seed``)
+SEED_SALT = 7_919
+
+
+def prompt_hash(prompt: str) -> str:
+    """A short stable name of a prompt for events.jsonl (G_k's, D_k's, the probe's)."""
+    return hashlib.sha1(prompt.encode()).hexdigest()[:10]
+
+
+def choose_prompts(explorer: Explorer, phase_prompts: set[str], n: int, next_round: int,
+                   seed: int) -> list[tuple[str, str]]:
+    """Up to ``n`` probe prompts as ``(prompt, where it came from)``, none of them among
+    ``phase_prompts`` (rules in the module docstring, item 1)."""
+    k = explorer.settings.programs_in_prompt
+    chosen: list[tuple[str, str]] = []
+
+    def offer(parents: list[Program], where: str) -> None:
+        if len(chosen) >= n or not parents:
+            return
+        text = explorer.prompt_for(parents)
+        if text not in phase_prompts and all(text != c for c, _ in chosen):
+            chosen.append((text, where))
+
+    islands: list[int] = []
+    r = next_round
+    while len(islands) < explorer.settings.islands and r < next_round + 10 * explorer.settings.islands:
+        islands += [i for i in explorer.islands_for_round(r) if i not in islands]
+        r += 1
+    for island in islands:
+        offer(explorer.parents_for(island), f"island {island}")
+    passed = [p for p in explorer.db.all_programs()
+              if p.passed and math.isfinite(p.score) and p.source != ProgramSource.RESCORE]
+    rng = random.Random(seed)
+    for _ in range(50 * n):
+        if len(chosen) >= n or not passed:
+            break
+        offer(rng.sample(passed, min(k, len(passed))), "random parents")
+    return chosen
+
+
+@dataclass
+class Side:
+    """One side of the probe (before or after): the attempts per prompt and their cost."""
+
+    attempts: list[list[Attempt]]
+    seconds: float
+
+    def flat(self) -> list[Attempt]:
+        return [a for row in self.attempts for a in row]
+
+
+def _passed(a: Attempt) -> bool:
+    return a.evaluation.passed and math.isfinite(a.evaluation.score)
+
+
+def side_stats(side: Side) -> dict[str, Any]:
+    """Valid rate, mean and best score (over passed programs) and the failure kinds."""
+    flat = side.flat()
+    scores = [a.evaluation.score for a in flat if _passed(a)]
+    kinds: dict[str, int] = {}
+    for a in flat:
+        kinds[a.evaluation.failure_kind] = kinds.get(a.evaluation.failure_kind, 0) + 1
+    return {"valid_rate": len(scores) / len(flat) if flat else None,
+            "mean_score": sum(scores) / len(scores) if scores else None,
+            "best_score": max(scores) if scores else None,
+            "failure_kinds": kinds, "seconds": side.seconds}
+
+
+def paired_change(diffs: Sequence[float]) -> dict[str, Any]:
+    """Mean paired change with its 95 % t interval and percentile bootstrap interval."""
+    t = t_interval(diffs)
+    lo, hi = bootstrap_interval(diffs)
+
+    def clean(v: float) -> float | None:
+        return float(v) if math.isfinite(v) else None
+    return {"n": int(t["n"]), "mean": clean(t["mean"]), "t_lo": clean(t["lo"]),
+            "t_hi": clean(t["hi"]), "boot_lo": clean(lo), "boot_hi": clean(hi)}
+
+
+@dataclass
+class LearningProbe:
+    """One phase's probe: ``before()`` ahead of DPO, ``after()`` once the phase's policy is
+    final, then ``record()`` measures and returns the phase event's ``probe`` field."""
+
+    cfg: ProbeConfig
+    explorer: Explorer
+    prompts: list[tuple[str, str]]
+    context: dict[str, Any]
+    floor: float
+    seed: int
+    sides: dict[str, Side] = field(default_factory=dict)
+
+    @classmethod
+    def for_phase(cls, cfg: ProbeConfig, explorer: Explorer, programs: list[Program],
+                  seed: int) -> LearningProbe:
+        """The probe of a phase whose programs are ``programs`` (its rounds' candidates)."""
+        last_round = max((p.round for p in programs), default=0)
+        phase_prompts = {p.prompt for p in programs if p.prompt}
+        prompts = choose_prompts(explorer, phase_prompts, cfg.prompts, last_round + 1, seed)
+        return cls(cfg=cfg, explorer=explorer, prompts=prompts,
+                   context=explorer.task.context(last_round),
+                   floor=failure_floor([p for p in programs if p.source != ProgramSource.SEED]),
+                   seed=(seed * 31 + SEED_SALT) % (2**31 - 1))
+
+    def _write(self, when: str, known: dict[str, Evaluation] | None = None) -> None:
+        from atlas.agent.adapters import POLICY  # deferred: peft is slow to import
+
+        t0 = time.perf_counter()
+        attempts = self.explorer.write_unfiled(
+            [p for p, _ in self.prompts], self.cfg.samples, temperature=self.cfg.temperature,
+            seed=self.seed, context=self.context, adapter=POLICY,
+            known=known) if self.prompts else []
+        self.sides[when] = Side(attempts, time.perf_counter() - t0)
+
+    def before(self) -> None:
+        """The policy as it enters the phase writes the probe's programs."""
+        self._write("before")
+
+    def after(self) -> None:
+        """The policy the phase leaves with writes them again, with the same seeds. A program
+        it writes as it did before (common random numbers make that frequent when the phase
+        moved it little) takes the "before" evaluation when that passed: the sandbox scores a
+        program's code deterministically on one task context."""
+        known = {a.code: a.evaluation for a in self.sides["before"].flat()
+                 if a.code and _passed(a)}
+        self._write("after", known)
+
+    def record(self, model: Any, tokenizer: Any, *, reference_state: dict | None, beta: float,
+               max_length: int) -> dict[str, Any]:
+        """The ``probe`` field of the phase event (module docstring, item 3).
+
+        ``reference_state``: the ``ref`` adapter's tensors as the phase began (None: the
+        reference is the base model, as EvoTune's; a state that adds nothing runs as the base); ``beta``: the phase's DPO beta."""
+        # deferred: torch (a run without DPO never loads it)
+        from atlas.agent.adapters import adds_nothing
+        from atlas.dpo.heldout import comparable_pairs, measure
+        from atlas.dpo.scoring import BASE, POLICY_NOW, PolicySpec
+
+        t0 = time.perf_counter()
+        before, after = self.sides["before"], self.sides["after"]
+        out: dict[str, Any] = {
+            "prompts": len(self.prompts), "samples": self.cfg.samples,
+            "temperature": self.cfg.temperature, "seed": self.seed,
+            "prompt_hashes": [prompt_hash(p) for p, _ in self.prompts],
+            "prompt_sources": [w for _, w in self.prompts],
+            "before": side_stats(before), "after": side_stats(after)}
+        b, a = before.flat(), after.flat()
+        out["change"] = {
+            "valid_rate": paired_change([float(_passed(y)) - float(_passed(x))
+                                         for x, y in zip(b, a)]),
+            "score": paired_change([self._floored(y) - self._floored(x) for x, y in zip(b, a)]),
+            "failure_floor": self.floor}
+        out["slots"] = [[_slot(x), _slot(y)] for x, y in zip(b, a)]
+        groups = [(p, [x.completion for x in row])
+                  for (p, _), row in zip(self.prompts, before.attempts)]
+        # a reference that adds nothing to the base (the first phase's) is the base: one
+        # pass fewer, and its KLs are the same numbers
+        reference = (BASE if reference_state is None or adds_nothing(reference_state)
+                     else PolicySpec.of(reference_state))
+        moved = measure(model, tokenizer, groups, policy=POLICY_NOW, reference=reference,
+                        base=BASE, max_length=max_length)
+        rows = before.attempts
+        pairs = comparable_pairs([[_passed(x) for x in row] for row in rows],
+                                 [[x.evaluation.score for x in row] for row in rows],
+                                 [[x.completion for x in row] for row in rows])
+        margins = moved.margins(pairs, beta)
+        out["kl_base"] = _finite(moved.mean_kl_base)
+        out["kl_reference"] = _finite(moved.mean_kl_reference)
+        out["kl_tokens"] = moved.tokens
+        out["heldout"] = {
+            "pairs": len(pairs), "beta": beta,
+            "accuracy": sum(m > 0 for m in margins) / len(margins) if margins else None,
+            "margin": sum(margins) / len(margins) if margins else None}
+        out["seconds"] = {"before": before.seconds, "after": after.seconds,
+                          "measure": time.perf_counter() - t0}
+        out["seconds"]["total"] = sum(out["seconds"].values())
+        return out
+
+    def _floored(self, a: Attempt) -> float:
+        return a.evaluation.score if _passed(a) else self.floor
+
+
+def _finite(v: float) -> float | None:
+    return float(v) if math.isfinite(v) else None
+
+
+def _slot(a: Attempt) -> list[Any]:
+    """A sample's outcome, compactly: passed, score (None when failed), failure kind."""
+    return [_passed(a), a.evaluation.score if _passed(a) else None, a.evaluation.failure_kind]
