@@ -8,6 +8,9 @@ same ``Sandbox`` a run uses (the toy task, both workers), with a known random me
 - ``page_cache`` (to a *later* candidate): the sender reads one byte at chosen offsets of a
   large host file the runner may read (a shared library of the environment); the receiver,
   the next candidate, times its own read of each offset: a cached page answers fast.
+- ``dentry`` (to a *later* candidate): the sender looks up (``stat``) chosen names that do
+  not exist in a folder the runner may read, which leaves a negative directory entry in the
+  kernel's cache; the receiver times its own lookup of each name: a cached miss answers fast.
 - ``cpu`` (to a *concurrent* candidate): in time slots agreed in the code, the sender spins
   or sleeps; the receiver counts its own loop's iterations per slot.
 - ``meminfo`` (to a *concurrent* candidate): the sender holds or frees memory per slot; the
@@ -18,7 +21,7 @@ its failure message. The figure per channel is its capacity, ``n (1 - H(p))`` bi
 message bits at bit error rate ``p`` (a binary symmetric channel), per candidate pair and per
 second of the candidates' own time.
 
-    python scripts/residual_channels.py --mode bwrap --json docs/bench/residual_channels.json
+    python scripts/residual_channels.py --mode bwrap --json docs/bench/residual_channels_bwrap.json
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import math
 import os
 import platform
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,9 +41,9 @@ PILOT = [1, 0] * 8
 SENDER_PAGE = '''
 def policy(contexts, history, t, state):
     if t == 0:
-        with open({path!r}, "rb") as f:
-            for off, bit in zip({offsets!r}, {bits!r}):
-                if bit:
+        for (path, off), bit in zip({slots!r}, {bits!r}):
+            if bit:
+                with open(path, "rb") as f:
                     f.seek(off)
                     f.read(1)
     return 0
@@ -52,13 +54,43 @@ RECEIVER_PAGE = '''import time
 
 def policy(contexts, history, t, state):
     times = []
-    with open({path!r}, "rb") as f:
-        for off in {offsets!r}:
+    for path, off in {slots!r}:
+        with open(path, "rb") as f:
             f.seek(off)
             t0 = time.perf_counter()
             f.read(1)
             times.append(time.perf_counter() - t0)
     raise ValueError(" ".join("%.1f" % (x * 1e6) for x in times))
+'''
+
+SENDER_DENTRY = '''import os
+
+
+def policy(contexts, history, t, state):
+    if t == 0:
+        for name, bit in zip({names!r}, {bits!r}):
+            if bit:
+                try:
+                    os.stat(name)
+                except OSError:
+                    pass
+    return 0
+'''
+
+RECEIVER_DENTRY = '''import os
+import time
+
+
+def policy(contexts, history, t, state):
+    times = []
+    for name in {names!r}:
+        t0 = time.perf_counter()
+        try:
+            os.stat(name)
+        except OSError:
+            pass
+        times.append(time.perf_counter() - t0)
+    raise ValueError(" ".join("%.2f" % (x * 1e6) for x in times))
 '''
 
 #: both sides wait for the agreed start, then keep one bit per slot of ``slot`` seconds
@@ -145,6 +177,15 @@ def numbers(message: str) -> list[float]:
     return [float(x) for x in message.split(":", 1)[1].split()]
 
 
+def medians(us: list[float], bits: list[int]) -> dict[str, float]:
+    """The receiver's median time (us) for the message bits the sender sent as 1 and as 0."""
+    out = {}
+    for bit in (1, 0):
+        xs = sorted(u for u, b in zip(us[len(PILOT):], bits) if b == bit) or [math.nan]
+        out[f"median_us_sent_{bit}"] = xs[len(xs) // 2]
+    return out
+
+
 def capacity(sent: list[int], got: list[int], seconds: float) -> dict[str, Any]:
     n = len(sent)
     if len(got) != n:
@@ -168,13 +209,20 @@ def mapped_files() -> set[str]:
     return out
 
 
-def big_file() -> Path:
-    """The largest shared library under this environment's prefix that no process has mapped:
-    code a runner may read, whose pages are cold."""
+def cold_files(sb: Any) -> list[Path]:
+    """The shared libraries of what the sandbox's runners may read (its code view,
+    ``Sandbox.view``, less its masks; not the system folders) that no process has mapped (their
+    pages are cold), largest first."""
+    from atlas.sandbox.view import SYSTEM_DIRS
+
     busy = mapped_files()
-    libs = [p for root in {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
-            for p in root.rglob("*.so*") if p.is_file() and str(p) not in busy]
-    return max(libs, key=lambda p: p.stat().st_size)
+    roots = [Path(p) for p in sb.view.readable
+             if not any(p == d or p.startswith(d + "/") for d in SYSTEM_DIRS)]
+    masked = tuple(m + "/" for m in sb.view.masks)
+    libs = {p for root in roots for p in ([root] if root.is_file() else root.rglob("*.so*"))
+            if p.is_file() and ".so" in p.name and str(p) not in busy
+            and not str(p).startswith(masked)}
+    return sorted(libs, key=lambda p: -p.stat().st_size)
 
 
 def drop_caches() -> bool:
@@ -188,27 +236,53 @@ def drop_caches() -> bool:
 
 
 def page_cache(sb: Any, rng: random.Random, n: int) -> dict[str, Any]:
-    path = big_file()
     stride = 1 << 20  # beyond the kernel's read-ahead window (128 KiB), one read warms one slot
-    slots = (path.stat().st_size - stride) // stride
-    n = min(n, slots - len(PILOT))
-    picks = rng.sample(range(slots), len(PILOT) + n)
-    offsets = [p * stride + rng.randrange(4096) for p in picks]
+    slots: list[tuple[str, int]] = []
+    files = []
+    for path in cold_files(sb):  # the largest first, until there are slots enough
+        count = (path.stat().st_size - stride) // stride
+        if len(slots) >= len(PILOT) + n or count < 1:
+            break
+        slots += [(str(path), k * stride) for k in range(count)]
+        files.append(f"{path} ({path.stat().st_size >> 20} MB)")
+    if len(slots) < len(PILOT) + 8:
+        return {"error": f"too few cold pages readable: {len(slots)} slots in {files}"}
+    n = min(n, len(slots) - len(PILOT))
+    picks = rng.sample(slots, len(PILOT) + n)
+    picks = [(path, off + rng.randrange(4096)) for path, off in picks]
     bits = [rng.randrange(2) for _ in range(n)]
     dropped = drop_caches()
     t0 = time.perf_counter()
-    sent = sb.evaluate(SENDER_PAGE.format(path=str(path), offsets=offsets, bits=PILOT + bits), {})
-    got = sb.evaluate(RECEIVER_PAGE.format(path=str(path), offsets=offsets), {})
+    sent = sb.evaluate(SENDER_PAGE.format(slots=picks, bits=PILOT + bits), {})
+    got = sb.evaluate(RECEIVER_PAGE.format(slots=picks), {})
     t2 = time.perf_counter()
     if not sent.passed or "ValueError" not in got.message:
         return {"error": f"sender: {sent.message!r}; receiver: {got.message[:200]!r}"}
     us = numbers(got.message)
     decoded = decode(us)  # a page the sender read answers faster
-    return {"file": str(path), "file_mb": path.stat().st_size >> 20, "cold_start": dropped,
-            "median_us_sent_1": sorted(u for u, b in zip(us[16:], bits) if b)[sum(bits) // 2],
-            "median_us_sent_0": sorted(u for u, b in zip(us[16:], bits) if not b)[
-                (n - sum(bits)) // 2],
-            "slots_in_file": slots, **capacity(bits, decoded, t2 - t0)}
+    return {"files": files, "cold_start": dropped, "slots": len(slots), **medians(us, bits),
+            **capacity(bits, decoded, t2 - t0)}
+
+
+def dentry_folder(sb: Any) -> str:
+    """A folder every runner may look names up in (the standard library's)."""
+    return os.path.dirname(os.__file__)
+
+
+def dentry(sb: Any, rng: random.Random, n: int) -> dict[str, Any]:
+    folder = dentry_folder(sb)
+    nonce = os.urandom(8).hex()  # names no earlier lookup made (not even a run with this seed)
+    names = [os.path.join(folder, f"atlas-relay-{nonce}-{i}") for i in range(len(PILOT) + n)]
+    bits = [rng.randrange(2) for _ in range(n)]
+    t0 = time.perf_counter()
+    sent = sb.evaluate(SENDER_DENTRY.format(names=names, bits=PILOT + bits), {})
+    got = sb.evaluate(RECEIVER_DENTRY.format(names=names), {})
+    t2 = time.perf_counter()
+    if not sent.passed or "ValueError" not in got.message:
+        return {"error": f"sender: {sent.message!r}; receiver: {got.message[:200]!r}"}
+    us = numbers(got.message)
+    decoded = decode(us)  # a name the sender looked up answers faster
+    return {"folder": folder, **medians(us, bits), **capacity(bits, decoded, t2 - t0)}
 
 
 def concurrent(sb: Any, rng: random.Random, n: int, slot: float, sender: str,
@@ -245,6 +319,7 @@ def main(argv: list[str] | None = None) -> None:
                  workers=2, timeout_s=120, memory_mb=1024) as sb:
         out["isolation"] = sb.isolation
         out["page_cache"] = page_cache(sb, rng, args.bits)
+        out["dentry"] = dentry(sb, rng, args.bits)
         for slot in (0.05, 0.01):
             out[f"cpu_{slot}"] = concurrent(sb, rng, args.bits, slot, SENDER_CPU, RECEIVER_CPU)
         out["meminfo_0.1"] = concurrent(sb, rng, min(args.bits, 64), 0.1, SENDER_MEM,

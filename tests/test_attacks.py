@@ -12,8 +12,10 @@ exactly what it was, and a probe must find none of the files the attack planted.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import secrets
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,7 @@ from atlas.sandbox.isolation import probe_bwrap
 from atlas.sandbox.secret import SECRET_FILE, run_secret
 from atlas.tasks.bandit import BanditTask
 from atlas.types import FailureKind
+from tests.attacks import fill, verdict
 
 ATTACKS = Path(__file__).with_name("attacks")
 BANDIT_ATTACKS = sorted((ATTACKS / "bandit").glob("*.py"))
@@ -52,13 +55,51 @@ MODES = ["rlimits", pytest.param("bwrap", marks=pytest.mark.skipif(
     not probe_bwrap()[0], reason="bubblewrap unusable here"))]
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def _planted():
+    """What the attacks look for (filled into their placeholders): a root-only token in a
+    folder every runner sees (/etc; where the tests do not run as root, /etc/shadow), an
+    ``.env`` with a key in the clone's root, a file in the host's /dev/shm."""
+    tag = secrets.token_hex(4)
+    made: list[Path] = []
+    token = Path("/etc/shadow")
+    if os.getuid() == 0:
+        token = Path(f"/etc/atlas-attack-token-{tag}")
+        token.write_text("root-only-token\n")
+        os.chmod(token, 0o600)
+        made.append(token)
+    env = REPO / ".env"
+    if not env.exists() and os.access(REPO, os.W_OK):
+        env.write_text("OPENAI_API_KEY=sk-attack-canary\n")
+        os.chmod(env, 0o644)
+        made.append(env)
+    shm = Path(f"/dev/shm/atlas-attack-{tag}")
+    shm.write_text("host shared memory\n")
+    os.chmod(shm, 0o644)
+    made.append(shm)
+    try:
+        yield {"ROOT_TOKEN_PATH": str(token), "REPO_DIR": str(REPO), "DEV_SHM_FILE": str(shm)}
+    finally:
+        for p in made:
+            p.unlink(missing_ok=True)
+
+
+def _targets(sb: Sandbox) -> list[int]:
+    """The host pids of the slot's scorer and zygote: what attacks on other processes aim at."""
+    worker = sb._all[0].worker
+    return sorted({worker.pid, *(z.pid for z in worker.children())})
+
+
 @pytest.fixture(scope="module", params=MODES)
 def bandit(request, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("attack-run")
     secret = run_secret(run_dir)
     task = BanditTask(T=200, env_seeds=[0, 1])
-    with Sandbox.for_task(task, secret=secret, workers=1, isolation=request.param,
-                          hide=[str(run_dir)]) as sb:
+    with _planted() as planted, Sandbox.for_task(
+            task, secret=secret, workers=1, isolation=request.param, hide=[str(run_dir)]) as sb:
         seed = sb.evaluate(task.seed_program(), {"round": 1})
         arm0 = sb.evaluate(ARM0, {"round": 1})
         # the secret is drawn fresh (the real path), so the hidden environments differ per run:
@@ -67,17 +108,21 @@ def bandit(request, tmp_path_factory):
         # policy is told apart from the honest arm-0 score
         assert seed.passed and arm0.passed and arm0.score != seed.score, (seed, arm0)
         assert max(arm0.score, seed.score) < 0, (seed, arm0)
+        sb.attack_fill = {**planted, "SECRET_PATH": str(run_dir / SECRET_FILE),
+                          "SECRET_VALUE": secret, "TARGET_PIDS": _targets(sb)}
         yield sb, task, seed.score, arm0.score, run_dir / SECRET_FILE, secret
 
 
 @pytest.mark.parametrize("path", BANDIT_ATTACKS, ids=lambda p: p.stem)
 def test_bandit_attack_gets_a_failure_or_an_honest_score(bandit, path):
+    """Each attack ends as one of the outcomes its first line declares (tests/attacks/), in
+    both runs; one that dies before trying fails the test as "did not run"."""
     sb, task, seed_score, honest, secret_path, secret = bandit
-    code = path.read_text().replace("SECRET_PATH", str(secret_path))
-    code = code.replace("SECRET_VALUE", secret)
+    code = fill(path.read_text(), **sb.attack_fill)
     for run in range(2):  # the second run would find whatever the first left for it
         ev = sb.evaluate(code, {"round": 1})
-        assert not ev.passed or ev.score == honest, (path.stem, run, ev)
+        why = verdict(path, ev, honest)
+        assert why is None, f"run {run}: {why}"
         assert ev.failure_kind != FailureKind.OK.value or ev.passed
     after = sb.evaluate(task.seed_program(), {"round": 1})
     assert after.passed and after.score == seed_score, (path.stem, after)
@@ -152,12 +197,14 @@ def binpacking(request, tmp_path_factory):
 @pytest.mark.parametrize("path", BINPACKING_ATTACKS, ids=lambda p: p.stem)
 def test_binpacking_attack_gets_a_failure_or_an_honest_score(binpacking, path):
     """Every binpacking attack falls back to best fit (the seed): its honest score is the
-    seed's; a better one means it packed with knowledge an online priority cannot have."""
+    seed's; a better one means it packed with knowledge an online priority cannot have.
+    Each ends as an outcome its first line declares (tests/attacks/__init__.py)."""
     sb, task, seed_score = binpacking
     code = path.read_text()
-    for _ in range(2):
+    for run in range(2):
         ev = sb.evaluate(code, task.context(1))
-        assert not ev.passed or ev.score == seed_score, (path.stem, ev)
+        why = verdict(path, ev, seed_score)
+        assert why is None, f"run {run}: {why}"
         assert ev.failure_kind != FailureKind.OK.value or ev.passed
     after = sb.evaluate(task.seed_program(), task.context(1))
     assert after.passed and after.score == seed_score, (path.stem, after)
@@ -480,7 +527,8 @@ def test_hidden_roots_cover_every_run_of_the_tree_and_no_code(tmp_path):
     """The mask widens from the job's folder to its whole output tree (siblings, the sweep's
     secret, another sweep), stops below any code path, and adds Hydra's roots of the launch
     directory; the bwrap arguments mask them after the private /tmp and its re-binds."""
-    from atlas.sandbox.isolation import bwrap_args, code_paths, hidden_roots
+    from atlas.sandbox.isolation import bwrap_args
+    from atlas.sandbox.view import code_paths, hidden_roots
 
     paths = _sweep_layout(tmp_path)
     launch = tmp_path / "launch"
@@ -588,12 +636,13 @@ def test_zygote_and_scorer_keep_their_limits_and_scheduling(mode):
     """A candidate that re-limits, re-nices, re-pins and re-schedules every process it can
     name (inherited_state_channel) changes neither the scorer's nor the zygote's state; it
     fails as ``blocked`` and the next candidate starts from the same state."""
-    code = (ATTACKS / "bandit" / "inherited_state_channel.py").read_text()
     with _toy(mode, workers=1) as sb:
         assert sb.evaluate(ARM0, {}).passed
         slot = sb._all[0]
         scorer = slot.worker.pid
         zygote = slot.worker.children()[0].pid
+        code = fill((ATTACKS / "bandit" / "inherited_state_channel.py").read_text(),
+                    TARGET_PIDS=[scorer, zygote])
         before = {pid: _host_state(pid) for pid in (scorer, zygote)}
         evs = [sb.evaluate(code, {}) for _ in range(3)]
         after = {pid: _host_state(pid) for pid in (scorer, zygote)}
@@ -626,6 +675,7 @@ def test_the_filter_lets_calls_name_only_their_own_process():
             libc = ctypes.CDLL(None, use_errno=True)
             libc.syscall.restype = ctypes.c_long
             me, parent = os.getpid(), os.getppid()
+            nice = os.getpriority(os.PRIO_PROCESS, 0)  # set it again: allowed unprivileged
             install_seccomp()
             lim = (ctypes.c_uint64 * 2)()
             mask = ctypes.c_uint64(1)
@@ -638,7 +688,7 @@ def test_the_filter_lets_calls_name_only_their_own_process():
 
             for who, tag in ((0, "zero"), (me, "self"), (parent, "parent")):
                 out[f"prlimit64_{tag}"] = call("prlimit64", who, 7, None, lim)
-                out[f"setpriority_{tag}"] = call("setpriority", 0, who, 0)
+                out[f"setpriority_{tag}"] = call("setpriority", 0, who, nice)
                 out[f"sched_getaffinity_{tag}"] = call("sched_getaffinity", who, 8,
                                                        ctypes.byref(mask))
                 out[f"sched_setscheduler_{tag}"] = call("sched_setscheduler", who, 0,
@@ -650,7 +700,7 @@ def test_the_filter_lets_calls_name_only_their_own_process():
             out["fcntl_getfl"] = call("fcntl", fd, 3, 0)
             out["fcntl_setlk"] = call("fcntl", fd, 6, lock)
             out["flock"] = call("flock", fd, 1 | 4)  # LOCK_SH | LOCK_NB
-            out["setpriority_user"] = call("setpriority", 2, 0, 0)
+            out["setpriority_user"] = call("setpriority", 2, 0, nice)
             out["memfd_create"] = call("memfd_create", b"x", 0)
             out["acct"] = call("acct", None)
         except Exception as exc:  # noqa: BLE001
@@ -716,10 +766,14 @@ def test_a_candidate_cannot_touch_a_concurrent_one(mode):
             "    time.sleep(0.05)\n    return int(np.zeros(1 << 16).sum())\n")
     with _toy(mode, workers=2, timeout_s=20) as sb:
         alone = sb.evaluate(slow, {})
+        sb.evaluate_many([slow, slow], {})  # both workers up: the attack aims at both
+        targets = sorted({p.pid for slot in sb._all for p in (slot.worker,
+                                                              *slot.worker.children())})
         honest = sb.submit(slow, {})
-        attack = sb.submit((ATTACKS / "bandit" / "limit_others.py").read_text(), {})
+        attack = sb.submit(fill((ATTACKS / "bandit" / "limit_others.py").read_text(),
+                                TARGET_PIDS=targets), {})
         assert honest.result().score == alone.score and alone.passed, honest.result()
-        assert not attack.result().passed
+        assert attack.result().failure_kind == FailureKind.BLOCKED.value, attack.result()
         later = sb.evaluate_many([slow, slow, slow, slow], {})
         assert all(ev.passed and ev.score == alone.score for ev in later), later
 
@@ -763,7 +817,7 @@ def test_a_secret_file_masks_its_whole_folder(mode):
 
 
 def test_a_secret_in_a_code_or_system_folder_is_refused_in_one_line():
-    from atlas.sandbox.isolation import secret_folder
+    from atlas.sandbox.view import secret_folder
 
     repo = Path(__file__).resolve().parents[1]
     for bad in (repo / "atlas" / ".task_secret", repo / "atlas" / "tasks" / "bandit" / "s",
@@ -785,7 +839,7 @@ def test_the_launch_directory_is_not_bound_and_the_clone_outputs_are_hidden(tmp_
     readable; the clone's own ``outputs/`` is masked as in a run."""
     import sys
 
-    from atlas.sandbox.isolation import code_paths, hidden_roots
+    from atlas.sandbox.view import code_paths, hidden_roots
 
     launch = tmp_path / "elsewhere"
     launch.mkdir()
@@ -847,11 +901,14 @@ def test_the_task_checker_fails_a_task_that_asks_for_a_forbidden_call():
 @pytest.mark.parametrize("mode", MODES)
 def test_reading_a_host_file_moves_no_access_time(mode):
     """Access times on the host are a channel (a candidate reads a file, a later one stats
-    it); the runner's view of the host is read-only, so a read moves nothing."""
+    it); the runner's view of the host is read-only, so a read moves nothing. The file lies
+    in the toy task's package, which a runner may read."""
     import tempfile
 
-    repo = Path(__file__).resolve().parents[1]
-    fd, name = tempfile.mkstemp(prefix="atlas-atime-", dir=repo / "docs")
+    import atlas.sandbox
+
+    fd, name = tempfile.mkstemp(prefix="atlas-atime-",
+                                dir=Path(atlas.sandbox.__file__).parent)
     os.write(fd, b"x" * 4096)
     os.close(fd)
     os.chmod(name, 0o644)
@@ -888,22 +945,3 @@ def test_a_candidate_reads_only_its_own_process_and_the_machine_description(mode
         ev = sb.evaluate(code, {})
     assert ev.message == ("ValueError (line 15): (['/proc/cpuinfo', '/proc/meminfo', "
                           "'/proc/self/status', '/sys/devices/system/cpu/online'], True)"), ev
-
-
-def test_the_page_cache_residual_carries_what_docs_sandbox_says():
-    """docs/sandbox.md's known residual, measured as written there: one candidate reads
-    chosen pages of a cold library, the next times its own reads and decodes the message.
-    If this ever fails, the channel has closed (or narrowed) and the docs must say so."""
-    import random
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import residual_channels
-
-    if not residual_channels.drop_caches():
-        pytest.skip("this host does not let the test empty the page cache")
-    with _toy("bwrap" if probe_bwrap()[0] else "rlimits", workers=1) as sb:
-        got = residual_channels.page_cache(sb, random.Random(3), 64)
-    assert "error" not in got, got
-    assert got["cold_start"] and got["errors"] <= 4, got
-    assert got["median_us_sent_1"] * 4 < got["median_us_sent_0"], got

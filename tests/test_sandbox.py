@@ -474,9 +474,11 @@ def test_the_isolation_line_names_each_missing_part(monkeypatch):
 
     isolation.runner_features.cache_clear()
     monkeypatch.setattr(isolation, "runner_features", lambda mode: ())
-    gaps = isolation.isolation_gaps("rlimits")
-    assert gaps == [*isolation.FEATURE_GAPS.values(), isolation.MEMORY_GAP]
+    gaps = isolation.isolation_gaps("rlimits", "no cgroup v2 here")
+    assert gaps == [*isolation.FEATURE_GAPS.values(),
+                    isolation.MEMORY_GAP.format(why="no cgroup v2 here")]
     assert any(g.startswith("no Landlock") for g in gaps)
+    assert isolation.isolation_gaps("rlimits") == list(isolation.FEATURE_GAPS.values())
     monkeypatch.undo()
     if landlock.abi_version() >= 1 and _private_scratch_works():
         assert "landlock" in isolation.runner_features(isolation.FALLBACK)

@@ -1,11 +1,11 @@
 """``python -m atlas.sandbox audit task=<name> [overrides ...]``: the system calls a task's
-runner makes while its seed program runs, each marked with whether the sandbox allows it.
+runner makes while its seed program runs, each marked with whether the sandbox allows it,
+and the files it opens that a runner may not read (``audit.py``).
 
-Why: the runner's filter is an allow-list (``seccomp.ALLOWED``); a task whose runner needs
-more (a native library, a newer glibc) would fail with ``blocked`` failures. The audit runs
-the seed program in the sandbox a run uses, with a filter that lets every call through and
-reports it, so a task author sees what to add to ``Task.syscalls``. Exit status 0 when every
-call is allowed, 1 when some are not, 2 on bad input.
+Why: the runner's filter is an allow-list (``seccomp.ALLOWED``) and its view of the host an
+allow-list of code; a task whose runner needs more (a native library, a newer glibc, a data
+file outside its package) would fail with ``blocked`` failures or missing files. Exit status
+0 when every call is allowed and every file readable, 1 when not, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from atlas.sandbox import Sandbox
-from atlas.sandbox.seccomp import ALLOWED, CMD_CHECKED, PID_CHECKED
+from atlas.sandbox.audit import audit_seed, calls, unallowed_calls, unreadable_paths
 from atlas.tasks import build_task
 
 
@@ -30,29 +29,28 @@ def audit(overrides: list[str]) -> int:
     except (TypeError, ValueError) as exc:
         print(f"atlas.sandbox audit: {exc}", file=sys.stderr)
         return 2
-    with Sandbox.for_task(task, workers=1, isolation=str(cfg.sandbox.isolation),
-                          audit=True) as sb:
-        ev = sb.evaluate(task.seed_program(), {"round": 1})
-    calls = {k.split(":", 1)[1]: int(v) for k, v in ev.metrics.items()
-             if k.startswith("syscall:")}
-    allowed = {*ALLOWED, *PID_CHECKED, *CMD_CHECKED, *task.syscalls, "clone", "sendmsg",
-               "close"}
+    ev = audit_seed(task, str(cfg.sandbox.isolation))
+    made = calls(ev)
+    missing = unallowed_calls(ev, task)
     print(f"{task.name}: the seed program {'passed' if ev.passed else 'failed'} "
-          f"({ev.failure_kind}); {len(calls)} distinct system calls after the filter point")
-    for name in sorted(calls):
-        mark = "allowed" if name in allowed else "NOT ALLOWED: add it to Task.syscalls"
-        print(f"  {name:<24} {calls[name]:>8}  {mark}")
-    missing = sorted(set(calls) - allowed)
+          f"({ev.failure_kind}); {len(made)} distinct system calls after the filter point")
+    for name in sorted(made):
+        mark = "NOT ALLOWED: add it to Task.syscalls" if name in missing else "allowed"
+        print(f"  {name:<24} {made[name]:>8}  {mark}")
     if missing:
         print(f"not allowed: {missing}")
-    return 1 if missing else 0
+    paths = unreadable_paths(ev)
+    for path in paths:
+        print(f"  not readable by a runner: {path} (keep the task's files in its package)")
+    return 1 if missing or paths else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m atlas.sandbox", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("audit", help="print the system calls a task's runner makes")
+    p = sub.add_parser("audit", help="print the system calls and unreadable files of a "
+                                     "task's runner")
     p.add_argument("overrides", nargs="*", help="task=<name> and atlas.train's overrides")
     args = parser.parse_args(argv)
     return audit(args.overrides)

@@ -62,7 +62,7 @@ class Guard:
         self.workdir = os.path.realpath(workdir)
         self.protected_fds = frozenset(int(fd) for fd in protected_fds)
         #: paths a program may not even read (the run folder and its secret): bubblewrap
-        #: masks them, the rlimits mode runs as nobody, Landlock denies reads of them; this
+        #: masks them, Landlock denies reads of them, a root worker's runner owns nothing; this
         #: turns a plain open() into a clear failure
         self.hidden = tuple(os.path.realpath(p) for p in hidden)
         self.violations: list[str] = []

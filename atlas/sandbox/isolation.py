@@ -1,12 +1,13 @@
 """Choosing and applying process isolation: bubblewrap when it works, rlimits otherwise.
 
-Why: bubblewrap gives a worker a read-only view of the system and code directories and of
-nothing else of the host (no home, no run folder outside the code tree), output trees masked
-on top, a private ``/tmp``, no network (empty net namespace), its own pid namespace and no
-capabilities, so a candidate can neither change a host file nor read another run's secret or
-records even if it escapes the Python guard. Where it is missing
-or blocked (containers without user namespaces), we fall back to resource limits plus the
-guard and seccomp, and say so in the log and in ``Sandbox.isolation``.
+Why: bubblewrap gives a worker a read-only view of the code its task needs and of nothing
+else of the host (``view.py``), output trees masked on top, a private ``/tmp``, no network
+(empty net namespace) and its own pid namespace, so a candidate can neither change a host
+file nor read another run's secret or records even if it escapes the Python guard. Where it
+is missing or blocked (containers without user namespaces), we fall back to resource limits
+plus the guard, seccomp and Landlock, and say so in the log and in ``Sandbox.isolation``.
+This module also holds what every runner gets in either mode: its process state reset, its
+limits, and the probe of what its isolation has here.
 """
 
 from __future__ import annotations
@@ -17,12 +18,21 @@ import logging
 import os
 import resource
 import shutil
-import struct
 import subprocess
 import sys
 
-import atlas
 from atlas.sandbox import landlock
+from atlas.sandbox.namespaces import (
+    RUNNER_UID_BASE,
+    RUNNER_UIDS,
+    _libc,
+    _prctl,
+    host_root,
+    own_process_tree,
+    prepare_runner,
+)
+from atlas.sandbox.view import CodeView, bind_args, repo_root
+from atlas.sandbox.view import secret_folder as secret_folder  # atlas.config imports it here
 
 log = logging.getLogger("atlas.sandbox")
 
@@ -45,198 +55,38 @@ def find_bwrap() -> str | None:
     return shutil.which("bwrap")
 
 
-#: system directories a worker needs (interpreter, shared libraries, ld.so config, CPU
-#: topology); bubblewrap binds these and the code paths, nothing else of the host
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
-               "/sys", "/nix")
-#: where Hydra puts run and sweep folders (conf/train.yaml), relative to the launch directory
-RUN_ROOTS = ("outputs", "multirun")
 
 
-def _outermost(paths: set[str]) -> list[str]:
-    keep = sorted(paths)
-    return [p for i, p in enumerate(keep) if not any(p.startswith(q.rstrip("/") + "/")
-                                                     for q in keep[:i])]
+#: what a bubblewrap worker of host root keeps (runners give it all up with their uid):
+#: namespaces and mounts, switching each runner to a fresh uid, its working directory's
+#: owner, and signals to runners of another uid
+ROOT_CAPS = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL")
 
 
-#: top-level modules the sandbox's processes import (the task's factories), registered by
-#: each ``Sandbox``: the launch directory is bound only when one of them lives there
-_NEEDED_MODULES: set[str] = set()
+def bwrap_args(bwrap: str, tmp_mb: int, hide: list[str] | None = None,
+               view: CodeView | None = None, cgroup: str | None = None) -> list[str]:
+    """The bwrap prefix for one worker: read-only ``view`` of the code (default: every code
+    path) and nothing else of the host, private /tmp, no net, own pids, the ``hide`` paths
+    masked last; ``cgroup`` (the worker's directory of runner cgroups) writable.
 
-
-def need_modules(*paths: str) -> None:
-    """Register the modules of ``"module:function"`` factories a sandbox imports."""
-    _NEEDED_MODULES.update(p.split(":")[0].split(".")[0] for p in paths if p)
-
-
-def _holds_needed_module(directory: str) -> bool:
-    import importlib.util
-
-    for name in _NEEDED_MODULES:
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            continue
-        origin = spec.origin if spec and spec.origin not in (None, "namespace") else None
-        where = origin or next(iter(getattr(spec, "submodule_search_locations", None) or []),
-                               None)
-        if where and os.path.realpath(where).startswith(directory + os.sep):
-            return True
-    return False
-
-
-def repo_root() -> str:
-    """The directory holding the ``atlas`` package (a clone's root, or site-packages)."""
-    return os.path.dirname(os.path.dirname(os.path.realpath(atlas.__file__)))
-
-
-def code_paths() -> list[str]:
-    """Interpreter, venv, atlas and import paths: what a sandboxed Python must read. The
-    launch directory (which ``python -m`` puts on ``sys.path``) only where a task's module
-    lives there: a candidate sees only the code it must import."""
-    cwd = os.path.realpath(os.getcwd())
-    imports = {os.path.realpath(p) for p in sys.path if p}
-    if cwd in imports and cwd != repo_root() and not _holds_needed_module(cwd):
-        imports.discard(cwd)
-    paths = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
-             os.path.dirname(os.path.realpath(sys.executable)), repo_root(), *imports}
-    return _outermost({os.path.realpath(p) for p in paths if os.path.isdir(p)})
-
-
-#: folders a secret file may not lie in directly (masking its folder whole would hide the
-#: system): a system directory or anything below one
-_SYSTEM_ROOTS = (*SYSTEM_DIRS, "/proc", "/dev", "/boot", "/run", "/var/lib", "/var/cache")
-
-
-def secret_folder(path: str, field: str = "sandbox.secret_file") -> str:
-    """The folder to mask for a secret file: its own folder, whole (a secret beside it, of
-    another comparison, goes with it). A ValueError with the fix where that folder holds
-    code candidates import (a package, atlas's ``conf/``, an import root) or is a system
-    folder: masking it would break the sandbox, not masking it would leave the secret
-    readable by name."""
-    real = os.path.realpath(path)
-    folder = os.path.dirname(real)
-    why = None
-    if folder == "/" or any(folder == d or folder.startswith(d + "/") for d in _SYSTEM_ROOTS):
-        why = "a system folder"
-    elif any(c == folder or c.startswith(folder + "/") for c in code_paths()):
-        why = "a folder that holds code candidates import"
-    elif os.path.exists(os.path.join(folder, "__init__.py")) or any(
-            n.endswith(".py") for n in _listdir(folder)):
-        why = "a Python package folder"
-    elif folder == os.path.join(repo_root(), "conf") or folder.startswith(
-            os.path.join(repo_root(), "conf") + "/"):
-        why = "atlas's config folder conf/"
-    if why:
-        raise ValueError(f"{field}={path} lies directly in {why} ({folder}); the sandbox masks "
-                         f"a secret's folder whole, so keep it in a folder of its own or a run "
-                         f"folder (outputs/, multirun/), e.g. outputs/shared/.task_secret")
-    return folder
-
-
-def _listdir(folder: str) -> list[str]:
-    try:
-        return os.listdir(folder)
-    except OSError:
-        return []
-
-
-def readable_roots() -> list[str]:
-    """Everything a runner may read besides its own directory: what bubblewrap binds, and
-    what Landlock lets it read in every mode."""
-    return _outermost({*(d for d in (*SYSTEM_DIRS, "/proc", "/dev") if os.path.isdir(d)),
-                       *code_paths()})
-
-
-#: what a candidate may read of /proc and /sys besides its own process: what libraries ask
-#: about the machine (CPU count and features, memory size). Not the rest: global counters
-#: (/proc/stat's count of forks since boot, a cgroup's task count) are channels between
-#: candidates, as pids were
-MACHINE_INFO = ("/proc/cpuinfo", "/proc/meminfo", "/sys/devices/system/cpu")
-
-
-def candidate_readable(readable: list[str] | tuple[str, ...]) -> list[str]:
-    """``readable`` with /proc and /sys narrowed to this process and ``MACHINE_INFO`` (for the
-    runner's Landlock rules, called in the runner: /proc/self is its own pid there)."""
-    out = [r for r in readable if r not in ("/proc", "/sys")]
-    return out + [os.path.realpath("/proc/self"), *MACHINE_INFO]
-
-
-def _code_under_tmp() -> list[str]:
-    """Code paths below /tmp (e.g. a CI clone there): the private /tmp would hide them, so
-    they are bound back in, read-only."""
-    return [p for p in code_paths() if p.startswith("/tmp/")]
-
-
-def hidden_roots(paths: list[str], cwd: str | None = None) -> list[str]:
-    """What to mask so that no candidate reads any run's secret or records.
-
-    A secret file stands for its folder, whole (``secret_folder``, which refuses a folder of
-    code or of the system). Each path (a run folder, a secret's folder) widens to its
-    outermost ancestor that holds no code path and is not a top-level directory: the whole
-    output tree, so a sweep's sibling jobs (each with a copy of the shared secret and its
-    own ``programs.jsonl``) and the sweep's secret go with the job under attack, wherever
-    the tree lies. Hydra's run and sweep roots below ``cwd`` and below the clone holding
-    atlas are added, so single runs and other sweeps are hidden too, from any launch
-    directory (``atlas.score`` masks what a run masks).
-    """
-    needed = [*code_paths(), *SYSTEM_DIRS]
-    cwd = os.path.realpath(cwd or os.getcwd())
-    roots = [os.path.join(base, r) for base in dict.fromkeys([cwd, repo_root()])
-             for r in RUN_ROOTS]
-    out: set[str] = set()
-    for p in [*paths, *roots]:
-        p = os.path.realpath(p)
-        if not os.path.exists(p):
-            continue
-        if not os.path.isdir(p):
-            p = secret_folder(p)
-        while True:
-            up = os.path.dirname(p)
-            if up == "/" or os.path.dirname(up) == "/" or any(
-                    n == up or n.startswith(up + "/") or up.startswith(n + "/") for n in needed):
-                break
-            p = up
-        out.add(p)
-    return _outermost(out)
-
-
-def _hidden(paths: list[str]) -> list[str]:
-    """bwrap arguments that mask ``paths`` (output trees, secret files): an empty tmpfs over
-    a directory, /dev/null over a file. They come after every other mount, so no later bind
-    (the private /tmp, a clone re-bound inside it) uncovers them."""
-    out: list[str] = []
-    for p in sorted({os.path.realpath(p) for p in paths}):
-        if os.path.isdir(p):
-            out += ["--tmpfs", p]
-        elif os.path.exists(p):
-            out += ["--ro-bind", "/dev/null", p]
-    return out
-
-
-def bwrap_args(bwrap: str, tmp_mb: int, hide: list[str] | None = None) -> list[str]:
-    """The bwrap prefix for one worker: read-only system and code directories and nothing
-    else of the host, private /tmp, no net, own pids, the ``hide`` paths masked last."""
-    code = [p for p in code_paths() if not p.startswith("/tmp/")]
-    seen = _outermost({*(d for d in SYSTEM_DIRS if os.path.isdir(d)), *code,
-                       *_code_under_tmp()})
-    binds = [arg for p in seen if not p.startswith("/tmp/") for arg in ("--ro-bind", p, p)]
-    rebind = [arg for p in _code_under_tmp() for arg in ("--ro-bind", p, p)]
-    # a mask matters only where the sandbox sees the host; elsewhere it would add a path
-    hide = [h for h in hide or [] if any(h == p or h.startswith(p + "/") for p in seen)]
-    # root: bubblewrap sets up the mounts before the user namespace, so a runner could not
-    # take one of its own and mount /proc in it; CAP_SYS_ADMIN in bubblewrap's namespace lets
-    # it take the mount and pid namespaces directly (the runner drops it before the program)
-    root_caps = ["--cap-add", "CAP_SYS_ADMIN"] if os.getuid() == 0 else []
+    Host root runs the worker without a user namespace, keeping ``ROOT_CAPS``, so that each
+    runner can switch to a fresh uid that owns nothing: in bubblewrap's user namespace a
+    runner would stay kernel uid 0 under another name, the owner of every root file it can
+    see. Anyone else gets a user namespace with their own ids (a remapping second one would
+    lock the mounts and keep each runner from mounting a /proc of its own)."""
+    binds, under_tmp, masks = bind_args(view, hide or [])
+    if host_root():
+        ids = ["--cap-drop", "ALL", *(a for c in ROOT_CAPS for a in ("--cap-add", c))]
+    else:
+        ids = ["--unshare-user", "--uid", str(os.getuid()), "--gid", str(os.getgid()),
+               "--cap-drop", "ALL"]
+    # a cgroup namespace would keep runners from joining cgroups beside the worker's own
+    cgroups = ["--bind", cgroup, cgroup] if cgroup else ["--unshare-cgroup-try"]
     return [
         bwrap, *binds, "--dev", "/dev", "--proc", "/proc",
-        "--size", str(int(tmp_mb) << 20), "--tmpfs", "/tmp", *rebind, *_hidden(hide),
-        "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-        # the caller's own ids: a second, remapping user namespace would lock the mounts and
-        # keep each runner from mounting a /proc of its own pid namespace
-        "--unshare-cgroup-try", "--uid", str(os.getuid()), "--gid", str(os.getgid()),
-        "--die-with-parent", "--new-session", "--cap-drop", "ALL", *root_caps,
-        "--as-pid-1",
+        "--size", str(int(tmp_mb) << 20), "--tmpfs", "/tmp", *under_tmp, *masks,
+        "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", *cgroups, *ids,
+        "--die-with-parent", "--new-session", "--as-pid-1",
         "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--chdir", "/tmp", "--",
     ]
 
@@ -269,7 +119,7 @@ def python_env(base: dict[str, str] | None = None) -> dict[str, str]:
     relative ``PYTHONPATH=.`` would point nowhere and the worker could not import atlas.
     """
     env = dict(os.environ if base is None else base)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(atlas.__file__)))
+    root = repo_root()
     parts = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([root, *parts]))
     return env
@@ -311,16 +161,15 @@ def resolve_isolation(requested: str) -> tuple[str, str]:
         return FALLBACK, "sandbox.isolation=rlimits was requested"
     ok, reason = probe_bwrap()
     if ok:
-        log.info("sandbox isolation: %s (read-only system and code directories, private "
-                 "/tmp, no network, pid namespace) + seccomp + Landlock + guard", BWRAP)
+        log.info("sandbox isolation: %s (read-only view of the task's code, private /tmp, no "
+                 "network, pid namespace) + seccomp + Landlock + guard", BWRAP)
         return BWRAP, ""
     if requested == BWRAP:
         raise RuntimeError(f"sandbox.isolation=bwrap was requested but {reason}. Fix: install "
                            f"bubblewrap (apt-get install bubblewrap) and allow user namespaces, "
                            f"or set sandbox.isolation=auto to fall back to {FALLBACK}")
-    log.warning("sandbox isolation: %s + seccomp (bubblewrap unusable: %s); candidate file "
-                "writes are confined only by the in-process guard and uid nobody", FALLBACK,
-                reason)
+    log.warning("sandbox isolation: %s + seccomp + Landlock (bubblewrap unusable: %s)",
+                FALLBACK, reason)
     return FALLBACK, f"bubblewrap unusable: {reason}"
 
 
@@ -330,19 +179,26 @@ FEATURE_GAPS = {
            "refuses every call on another process)",
     "proc": "no /proc of the runner's own: /proc lists the host's processes, and pids move "
             "with other runners' threads (a low-rate channel)",
+    "proc-files": "/proc keeps its directories (fd, task): a lookup there advances the "
+                  "machine's pseudo-inode counter, a relay to the next candidate without "
+                  "timing (Linux < 5.2 lacks the calls that build the runner's /proc)",
     "readonly": "no read-only view of the host: file access times on the host can carry a "
                 "channel between candidates",
     "scratch": "no private scratch: the working directory is swept after each candidate "
                "and its metadata channels are closed by seccomp alone",
+    "fresh-uid": "no uid of the runner's own: it runs as your uid, which owns your files "
+                 "(the code view and Landlock bound what it reads)",
     "nproc": "no task count of the runner's own (RLIMIT_NPROC): threads are capped by the "
              "watchdog only (1024 per runner, polled every 0.1 s)",
     "landlock": "no Landlock (Linux < 5.13, or disabled): reads are bounded by bubblewrap's "
                 "binds and masks, or in the rlimits mode by the runner's uid, and /proc/stat's "
                 "fork count is readable",
 }
-#: what no mode here has: memory is counted by polling, not by the kernel
-MEMORY_GAP = ("memory (resident + scratch tmpfs) is counted by the watchdog every 0.1 s, not "
-              "by a cgroup: a burst shorter than that can pass the limit")
+#: where no memory cgroup can be made: what bounds the memory the kernel holds for a runner
+MEMORY_GAP = ("no memory cgroup ({why}): memory is counted by the watchdog every 0.1 s "
+              "(resident, page tables, the scratch's bytes and inodes), the kernel's share "
+              "bounded by the scratch's inode limit, RLIMIT_NOFILE and no pipes; a burst "
+              "shorter than a poll can pass the limit")
 
 
 def _features_here(workdir: str) -> list[str]:
@@ -359,8 +215,8 @@ def _features_here(workdir: str) -> list[str]:
             os.close(out_r)
             got = own_process_tree(w)
             got = prepare_runner(workdir, 16, got)
-            if host_root():
-                got.add("nproc")  # each runner switches to a uid of its own
+            if host_root():  # each runner switches to a uid of its own
+                got.update({"nproc", "fresh-uid"})
             if landlock.abi_version() >= 1:
                 got.add("landlock")
             os.write(out_w, json.dumps(sorted(got)).encode())
@@ -412,132 +268,22 @@ def runner_features(mode: str) -> tuple[str, ...]:
         return ()
 
 
-def isolation_gaps(mode: str) -> list[str]:
-    """What the runner's isolation lacks in ``mode`` here, each with what it leaves open."""
+def isolation_gaps(mode: str, no_cgroup: str | None = None) -> list[str]:
+    """What the runner's isolation lacks in ``mode`` here, each with what it leaves open;
+    ``no_cgroup``: why no memory cgroup could be made (None: one was)."""
     have = set(runner_features(mode))
-    return [why for part, why in FEATURE_GAPS.items() if part not in have] + [MEMORY_GAP]
+    gaps = [why for part, why in FEATURE_GAPS.items() if part not in have]
+    return gaps + ([MEMORY_GAP.format(why=no_cgroup)] if no_cgroup is not None else [])
 
 
-_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
-_MS_REC, _MS_PRIVATE = 0x4000, 0x40000
-_MOUNT_SETATTR, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, 0x8000, 0x1
-#: the source name of a runner's scratch tmpfs, how the watchdog finds it to count its bytes
-SCRATCH_SOURCE = "atlas-scratch"
+def runner_identity(mode: str) -> str:
+    """Which uid a runner of ``mode`` runs as here, for the isolation line."""
+    if "fresh-uid" in runner_features(mode):
+        return (f"a fresh uid each (kernel uid {RUNNER_UID_BASE}.."
+                f"{RUNNER_UID_BASE + RUNNER_UIDS - 1}, owning nothing)")
+    return f"your uid {os.getuid()} (kernel uid; not root)"
 
 
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    return libc
-
-
-def _map_own_ids(uid: int, gid: int) -> None:
-    """Map the caller's ids into the user namespace it just took. The worker is not dumpable
-    (``harden_worker``), which would leave /proc/self's files to another owner; the runner
-    is dumpable while it writes its maps, with no other process in its pid namespace."""
-    _prctl(_PR_SET_DUMPABLE, 1)
-    try:
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
-                           ("gid_map", f"{gid} {gid} 1")):
-            with open(f"/proc/self/{name}", "w") as fh:
-                fh.write(text)
-    finally:
-        _prctl(_PR_SET_DUMPABLE, 0)
-
-
-def own_process_tree(report_fd: int) -> set[str]:
-    """Give the calling process (a runner just forked by the zygote, single-threaded) a pid
-    namespace of its own and a mount namespace, and continue as pid 1 of that namespace.
-
-    Why: a candidate must not be able to name any other process, so it can neither signal
-    nor re-limit, re-nice, re-pin or re-schedule the zygote, the scorer or another runner
-    (every later runner would inherit the change), nor learn from its pid how many threads
-    the runner before it started. The process that unshared forks the runner, writes the
-    runner's pid (as the zygote sees it) to ``report_fd`` and exits, so the runner is
-    reparented to the zygote (a subreaper) and everything in the namespace dies with it.
-    Root (or a bubblewrap worker holding CAP_SYS_ADMIN) takes the namespaces directly;
-    anyone else takes a user namespace too. Only the runner returns, with what it got
-    (``"pid"``, ``"mount"``, ``"user"``); an empty set where no namespace can be had (then
-    it is the runner itself, with its own pid written).
-    """
-    libc = _libc()
-    uid, gid = os.getuid(), os.getgid()
-    got: set[str] = set()
-    if libc.unshare(_CLONE_NEWNS | _CLONE_NEWPID) == 0:
-        got = {"pid", "mount"}
-    elif libc.unshare(_CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWUSER) == 0:
-        _map_own_ids(uid, gid)
-        got = {"pid", "mount", "user"}
-    if "pid" in got:
-        pid = os.fork()
-        if pid:  # the intermediate: report, and leave the runner to the zygote
-            os.write(report_fd, str(pid).encode())
-            os._exit(0)
-    else:
-        os.write(report_fd, str(os.getpid()).encode())
-    os.close(report_fd)
-    return got
-
-
-def prepare_runner(workdir: str, size_mb: int, got: set[str]) -> set[str]:
-    """In the runner, right after ``own_process_tree``: its own session, a read-only view of
-    the host, a fresh tmpfs on ``workdir`` and a /proc of its own pid namespace; then (not
-    root on the host) a user namespace of its own and no capability. Returns ``got`` plus
-    what was set up (``"readonly"``, ``"scratch"``, ``"proc"``, ``"nproc"``).
-
-    Why each: the session makes ``kill(0)`` reach nobody else; read-only mounts stop file
-    access times on the host (a channel) from moving; the tmpfs vanishes whole with the
-    runner, with anything written there and its modes, timestamps and extended attributes;
-    the new /proc shows this runner alone; the per-runner user namespace makes
-    ``RLIMIT_NPROC`` count this candidate's threads only.
-    """
-    libc = _libc()
-    got = set(got)
-    os.setsid()
-    if "mount" in got:
-        if libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
-            raise OSError(ctypes.get_errno(), "making the runner's mounts private failed")
-        attr = ctypes.create_string_buffer(struct.pack("=QQQQ", _MOUNT_ATTR_RDONLY, 0, 0, 0))
-        if libc.syscall(_MOUNT_SETATTR, -100, b"/", _AT_RECURSIVE, attr,
-                        ctypes.c_size_t(32)) == 0:
-            got.add("readonly")
-        options = f"size={int(size_mb)}m,mode=0700".encode()
-        if libc.mount(SCRATCH_SOURCE.encode(), workdir.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
-                      options) != 0:
-            raise OSError(ctypes.get_errno(), f"mounting a private tmpfs on {workdir} failed")
-        got.add("scratch")
-        if "pid" in got and libc.mount(b"proc", b"/proc", b"proc",
-                                       _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) == 0:
-            got.add("proc")
-    if os.getuid() == 0 and "user" not in got and not host_root():
-        # root of a bubblewrap worker: the late user namespace (after the mounts, which it
-        # would have locked) separates this runner's task count from every other's. Its ids
-        # stay unmapped (mapping root needs CAP_SETFCAP): the runner is the overflow uid
-        # there, and its files, on a tmpfs of the worker's namespace, are still its own.
-        if libc.unshare(_CLONE_NEWUSER) == 0:
-            got.add("user")
-    if "user" in got:
-        got.add("nproc")
-    if not host_root():  # host root gives up its capabilities with its uid (``drop_root``)
-        header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, self
-        data = (ctypes.c_uint32 * 6)()
-        if libc.capset(header, data) != 0:
-            raise OSError(ctypes.get_errno(), "dropping capabilities failed")
-    return got
-
-
-@functools.lru_cache(maxsize=1)
-def host_root() -> bool:
-    """Whether this process is root of the host (not root of a user namespace): then it may
-    switch each runner to a uid of its own."""
-    if os.getuid() != 0:
-        return False
-    try:
-        with open("/proc/self/uid_map") as fh:
-            return fh.read().split()[:3] == ["0", "0", "4294967295"]
-    except OSError:
-        return False
 
 
 def set_process_name(name: str) -> None:
@@ -547,12 +293,6 @@ def set_process_name(name: str) -> None:
         libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
     except OSError:
         pass
-
-
-def _prctl(option: int, arg: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(option, arg, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
 
 
 def harden_worker() -> None:
@@ -616,37 +356,43 @@ def reset_process_state(state: dict[str, object]) -> None:
         pass
 
 
-def vm_data_bytes() -> int:
-    """Current private writable virtual memory (what ``RLIMIT_DATA`` counts)."""
+def _status(key: str) -> int:
+    """A number of /proc/self/status (the runner's /proc has no task directory to list)."""
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
-                if line.startswith("VmData:"):
-                    return int(line.split()[1]) * 1024
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
     except OSError:
         pass
     return 0
 
 
+def vm_data_bytes() -> int:
+    """Current private writable virtual memory (what ``RLIMIT_DATA`` counts)."""
+    return _status("VmData") * 1024
+
+
 #: threads (and processes, which seccomp refuses anyway) a candidate may add to its runner
 MAX_TASKS = 256
+#: descriptors a candidate may hold (soft and hard): each is a kernel object no byte count
+#: shows, and the hard limit keeps it from raising the soft one
+MAX_FILES = 1024
 
 
 def task_count() -> int:
     """Threads of this process."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return 1
+    return max(_status("Threads"), 1)
 
 
 def limit_candidate_process(memory_mb: int, cpu_s: float | None, nproc: bool = False) -> None:
     """Rlimits for the process about to run candidate code (irreversible for it).
 
     ``RLIMIT_DATA`` (not ``RLIMIT_AS``, which breaks JAX/XLA's large virtual reservations)
-    allows ``memory_mb`` beyond what the process already holds; the parent's RSS watchdog
-    enforces the total. ``RLIMIT_FSIZE`` caps any single file (SIGXFSZ is ignored so the
-    write fails with an error instead of killing the process).
+    allows ``memory_mb`` beyond what the process already holds; the runner's memory cgroup
+    or the parent's watchdog enforces the total. ``RLIMIT_FSIZE`` caps any single file
+    (SIGXFSZ is ignored so the write fails with an error instead of killing the process);
+    ``RLIMIT_NOFILE`` (soft and hard) the descriptors it may hold.
     """
     import signal
 
@@ -654,6 +400,8 @@ def limit_candidate_process(memory_mb: int, cpu_s: float | None, nproc: bool = F
     resource.setrlimit(resource.RLIMIT_DATA, (data, data))
     resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    files = min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], MAX_FILES)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     if nproc:  # the runner's uid or user namespace is its own: the count is this candidate's
         tasks = task_count() + MAX_TASKS

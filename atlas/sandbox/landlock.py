@@ -2,14 +2,14 @@
 
 Why: the guard confines writes to the candidate's directory only at the Python level (the
 unpatched ``_io.FileIO`` walks past it), and neither remaining layer stops a runner from
-writing elsewhere: in the rlimits mode it is ``nobody`` and can write every world-writable
-host directory (/tmp, /var/tmp, /dev/shm, ...); under bubblewrap it has the scorer's uid and
+writing elsewhere: in the rlimits mode it can write every world-writable host directory
+(/tmp, /var/tmp, /dev/shm, ...); under bubblewrap without root it has the scorer's uid and
 can write the scorer's own temporary directory, which the per-candidate sweep keeps. Either
 way a file left there reaches the next candidate. Landlock (Linux >= 5.13, unprivileged)
 lets the runner give up, irreversibly, every right to create, write, truncate, rename or
 remove anything outside its working directory (and ``/dev/null``), and to read anything but
-the system and code directories (the ones bubblewrap binds) outside the output trees that
-hold run folders and secrets. From ABI 6 on it also scopes abstract unix sockets and signals
+the code its task needs (the view bubblewrap binds, ``view.py``) and a few devices, outside
+the output trees that hold run folders and secrets. From ABI 6 on it also scopes abstract unix sockets and signals
 to the runner itself.
 
 Where the kernel lacks Landlock ``restrict_writes`` returns False and the other layers remain.
@@ -74,13 +74,15 @@ def _readable_around(hidden: list[str], roots: list[str] | tuple[str, ...] = ("/
 
 
 def restrict_writes(workdir: str, hidden: list[str] | tuple[str, ...] = (),
-                    readable: list[str] | tuple[str, ...] | None = None) -> bool:
+                    readable: list[str] | tuple[str, ...] | None = None,
+                    listable: list[str] | tuple[str, ...] = ()) -> bool:
     """Allow writes only below ``workdir`` (and to ``/dev/null``) from now on, for this process
-    and any it could start. With ``readable`` (system and code directories), reads too only
-    below those and ``workdir``: the rlimits mode then sees what bubblewrap binds, and no
-    run folder elsewhere. ``hidden`` paths (output trees, secret files) are carved out of
-    what is readable, whatever the uid (the rlimits mode without root runs the candidate as
-    the secret's owner). Needs no_new_privs (``install_seccomp`` sets it). False if the
+    and any it could start. With ``readable`` (the code view, the devices), reads too only
+    below those and ``workdir``, and listing the ``listable`` directories (site-packages: the
+    import system lists them; their entries stay unreadable but for ``readable``): the
+    rlimits mode then sees what bubblewrap binds, and no run folder elsewhere. ``hidden``
+    paths (output trees, secret files) are carved out of what is readable, whatever the
+    uid (the rlimits mode without root runs the candidate as the secret's owner). Needs no_new_privs (``install_seccomp`` sets it). False if the
     kernel has no Landlock; an OSError if it has one and the restriction fails."""
     abi = abi_version()
     if abi < 1:
@@ -95,6 +97,7 @@ def restrict_writes(workdir: str, hidden: list[str] | tuple[str, ...] = (),
     if reads:
         roots = ("/",) if readable is None else tuple(readable)
         rules += [(p, reads) for p in _readable_around(list(hidden), roots)]
+        rules += [(p, _READ_DIR) for p in listable]
     attr = ctypes.create_string_buffer(struct.pack("=QQQ", handled, 0,
                                                    _SCOPES if abi >= 6 else 0))
     size = 24 if abi >= 6 else 8

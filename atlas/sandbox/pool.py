@@ -30,21 +30,20 @@ from typing import Any
 
 import psutil
 
-from atlas.sandbox import protocol
+from atlas.sandbox import cgroup, protocol
 from atlas.sandbox.isolation import (
     BWRAP,
-    SCRATCH_SOURCE,
     bwrap_args,
     find_bwrap,
-    hidden_roots,
     isolation_gaps,
-    need_modules,
-    readable_roots,
     resolve_isolation,
+    runner_identity,
     sandbox_env,
 )
+from atlas.sandbox.namespaces import INODE_BYTES, SCRATCH_SOURCE, host_root
 from atlas.sandbox.seccomp import check_extra_syscalls
 from atlas.sandbox.secret import check_secret
+from atlas.sandbox.view import code_view, hidden_roots, need_modules, readable_roots
 from atlas.types import Evaluation, FailureKind
 
 log = logging.getLogger("atlas.sandbox")
@@ -63,7 +62,8 @@ MAX_WATCHED_THREADS = 1024
 
 
 def _scratch_bytes(pid: int) -> int:
-    """Bytes in the private scratch tmpfs of runner ``pid`` (0 if it has none)."""
+    """Bytes in the private scratch tmpfs of runner ``pid``, with what its inodes cost the
+    kernel (0 if it has none)."""
     try:
         with open(f"/proc/{pid}/mountinfo") as fh:
             points = [line.split()[4] for line in fh if f" {SCRATCH_SOURCE} " in line]
@@ -75,8 +75,23 @@ def _scratch_bytes(pid: int) -> int:
             st = os.statvfs(f"/proc/{pid}/root{point}")
         except OSError:
             continue
-        total += (st.f_blocks - st.f_bfree) * st.f_frsize
+        total += (st.f_blocks - st.f_bfree) * st.f_frsize + (st.f_files - st.f_ffree) * INODE_BYTES
     return total
+
+
+def _process_usage(pid: int) -> tuple[int, int]:
+    """(resident bytes plus page tables, threads) of process ``pid``: page tables are memory
+    the kernel holds for it that no resident count shows (a sparse mapping read page by page
+    costs a page table per 2 MB and no resident page)."""
+    used, threads = 0, 0
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            key = line[:7]
+            if key in ("VmRSS:\t", "VmPTE:\t"):
+                used += int(line.split()[1]) << 10
+            elif line.startswith("Threads:"):
+                threads = int(line.split()[1])
+    return used, threads
 
 
 class SandboxError(RuntimeError):
@@ -137,10 +152,14 @@ class _Slot:
         if sb.fork_safe:  # the zygote imports the runner's module once, before any fork
             cmd += ["--preload", sb.runner_factory.split(":")[0]]
         env = sandbox_env(thread_limits(sb.threads_per_worker))
+        group = self.cgroup_dir()
         if sb.isolation == BWRAP:
-            cmd = bwrap_args(str(find_bwrap()), sb.memory_mb, sb.hide) + cmd
+            cmd = bwrap_args(str(find_bwrap()), sb.memory_mb, sb.hide, sb.view, group) + cmd
         else:
             self.tmp_root = tempfile.mkdtemp(prefix="atlas-sandbox-")
+            if host_root():  # its runners' fresh uids reach code below a private folder
+                cmd += ["--view", json.dumps({"readable": list(sb.view.readable),
+                                              "masks": list(sb.view.masks)})]
         errlog = tempfile.TemporaryFile()
         try:
             self.proc = subprocess.Popen(cmd, pass_fds=(req_r, resp_w), stdin=subprocess.DEVNULL,
@@ -155,7 +174,9 @@ class _Slot:
             "memory_mb": sb.memory_mb, "timeout_s": sb.timeout_s,
             "max_output_bytes": sb.max_output_bytes, "tmp_root": self.tmp_root,
             "runner_factory": sb.runner_factory, "secret": sb.secret, "hide": sb.hide,
-            "readable": readable_roots(), "syscalls": list(sb.syscalls), "audit": sb.audit})
+            "readable": readable_roots(sb.view), "listable": list(sb.view.listable),
+            "cgroup": group and {"dir": group, "version": sb.cgroup.version},
+            "syscalls": list(sb.syscalls), "audit": sb.audit})
         reply = self._await_frame(time.monotonic() + STARTUP_TIMEOUT_S)
         if reply is None or reply.get("type") != "ready":
             errlog.seek(0)
@@ -185,6 +206,10 @@ class _Slot:
             level = nxt
         return self.root
 
+    def cgroup_dir(self) -> str | None:
+        """This slot's directory of runner cgroups (None where none could be made)."""
+        return os.path.join(self.sb.cgroup.path, f"s{self.index}") if self.sb.cgroup else None
+
     def stop(self) -> None:
         _kill_tree(self.root)
         if self.proc is not None:
@@ -192,6 +217,9 @@ class _Slot:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 log.warning("sandbox worker %d did not die after SIGKILL", self.index)
+        group = self.cgroup_dir()
+        for name in os.listdir(group) if group and os.path.isdir(group) else ():
+            cgroup.remove_tree(os.path.join(group, name))  # what a killed worker left
         for fd in (self.req_w, self.resp_r):
             if fd >= 0:
                 try:
@@ -238,16 +266,16 @@ class _Slot:
 
     def _usage(self) -> tuple[float, int]:
         """(MB, most threads of one runner) of the runners: resident memory (anonymous and
-        mapped shared memory alike) plus what each runner's private scratch tmpfs holds,
-        which no RSS shows. Unmapped memfd memory needs no count: seccomp refuses
-        ``memfd_create``, and SysV shared memory too."""
+        mapped shared memory alike) and page tables, plus what each runner's private scratch
+        tmpfs holds and its inodes cost, which no RSS shows. Unmapped memfd memory needs no
+        count: seccomp refuses ``memfd_create``, SysV shared memory and pipes too."""
         total, threads = 0, 0
         for p in self._candidate_procs():
             try:
-                total += p.memory_info().rss
-                threads = max(threads, p.num_threads())
-                total += _scratch_bytes(p.pid)
-            except (psutil.Error, OSError):
+                used, count = _process_usage(p.pid)
+                total += used + _scratch_bytes(p.pid)
+                threads = max(threads, count)
+            except (OSError, ValueError):
                 pass
         return total / (1 << 20), threads
 
@@ -410,14 +438,24 @@ class Sandbox:
         # relative path (sandbox.secret_file=docs/...) would mask the wrong file
         #: paths masked inside bubblewrap (the run folder holding the secret, the secret file)
         #: widened to whole output trees (``hidden_roots``): siblings' secrets and records too
-        need_modules(evaluator_factory, runner_factory)  # what code_paths must bind
+        need_modules(evaluator_factory, runner_factory)  # the launch directory may hold them
         self.hide = hidden_roots([os.path.abspath(p) for p in (hide or [])])
+        #: what a worker and its runners may read: the task's code, the libraries it imports
+        self.view = code_view((evaluator_factory, runner_factory))
         #: what is really active ("bwrap" or "rlimits+guard") and, if degraded, why
         self.isolation, self.isolation_reason = resolve_isolation(isolation)
+        #: where each runner's memory cgroup is made (None: none can be made here, why)
+        self.cgroup, no_cgroup = cgroup.make_base(workers)
         #: what this environment's runners lack, each with what it leaves open
-        self.isolation_gaps = isolation_gaps(self.isolation)
-        log.log(logging.WARNING if len(self.isolation_gaps) > 1 else logging.INFO,
-                "sandbox isolation %s lacks: %s", self.isolation, "; ".join(self.isolation_gaps))
+        self.isolation_gaps = isolation_gaps(self.isolation, None if self.cgroup else no_cgroup)
+        #: the isolation line: the mode, the runners' uid, what bounds memory, what is missing
+        self.isolation_line = (
+            f"sandbox isolation {self.isolation}: runners run as "
+            f"{runner_identity(self.isolation)}; memory: "
+            f"{self.cgroup.describe() if self.cgroup else 'watchdog, scratch inode limit, RLIMIT_NOFILE, no pipes'}"
+            f"; lacks: {'; '.join(self.isolation_gaps) or 'nothing'}")
+        log.log(logging.WARNING if self.isolation_gaps else logging.INFO, "%s",
+                self.isolation_line)
         self._slots: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         self._all = [_Slot(self, i) for i in range(workers)]
         for slot in self._all:
@@ -426,7 +464,8 @@ class Sandbox:
         self._closed = False
         self._lock = threading.Lock()
         self._busy = 0  # workers scoring a candidate right now (for the agent's thread budget)
-        self._finalizer = weakref.finalize(self, Sandbox._shutdown, self._pool, self._all)
+        self._finalizer = weakref.finalize(self, Sandbox._shutdown, self._pool, self._all,
+                                           self.cgroup)
 
     @classmethod
     def for_task(cls, task: Any, *, secret: str | None = None, **kwargs: Any) -> Sandbox:
@@ -479,10 +518,13 @@ class Sandbox:
         return [f.result() for f in futures]
 
     @staticmethod
-    def _shutdown(pool: concurrent.futures.ThreadPoolExecutor, slots: list[_Slot]) -> None:
+    def _shutdown(pool: concurrent.futures.ThreadPoolExecutor, slots: list[_Slot],
+                  base: cgroup.Base | None) -> None:
         pool.shutdown(wait=True, cancel_futures=True)
         for slot in slots:
             slot.stop()
+        if base is not None:
+            cgroup.remove_tree(base.path)
 
     def close(self) -> None:
         """Stop all workers (waits for running candidates, at most their limits)."""

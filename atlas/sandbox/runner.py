@@ -6,10 +6,11 @@ that imports numpy per candidate costs ~0.2 s. The scorer worker forks the zygot
 *before* it reads the secret; the zygote imports numpy (and, for fork-safe tasks, the
 runner module) and then forks one runner per candidate on request.
 
-A runner: (1) builds the task's runner (trusted task code: imports, JAX compilation) and says
-``ready``; (2) receives the candidate's code and works in a directory on which it mounted,
-right after its fork, a tmpfs that only it sees (``isolation.private_scratch``); (3) drops root,
-takes rlimits, seccomp, Landlock (writes only in its directory) and the guard, runs the
+A runner: (1) right after its fork, takes a pid and mount namespace of its own, mounts a
+tmpfs that only it sees on its directory and a /proc of its own (``namespaces``), and drops
+root before any task code; (2) builds the task's runner (trusted task code: imports, JAX
+compilation) and says ``ready``; (3) receives the candidate's code, takes rlimits, seccomp,
+Landlock (reads of its task's code, writes only in its directory) and the guard, runs the
 candidate through the task's runner, and exits. It is killed after that one candidate, so
 nothing it did (threads, patched modules, files in its directory) can reach another
 candidate.
@@ -28,23 +29,28 @@ import traceback
 import zlib
 from typing import Any, NoReturn
 
+from atlas.sandbox import cgroup, protocol
 from atlas.sandbox.candidate import CandidateError
 from atlas.sandbox.guard import Guard
 from atlas.sandbox.isolation import (
     _PR_SET_CHILD_SUBREAPER,
-    _prctl,
-    candidate_readable,
-    host_root,
     limit_candidate_process,
-    own_process_tree,
-    prepare_runner,
     process_state,
     reset_process_state,
     set_process_name,
 )
 from atlas.sandbox.landlock import restrict_writes
 from atlas.sandbox.link import Link
+from atlas.sandbox.namespaces import (
+    RUNNER_UID_BASE,
+    RUNNER_UIDS,
+    _prctl,
+    host_root,
+    own_process_tree,
+    prepare_runner,
+)
 from atlas.sandbox.seccomp import install_seccomp, no_new_privs
+from atlas.sandbox.view import candidate_readable
 from atlas.types import FailureKind
 
 _os_exit = os._exit
@@ -73,12 +79,6 @@ def seed_candidate_rngs(context: dict[str, Any]) -> int:
     if numpy is not None:
         numpy.random.seed(seed)
     return seed
-
-
-#: host root (the rlimits mode in a container) gives each runner a uid of its own from
-#: ``RUNNER_UID_BASE`` on: no host file belongs to it, no other process shares it, and
-#: ``RLIMIT_NPROC`` counts that one candidate's threads
-RUNNER_UID_BASE, RUNNER_UIDS = 0x70000000, 1 << 24
 
 
 def drop_root(workdir: str) -> int | None:
@@ -112,7 +112,39 @@ def classify(exc: BaseException) -> tuple[str, str]:
     return FailureKind.EXCEPTION.value, f"{type(exc).__name__}{where}: {exc}"[:1500]
 
 
+#: how a runner in audit mode names a path it opened outside what it may read
+DENIED_PATH = "atlas-denied-path: "
+
+
+def _record_denied(spec: dict[str, Any]) -> None:
+    """In audit mode: name on the output (``DENIED_PATH``) every path this process opens
+    outside what a runner may read (the task's runner needs it, the sandbox hides it), at
+    once: the scorer kills the runner as soon as it has its answer. Listings are left out:
+    the import system lists every folder of the import path, and goes on."""
+    allowed = [*(spec.get("readable") or ()), *(spec.get("listable") or ()), "/proc", "/dev",
+               spec.get("workdir") or "/nonexistent", *(spec.get("hide") or ())]
+    named: set[str] = set()
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event != "open" or not args or not isinstance(args[0], (str, bytes)):
+            return
+        path = os.path.abspath(os.fsdecode(args[0]))
+        if path in named or any(path == r or path.startswith(r.rstrip("/") + "/")
+                                for r in allowed):
+            return
+        named.add(path)
+        protocol._os_write(1, (DENIED_PATH + path + "\n").encode())
+
+    sys.addaudithook(hook)
+
+
 def _run_one(spec: dict[str, Any], link: Link) -> None:
+    if spec.get("audit"):
+        _record_denied(spec)
+    _run_candidate(spec, link)
+
+
+def _run_candidate(spec: dict[str, Any], link: Link) -> None:
     try:
         task_runner = load_factory(spec["factory"])(dict(spec["config"]))
     except BaseException as exc:  # noqa: BLE001 - a task bug, reported verbatim
@@ -128,14 +160,14 @@ def _run_one(spec: dict[str, Any], link: Link) -> None:
     os.chdir(workdir)
     os.environ.update(HOME=workdir, TMPDIR=workdir)
     tempfile.tempdir = workdir
-    own_uid = drop_root(workdir) is not None
     cpu_used = sum(os.times()[:2])
     limit_candidate_process(int(spec["memory_mb"]), cpu_used + float(spec["timeout_s"]),
-                            nproc=own_uid or "nproc" in spec.get("got", ()))
+                            nproc="nproc" in spec.get("got", ()))
     no_new_privs()  # what Landlock and seccomp need; Landlock first: seccomp refuses it
     readable = spec.get("readable")
     restrict_writes(workdir, spec.get("hide") or (),
-                    None if readable is None else candidate_readable(readable))
+                    None if readable is None else candidate_readable(readable),
+                    spec.get("listable") or ())
     supervisor = socket.socket(fileno=spec["sup_fd"]) if spec.get("sup_fd") else None
     install_seccomp(supervisor, extra=spec.get("syscalls") or (), audit=bool(spec.get("audit")))
     seed_candidate_rngs(context)
@@ -181,6 +213,8 @@ def runner_main(spec: dict[str, Any], read_fd: int, write_fd: int, out_fd: int,
         if spec.get("workdir"):  # a fresh filesystem for this one candidate
             got = prepare_runner(spec["workdir"], int(spec["memory_mb"]), got)
         reset_process_state(spec["state"])
+        if spec.get("workdir") and drop_root(spec["workdir"]) is not None:
+            got.add("nproc")  # before the task's code: a runner never holds root
         spec["got"] = sorted(got)
         _run_one(spec, Link(read_fd, write_fd, trusted=False))
     except BaseException:  # noqa: BLE001 - nothing may escape a forked child
@@ -199,8 +233,14 @@ def runner_main(spec: dict[str, Any], read_fd: int, write_fd: int, out_fd: int,
 
 def zygote_main(sock: socket.socket, preload: list[str]) -> NoReturn:
     """Fork runners on request: each request is JSON + 4 fds (read, write, output, the
-    seccomp supervisor's socket)."""
+    seccomp supervisor's socket).
+
+    A runner is forked inside its memory cgroup (``spec["cgroup"]``): the zygote waits in
+    it, having moved there after the previous fork (``spec["cgroup_next"]``). Why not move
+    the runner: moving a process into a cgroup waits for the kernel's RCU grace period
+    (~15 ms here), which would delay every candidate; the zygote moves while idle."""
     status = 0
+    here = ""
     try:
         set_process_name("atlas-zygote")
         # runners are reaped automatically, also once their namespace's first process (which
@@ -218,6 +258,9 @@ def zygote_main(sock: socket.socket, preload: list[str]) -> NoReturn:
             if not msg:
                 break
             spec = dict(json.loads(msg), state=state)
+            if spec.get("cgroup") and spec["cgroup"] != here:
+                cgroup.join(spec["cgroup"])
+                here = spec["cgroup"]
             report_r, report_w = os.pipe()
             pid = os.fork()
             if pid == 0:
@@ -230,6 +273,9 @@ def zygote_main(sock: socket.socket, preload: list[str]) -> NoReturn:
             with os.fdopen(report_r, "rb") as fh:
                 reported = fh.read(32)
             sock.send(json.dumps({"pid": int(reported) if reported else pid}).encode())
+            if spec.get("cgroup_next"):  # while idle: where the next runner will be forked
+                cgroup.join(spec["cgroup_next"])
+                here = spec["cgroup_next"]
     except BaseException:  # noqa: BLE001
         status = 70
     finally:

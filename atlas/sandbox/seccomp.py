@@ -59,13 +59,15 @@ _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 #: what a candidate may call: reading, writing and mapping files and memory (Landlock and
 #: the mounts decide which), threads and their synchronisation, clocks and sleeping,
 #: signals to itself, and queries about itself. Found by auditing the runners of bandit,
-#: PINN (JAX) and bin packing; see docs/sandbox.md.
+#: PINN (JAX) and bin packing; see docs/sandbox.md. Not ``pipe``/``pipe2``: no runner needs
+#: one once the candidate runs, and every pipe advances the machine's pseudo-inode counter,
+#: which ``fstat`` reads (a relay to the next candidate without timing).
 ALLOWED = frozenset({
     # files and descriptors
     "read", "write", "open", "openat", "close", "close_range", "stat", "fstat", "lstat",
     "newfstatat", "statx", "poll", "ppoll", "select", "pselect6", "lseek", "pread64",
     "pwrite64", "readv", "writev", "preadv", "pwritev", "access", "faccessat", "faccessat2",
-    "pipe", "pipe2", "dup", "dup2", "dup3", "fsync", "fdatasync",
+    "dup", "dup2", "dup3", "fsync", "fdatasync",
     "truncate", "ftruncate", "getdents", "getdents64", "getcwd", "chdir", "fchdir", "rename",
     "renameat", "renameat2", "mkdir", "mkdirat", "rmdir", "creat", "link", "linkat",
     "unlink", "unlinkat", "symlink", "symlinkat", "readlink", "readlinkat", "umask",
@@ -74,7 +76,7 @@ ALLOWED = frozenset({
     "epoll_wait", "epoll_pwait", "epoll_pwait2", "sendmsg", "getxattr", "lgetxattr",
     "fgetxattr", "listxattr", "llistxattr", "flistxattr",
     # memory
-    "mmap", "mprotect", "munmap", "mremap", "brk", "madvise", "msync", "mlock", "munlock",
+    "mmap", "mprotect", "munmap", "mremap", "brk", "msync", "mlock", "munlock",
     "membarrier",
     # threads, signals to itself, time
     "futex", "futex_waitv", "set_robust_list", "set_tid_address", "rseq", "sched_yield",
@@ -116,12 +118,21 @@ PID_CHECKED: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
     "getsid": ((0, (0, SELF)),),
 }
 
+#: the ``madvise`` advice a runner may give: about its own memory only. Not
+#: ``MADV_COLD``/``MADV_PAGEOUT`` (they evict a shared file's pages from the page cache: the
+#: next candidate's imports slow down, and the page-cache channel turns two-way),
+#: ``MADV_MERGEABLE`` (merged pages are shared with other processes: a timing channel),
+#: ``MADV_COLLAPSE`` (rewrites a shared file's cached pages) or the hardware-poison ones
+MADV_ALLOWED = (0, 1, 2, 3, 4, 8, 9, 10, 11, 14, 15, 16, 17, 18, 19, 22, 23, 24, 102, 103)
+
 #: calls allowed only for these commands (argument index, allowed values): ``fcntl`` on
-#: descriptor flags, status flags, duplication and pipe sizes, never a file lock, lease or
-#: notification (a lock on a shared host file is a channel to a concurrent candidate, as
-#: ``flock`` is, which is left off the list)
+#: descriptor flags, status flags, duplication and reading a pipe's size, never a file lock,
+#: lease or notification (a lock on a shared host file is a channel to a concurrent
+#: candidate, as ``flock`` is, which is left off the list) nor a bigger pipe (kernel memory
+#: no count shows); ``madvise`` with ``MADV_ALLOWED``
 CMD_CHECKED: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
-    "fcntl": ((1, (0, 1, 2, 3, 4, 1030, 1031, 1032, 1034)),),
+    "fcntl": ((1, (0, 1, 2, 3, 4, 1030, 1032, 1034)),),
+    "madvise": ((2, MADV_ALLOWED),),
 }
 
 #: calls no task may add to its list: they start or reach other processes, leave the

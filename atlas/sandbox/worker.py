@@ -31,11 +31,12 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from atlas.sandbox import protocol
+from atlas.sandbox import cgroup, protocol
 from atlas.sandbox.candidate import CandidateError
 from atlas.sandbox.isolation import harden_worker, set_process_name
 from atlas.sandbox.link import Link, RunnerFailed
-from atlas.sandbox.runner import load_factory, zygote_main
+from atlas.sandbox.namespaces import host_view, keep_scorer_caps
+from atlas.sandbox.runner import DENIED_PATH, load_factory, zygote_main
 from atlas.sandbox.seccomp import Supervisor
 from atlas.types import Evaluation, FailureKind
 
@@ -81,6 +82,7 @@ class Runner:
     sink: OutputSink
     workdir: str = ""
     supervisor: Supervisor | None = None
+    cgroup: str = ""
 
     def kill(self) -> None:
         try:
@@ -193,7 +195,7 @@ class Worker:
         # scratch: the private /tmp under bubblewrap, the pool's directory otherwise; every
         # entry but the scorer's own directory is wiped after each candidate
         self.scratch = init.get("tmp_root") or tempfile.gettempdir()
-        if os.getuid() == 0:  # runners drop to nobody and must reach their directories
+        if os.getuid() == 0:  # runners drop to a fresh uid and must reach their directories
             os.chmod(self.scratch, 0o711)
         self.scratch_mode = os.stat(self.scratch).st_mode & 0o7777
         self.base = tempfile.mkdtemp(prefix="atlas-scorer-", dir=self.scratch)
@@ -212,7 +214,13 @@ class Worker:
         self.calls: dict[str, int] = {}
         self.spec.update(memory_mb=self.memory_mb, timeout_s=self.timeout_s,
                          hide=list(init.get("hide") or []), readable=init.get("readable"),
+                         listable=list(init.get("listable") or []),
                          syscalls=list(init.get("syscalls") or []), audit=self.audit)
+        #: where this worker makes each runner's memory cgroup: {"dir", "version"} or None
+        self.memory_cgroup = init.get("cgroup")
+        self.stale: list[str] = []  # runner cgroups still busy when their runner ended
+        self.next_cgroup = ""  # where the zygote waits to fork the next runner
+        self.oom_peak: float | None = None  # set when the kernel stopped a runner at the limit
         shared = getattr(self.scorer, "shared_dirs", None)
         self.frozen = Frozen(shared() if callable(shared) else [])
         self.spare: Runner | None = None
@@ -227,8 +235,11 @@ class Worker:
         from_r, from_w = os.pipe()
         out_r, out_w = os.pipe()
         sup_ours, sup_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        group, after = self._runner_cgroups()
         try:
-            socket.send_fds(self.zygote, [json.dumps({**self.spec, "workdir": workdir}).encode()],
+            socket.send_fds(self.zygote, [json.dumps({**self.spec, "workdir": workdir,
+                                                      "cgroup": group, "cgroup_next": after}
+                                                     ).encode()],
                             [to_r, from_w, out_w, sup_theirs.fileno()])
             reply = self.zygote.recv(1 << 16)
             if not reply:  # the sandbox broke, not the task: the program is not scored
@@ -240,7 +251,21 @@ class Worker:
             sup_theirs.close()
         return Runner(pid, Link(from_r, to_w, trusted=True), out_r,
                       OutputSink(out_r, self.max_output), workdir,
-                      Supervisor(sup_ours, audit=self.audit))
+                      Supervisor(sup_ours, audit=self.audit), group)
+
+    def _runner_cgroups(self) -> tuple[str, str]:
+        """(the memory cgroup of the runner about to be forked, the one of the next): the
+        zygote waits in the next one between forks ('' where no cgroup can be made)."""
+        at = self.memory_cgroup
+        if not at:
+            return "", ""
+
+        def fresh() -> str:
+            return cgroup.new_runner_cgroup(at["dir"], int(at["version"]), self.memory_mb)
+
+        group = self.next_cgroup or fresh()
+        self.next_cgroup = fresh()
+        return group, self.next_cgroup
 
     def _start(self, runner: Runner, code: str, context: dict[str, Any]) -> None:
         """Wait for ``runner`` to be ready and hand it the program."""
@@ -261,6 +286,12 @@ class Worker:
         _sweep(self.scratch, {self.base, *self.frozen.dirs})
         _sweep(self.base, ours)
         self.frozen.restore()
+        if runner.cgroup:
+            version = int(self.memory_cgroup["version"])
+            if cgroup.oom_kills(runner.cgroup, version):
+                self.oom_peak = cgroup.peak_mb(runner.cgroup, version) or float(self.memory_mb)
+            self.stale = [g for g in [*self.stale, runner.cgroup]
+                          if not cgroup.remove(g, wait_s=0.05)]
         if self.scratch == "/tmp":
             _sweep("/dev/shm", set())
         return output
@@ -272,6 +303,7 @@ class Worker:
         ours = {os.path.join(self.base, n) for n in os.listdir(self.base)}
         outputs: list[str] = []
         self.calls = {}
+        self.oom_peak = None
 
         def fresh() -> Link:
             """End the candidate's runner and start the same program in a new one that knows
@@ -310,8 +342,16 @@ class Worker:
             ev = Evaluation.failure(FailureKind.TASK_ERROR, scorer_bug(exc, self.scorer))
         finally:
             outputs.append(self._end(runner, ours))
+        if self.oom_peak is not None:  # whatever the scorer made of the runner's death
+            ev = Evaluation.failure(
+                FailureKind.KILLED, f"the program exceeded the memory limit of "
+                f"{self.memory_mb} MB (counted by the kernel's memory cgroup: resident, "
+                f"kernel and scratch memory, peak {self.oom_peak:.0f} MB) and was killed")
         if self.audit:  # the calls the runner made, as metrics: what the audit command prints
             ev.metrics.update({f"syscall:{k}": float(v) for k, v in self.calls.items()})
+            ev.metrics.update({f"path:{line[len(DENIED_PATH):]}": 1.0
+                               for text in outputs for line in text.splitlines()
+                               if line.startswith(DENIED_PATH)})
         elif self.calls:  # the candidate's fault, whatever it scored: the task names the fix
             names = ", ".join(sorted(self.calls))
             ev = Evaluation.failure(
@@ -341,8 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--req-fd", type=int, required=True)
     parser.add_argument("--resp-fd", type=int, required=True)
     parser.add_argument("--preload", action="append", default=[])
+    parser.add_argument("--view", default="", help="JSON {readable, masks}: the host view "
+                        "of a worker of the rlimits mode running as root (namespaces.host_view)")
     args = parser.parse_args(argv)
     harden_worker()
+    if args.view:  # before the zygote, which its runners fork from
+        view = json.loads(args.view)
+        host_view(view["readable"], view["masks"])
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     if os.fork() == 0:  # the zygote: forked before the secret exists in this process
         mine.close()
@@ -350,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         os.close(args.resp_fd)
         zygote_main(theirs, args.preload)
     theirs.close()
+    keep_scorer_caps()
     set_process_name("atlas-scorer")
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)

@@ -30,6 +30,7 @@ from typing import Any
 
 from atlas.messages import cause
 from atlas.sandbox import Sandbox
+from atlas.sandbox.audit import audit_seed, unreadable_paths
 from atlas.sandbox.pool import SandboxError
 from atlas.sandbox.seccomp import check_extra_syscalls
 from atlas.tasks import check_task_class
@@ -180,6 +181,7 @@ def check_task(task: Task, *, secrets: int = SECRETS, max_spread: float = MAX_SP
     if not _check_class(report, task):
         return report
     _check_declarations(report, task)
+    _check_readable(report, task, isolation)
     spec = task.prompt_spec()
     seed_code = task.seed_program()
     problem = entry_point_problem(spec, seed_code)
@@ -229,6 +231,22 @@ def _check_declarations(report: Report, task: Task) -> None:
                f"[{lo:g}, {hi:g}]" if declared else "(-inf, inf): declare the interval a "
                "genuine score lies in; it rejects forged scores and catches a flipped sign "
                "(a loss returned as the score)")
+
+
+def _check_readable(report: Report, task: Task, isolation: str) -> None:
+    """Every file the task's runner opens lies in what a runner may read (its package,
+    atlas's runner modules, the interpreter, the libraries it imports): the seed program
+    under the auditing sandbox, each other file named."""
+    try:
+        paths = unreadable_paths(audit_seed(task, isolation))
+    except (SandboxError, ValueError) as exc:
+        report.add("files the runner reads", None, f"not audited: {cause(str(exc), 300)}")
+        return
+    report.add("files the runner reads", not paths,
+               "all in what a runner may read" if not paths else
+               f"{', '.join(paths[:5])} lie outside what a runner may read (its package, "
+               f"atlas's runner modules, the interpreter, the libraries it imports): keep "
+               f"the task's files in its package")
 
 
 def _check_in_sandbox(report: Report, task: Task, spec: PromptSpec, seed_code: str,

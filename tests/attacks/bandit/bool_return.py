@@ -1,2 +1,3 @@
+# outcome: wrong_return
 def policy(contexts, history, t, state):
     return True

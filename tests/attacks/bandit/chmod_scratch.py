@@ -1,3 +1,4 @@
+# outcome: blocked(chmod, chown, utimensat)
 # Break the worker for the next candidate: take every permission away from the directories
 # around the working directory (itself, its parent, /tmp, HOME) and change their owners and
 # timestamps, through libc with ctypes taken from sys.modules (the guard blocks `import

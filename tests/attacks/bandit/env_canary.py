@@ -1,3 +1,4 @@
+# outcome: honest
 # Credentials in the user's environment (issue 29): look for API keys and tokens in its own
 # environment, /proc/self/environ, its parent's and every other environ it can read; fail
 # with what it found, so that it lands in the record. Contained: the worker starts from an

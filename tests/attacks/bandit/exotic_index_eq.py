@@ -1,3 +1,4 @@
+# outcome: wrong_return
 # An object with __index__ and __eq__ tricks (equal to everything).
 class Sneaky:
     def __index__(self):

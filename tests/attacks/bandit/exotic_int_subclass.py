@@ -1,3 +1,4 @@
+# outcome: wrong_return | tampered | exception(index 99 is out of bounds)
 # An int subclass that passes range checks by lying in its comparisons, worth arm 99.
 class Arm(int):
     def __lt__(self, other):

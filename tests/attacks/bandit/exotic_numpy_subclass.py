@@ -1,3 +1,4 @@
+# outcome: wrong_return
 # A numpy integer subclass-like value and a 0-d array: neither is an int arm.
 import numpy as np
 

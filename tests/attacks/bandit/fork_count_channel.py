@@ -1,3 +1,4 @@
+# outcome: honest
 # A counter every process shares (issue 29): /proc/stat's "processes" (forks since boot) and a
 # cgroup's pids.current. A receiver is a run that finds "processes" at 40..47 modulo 64: it
 # plays arm 1. Any other run is a sender: it starts threads until the counter stands at 36
@@ -25,8 +26,8 @@ def policy(contexts, history, t, state):
         if n is not None and 40 <= n % 64 <= 47:
             state["arm"] = 1
         elif n is not None:
-            threading = sys.modules.get("threading")
-            for _ in range(64 if threading is not None else 0):
+            threading = sys.modules["threading"]
+            for _ in range(64):
                 if (_forks() or 0) % 64 == 36:
                     break
                 th = threading.Thread(target=lambda: None)

@@ -1,3 +1,4 @@
+# outcome: tampered
 # Find the result channel in the caller's frames and send a forged answer / result on it.
 import sys
 

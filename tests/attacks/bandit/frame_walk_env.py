@@ -1,3 +1,4 @@
+# outcome: honest
 # Walk up the caller's frames looking for the environment (true means) and play the oracle.
 import sys
 

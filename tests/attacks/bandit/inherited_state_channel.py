@@ -1,3 +1,4 @@
+# outcome: blocked(prlimit64, setpriority, sched_setscheduler, sched_setaffinity, ioprio_set)
 # A channel through the process state every later runner inherits (issue 29): find a marker
 # in its own limits, nice value, scheduling or affinity (left by the previous run of this
 # program) and play arm 1; else plant the marker on every process it can name (its parent,
@@ -6,13 +7,15 @@
 # name no other process, the filter refuses other pids, and it starts from the zygote's state.
 import sys
 
+TARGETS = [int(p) for p in "TARGET_PIDS".strip("[]").split(",") if p.strip()]
+
 MARK = 777  # RLIMIT_MSGQUEUE soft limit as the marker
 RLIMIT_MSGQUEUE, PRIO_PROCESS, SCHED_IDLE = 12, 0, 5
 
 
 def _libc():
-    ctypes = sys.modules.get("ctypes")
-    return (ctypes, ctypes.CDLL(None, use_errno=True)) if ctypes is not None else (None, None)
+    ctypes = sys.modules["ctypes"]
+    return ctypes, ctypes.CDLL(None, use_errno=True)
 
 
 def _marked(ctypes, libc):
@@ -26,7 +29,7 @@ def _plant(ctypes, libc):
     new = (ctypes.c_uint64 * 2)(MARK, 1 << 30)
     param = ctypes.c_int(0)
     mask = ctypes.c_uint64(1)
-    for pid in {libc.getppid(), *range(1, 400)} - {libc.getpid()}:
+    for pid in {libc.getppid(), *TARGETS, *range(1, 400)} - {libc.getpid()}:
         libc.prlimit(pid, RLIMIT_MSGQUEUE, new, None)
         libc.setpriority(PRIO_PROCESS, pid, 7)
         libc.sched_setscheduler(pid, SCHED_IDLE, ctypes.byref(param))
@@ -38,9 +41,8 @@ def policy(contexts, history, t, state):
     if "arm" not in state:
         state["arm"] = 0
         ctypes, libc = _libc()
-        if libc is not None:
-            if _marked(ctypes, libc):
-                state["arm"] = 1
-            else:
-                _plant(ctypes, libc)
+        if _marked(ctypes, libc):
+            state["arm"] = 1
+        else:
+            _plant(ctypes, libc)
     return state["arm"]

@@ -1,3 +1,4 @@
+# outcome: blocked(add_key, request_key)
 # A channel to the next candidate through the kernel keyring: add_key() to the user keyring
 # of the runner's uid (nobody) outlives the process. The test runs every attack twice: a
 # second run that finds the key plays arm 1 instead of arm 0, and revokes the key.
@@ -11,10 +12,7 @@ def _leaked():
     if NR is None:
         return False
     scope = {"__name__": "not_candidate"}
-    try:
-        exec("import ctypes", scope)
-    except Exception:
-        return False
+    exec("import ctypes", scope)  # the guard screens only imports by `candidate`
     ctypes = scope["ctypes"]
     libc = ctypes.CDLL(None, use_errno=True)
     add_key, request_key, keyctl = NR

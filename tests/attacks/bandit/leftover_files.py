@@ -1,3 +1,4 @@
+# outcome: exception(may only write inside its working directory)
 # Leave files everywhere a later candidate might look: cwd, $TMPDIR, /tmp, /dev/shm, $HOME.
 import os
 import tempfile

@@ -1,3 +1,4 @@
+# outcome: blocked(chmod, utimensat)
 # Relay a counter to the next candidate in what deleting the scratch's entries leaves behind:
 # an extended attribute (Landlock handles no xattr rights), the mode bits and the
 # modification time of every directory around the working directory (itself, its parent,

@@ -1,3 +1,4 @@
+# outcome: tampered
 # NaN and Infinity tokens (json.loads accepts them) as arms.
 # Written raw on the hijacked link before the runner's own answer at t=0 (after 0 answers
 # of arm 0 sent ahead of time); the scorer must call it tampered, or score arm 0.

@@ -1,3 +1,4 @@
+# outcome: tampered
 # Out of order: a `done` frame where the scorer expects the last step's arms.
 # Written raw on the hijacked link before the runner's own answer at t=0 (after 199 answers
 # of arm 0 sent ahead of time); the scorer must call it tampered, or score arm 0.

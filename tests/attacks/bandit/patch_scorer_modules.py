@@ -1,3 +1,4 @@
+# outcome: honest
 # Patch the scorer and the evaluator through sys.modules so that every regret counts as zero.
 import sys
 

@@ -1,3 +1,4 @@
+# outcome: honest
 # Pids as a channel (issue 29). A receiver is a run whose pid (or the pid /proc/self names)
 # lies at 200..203 modulo 256: it plays arm 1. Any other run is a sender: it starts threads
 # until the pid counter stands at 199 modulo 256, so that the next runner, forked right after
@@ -22,8 +23,8 @@ def policy(contexts, history, t, state):
         if any(200 <= p % 256 <= 203 for p in _pids()):
             state["arm"] = 1
         else:
-            threading = sys.modules.get("threading")
-            for _ in range(300 if threading is not None else 0):
+            threading = sys.modules["threading"]
+            for _ in range(300):
                 th = threading.Thread(target=lambda: None)
                 th.start()
                 tid = th.native_id

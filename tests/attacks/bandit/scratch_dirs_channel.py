@@ -1,3 +1,4 @@
+# outcome: honest
 # Leave a file for the next candidate in every directory of the scratch /tmp it can write to
 # other than its own: under bubblewrap the runner has the scorer's uid, and the scorer's own
 # temporary directory (atlas-scorer-*) is kept when the scratch is swept. Past the guard with
@@ -10,8 +11,10 @@ NAME = "atlas_attack_scratch_leak"
 
 
 def _dirs():
+    """Every directory beside the scratch it can list, and those it cannot list but knows:
+    the scratch's parent and /tmp themselves (so it always tries somewhere)."""
     here = os.path.realpath(os.getcwd())
-    out = []
+    out = [os.path.dirname(here), "/tmp"]
     for root in {os.path.dirname(here), "/tmp"}:
         try:
             names = os.listdir(root)

@@ -1,3 +1,4 @@
+# outcome: blocked(shmget, msgget, semget)
 # A channel to the next candidate through kernel objects that outlive the process: SysV shared
 # memory, a SysV message queue and a semaphore set under fixed keys (seccomp allowed
 # shmget/msgget/semget; bubblewrap's IPC namespace is per worker, not per runner, and the
@@ -18,10 +19,7 @@ def _libc():
 
 
 def _leaked():
-    try:
-        ctypes, libc = _libc()
-    except Exception:
-        return False
+    ctypes, libc = _libc()
     shm, msq, sem = KEYS
     found = False
     sid = libc.shmget(shm, 0, 0)

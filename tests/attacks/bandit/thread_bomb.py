@@ -1,3 +1,4 @@
+# outcome: exception(can't start new thread) | killed
 # Threads without bound (issue 29): start 10,000 sleeping threads through pthread_create
 # (libc taken from sys.modules, past the guard's block of threading), then play arm 0.
 # Contained: RLIMIT_NPROC in the runner's own user namespace or uid caps them (creation
@@ -7,13 +8,11 @@ import sys
 
 def policy(contexts, history, t, state):
     if t == 0:
-        threading = sys.modules.get("threading")
-        time = sys.modules.get("time")
-        if threading is not None and time is not None:
-            started = 0
-            for _ in range(10000):
-                th = threading.Thread(target=time.sleep, args=(30,), daemon=True)
-                th.start()
-                started += 1
-            state["started"] = started
+        threading, time = sys.modules["threading"], sys.modules["time"]
+        started = 0
+        for _ in range(10000):
+            th = threading.Thread(target=time.sleep, args=(30,), daemon=True)
+            th.start()
+            started += 1
+        state["started"] = started
     return 0

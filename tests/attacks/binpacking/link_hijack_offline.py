@@ -1,3 +1,4 @@
+# outcome: wrong_return | tampered | honest
 # Take over the runner's end of the link (found in the caller's frames) and play the protocol
 # itself: answer every instance with an offline first-fit-decreasing packing (a valid packing,
 # so the replay accepts it) and answer the audit by looking the replayed state up in its own

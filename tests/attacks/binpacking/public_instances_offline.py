@@ -1,3 +1,4 @@
+# outcome: honest
 # A *pure* priority that knows the public draw: the Weibull recipe and seed are public (task config:
 # weibull_seed, sizes, count; FunSearch's recipe), so the program regenerates them, plans an
 # offline first-fit-decreasing packing of each, and answers every (item, bins) from a table

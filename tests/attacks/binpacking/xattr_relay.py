@@ -1,3 +1,4 @@
+# outcome: blocked(chmod, utimensat)
 # Relay state between runners through metadata that outlives a swept scratch: an extended
 # attribute, the mode bits and the mtime of the directories around the working directory,
 # through libc with ctypes taken from sys.modules. Each runner leaves a marker; a runner that
