@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from atlas.sandbox import Sandbox
+from atlas.sandbox import Confinement, Resources, Sandbox
 from atlas.sandbox.seccomp import ALLOWED, CMD_CHECKED, PID_CHECKED
 from atlas.tasks import build_task
 
@@ -30,8 +30,8 @@ def audit(overrides: list[str]) -> int:
     except (TypeError, ValueError) as exc:
         print(f"atlas.sandbox audit: {exc}", file=sys.stderr)
         return 2
-    with Sandbox.for_task(task, workers=1, isolation=str(cfg.sandbox.isolation),
-                          audit=True) as sb:
+    with Sandbox.for_task(task, resources=Resources(workers=1), confinement=Confinement(
+            isolation=str(cfg.sandbox.isolation), audit=True)) as sb:
         ev = sb.evaluate(task.seed_program(), {"round": 1})
     calls = {k.split(":", 1)[1]: int(v) for k, v in ev.metrics.items()
              if k.startswith("syscall:")}
