@@ -449,7 +449,7 @@ def test_audit_lists_the_runners_calls_and_task_syscalls_extend_the_list(capsys)
     in ``Task.syscalls``."""
     import re
 
-    from atlas.sandbox.__main__ import main
+    from atlas.commands.sandbox import main
 
     if os.uname().machine != "x86_64":
         pytest.skip("memfd_create's number below is x86_64's")

@@ -19,10 +19,10 @@ from atlas.evolution.seeding import score_seed
 from atlas.messages import cause
 from atlas.sandbox import Resources, Sandbox, protocol
 from atlas.tasks import build_task, make_task, task_class
-from atlas.tasks.__main__ import class_name, scaffold
 from atlas.tasks.base import PromptSpec, Task
 from atlas.tasks.checker import check_task, spread
 from atlas.tasks.errors import TaskError
+from atlas.tasks.scaffold import class_name, scaffold
 from atlas.types import FailureKind
 
 ROOT = Path(__file__).resolve().parents[1]
