@@ -13,20 +13,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from atlas.commands import composed_task
 from atlas.sandbox import Confinement, Resources, Sandbox
 from atlas.sandbox.seccomp import ALLOWED, CMD_CHECKED, PID_CHECKED
-from atlas.tasks import build_task
 
 
 def audit(overrides: list[str]) -> int:
-    from atlas.compose import compose  # deferred: Hydra, for the one command that composes
-
     try:
-        if not any(o.startswith("task=") for o in overrides):
-            raise ValueError("name the task: python -m atlas.sandbox audit task=<name> "
-                             "[hydra.searchpath=[pkg://<package>.conf]]")
-        cfg = compose(overrides)
-        task = build_task(cfg)
+        cfg, task = composed_task("sandbox audit", overrides)
     except (TypeError, ValueError) as exc:
         print(f"atlas.sandbox audit: {exc}", file=sys.stderr)
         return 2

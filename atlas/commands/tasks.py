@@ -14,20 +14,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from atlas.tasks import build_task
+from atlas.commands import composed_task
 from atlas.tasks.checker import MAX_SPREAD, SECRETS, check_task
 from atlas.tasks.scaffold import scaffold
 
 
 def check(overrides: list[str], secrets: int, max_spread: float, secret_seed: int) -> int:
-    from atlas.compose import compose  # deferred: Hydra, which scaffolding never needs
-
     try:
-        if not any(o.startswith("task=") for o in overrides):
-            raise ValueError("name the task: python -m atlas.tasks check task=<name> "
-                             "[hydra.searchpath=[pkg://<package>.conf]]")
-        cfg = compose(overrides)
-        task = build_task(cfg)
+        cfg, task = composed_task("tasks check", overrides)
         report = check_task(task, secrets=secrets, max_spread=max_spread,
                             secret_seed=secret_seed, isolation=str(cfg.sandbox.isolation))
     except (TypeError, ValueError) as exc:
