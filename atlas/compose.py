@@ -26,7 +26,6 @@ from atlas.fields import check_known_fields
 from atlas.loggers import builtin as builtin_logger
 from atlas.overrides import grammar_problem
 from atlas.schema import ConfigError
-from atlas.tasks import build_task
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # sub-trees whose keys are validated by their consumer, not by the YAML schema
@@ -337,6 +336,5 @@ def compose(overrides: list[str]) -> Any:
                          or override_problem(overrides) or " ".join(str(exc).split())) from None
 
 
-# build_task: the task a composed config builds (its home is atlas.tasks)
-__all__ = ["CONF", "UNREADABLE", "build_task", "check_known_keys", "compose", "group_problem",
+__all__ = ["CONF", "UNREADABLE", "check_known_keys", "compose", "group_problem",
            "groups", "override_problem", "schema", "searchpath_problem", "compose_problem"]

@@ -46,7 +46,7 @@ from atlas.fine_tuning import FineTuner, adapter_snapshot
 from atlas.provenance import LoadMeter, provenance
 from atlas.results import summarise
 from atlas.runfolder import new_folder_hint
-from atlas.sandbox import Sandbox
+from atlas.sandbox import Confinement, Resources, Sandbox
 from atlas.sandbox.secret import run_secret, sweep_secret_file
 from atlas.supporters import make_supporters
 from atlas.supporters import requests as supporter_requests
@@ -125,8 +125,9 @@ class EvolutionLoop:
         create = settings.sandbox.create_secret or not settings.sandbox.secret_file
         self.sandbox = Sandbox.for_task(
             self.task, secret=run_secret(self.run_dir, secret_file, create=create),
-            workers=ex.sandbox_workers(usable_cores()), isolation=settings.sandbox.isolation,
-            hide=[str(self.run_dir), *([str(secret_file)] if secret_file else [])])
+            resources=Resources(workers=ex.sandbox_workers(usable_cores())),
+            confinement=Confinement(isolation=settings.sandbox.isolation, hide=(
+                str(self.run_dir), *([str(secret_file)] if secret_file else []))))
         log.info("sandbox isolation: %s", self.sandbox.isolation)
         # a broken task stops the run here, before the model loads (a resumed run has its seed)
         resuming = run.resume and (self.run_dir / "checkpoint" / checkpoint.FILENAME).exists()

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from atlas.sandbox import Sandbox
+from atlas.sandbox import Confinement, Resources, Sandbox
 from atlas.sandbox.pool import SandboxError
 from atlas.sandbox.secret import create_secret_file, is_secret
 from atlas.tasks import build_task
@@ -116,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     context = task.context(args.round)
     codes = [Path(f).read_text() for f in files]
     try:
-        with Sandbox.for_task(task, secret=secret, workers=args.workers,
-                              isolation=str(cfg.sandbox.isolation),
-                              hide=[str(secret_path.resolve())]) as sb:
+        with Sandbox.for_task(task, secret=secret, resources=Resources(workers=args.workers),
+                              confinement=Confinement(isolation=str(cfg.sandbox.isolation),
+                                                      hide=(str(secret_path.resolve()),))) as sb:
             evaluations = sb.evaluate_many(codes, context)
     except (SandboxError, ValueError) as exc:
         print(f"atlas.score: the sandbox could not start the task's scorer: "

@@ -310,13 +310,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", default="", help="also write the figures to this file")
     args = ap.parse_args(argv)
     from atlas.agent.precision import cpu_model
-    from atlas.sandbox import Sandbox
+    from atlas.sandbox import Confinement, Resources, Sandbox, TaskSpec
     from atlas.sandbox.testing import TOY_RUNNER, TOY_SCORER
 
     rng = random.Random(args.seed)
     out: dict[str, Any] = {"cpu": cpu_model(), "kernel": platform.release(), "mode": args.mode}
-    with Sandbox(TOY_SCORER, {"steps": 2}, runner_factory=TOY_RUNNER, isolation=args.mode,
-                 workers=2, timeout_s=120, memory_mb=1024) as sb:
+    with Sandbox(TaskSpec(TOY_SCORER, {"steps": 2}, TOY_RUNNER, timeout_s=120),
+                 resources=Resources(workers=2, memory_mb=1024),
+                 confinement=Confinement(isolation=args.mode)) as sb:
         out["isolation"] = sb.isolation
         out["page_cache"] = page_cache(sb, rng, args.bits)
         out["dentry"] = dentry(sb, rng, args.bits)

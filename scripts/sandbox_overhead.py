@@ -14,15 +14,15 @@ import statistics
 import sys
 import time
 
-from atlas.sandbox import Sandbox
+from atlas.sandbox import Confinement, Resources, Sandbox, TaskSpec
 from atlas.sandbox.testing import TOY_RUNNER, TOY_SCORER
 
 TRIVIAL = "def policy(contexts, history, t, state):\n    return 0\n"
 
 
 def main(mode: str, n: int) -> dict[str, float | int | str]:
-    with Sandbox(TOY_SCORER, {"steps": 1}, runner_factory=TOY_RUNNER, isolation=mode,
-                 workers=1) as sb:
+    with Sandbox(TaskSpec(TOY_SCORER, {"steps": 1}, TOY_RUNNER), resources=Resources(workers=1),
+                 confinement=Confinement(isolation=mode)) as sb:
         for _ in range(4):
             assert sb.evaluate(TRIVIAL, {}).passed
         seconds = []

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from atlas.sandbox import Sandbox
+from atlas.sandbox import Resources, Sandbox
 from atlas.tasks import make_task
 
 
@@ -23,7 +23,7 @@ def main(run: Path, n: int) -> str:
     rows = [json.loads(line) for line in (run / "programs.jsonl").read_text().splitlines()]
     task_name = json.loads((run / "results.json").read_text())["task"]
     codes = list(dict.fromkeys(r["code"] for r in rows if r["evaluation"].get("passed")))[:n]
-    with Sandbox.for_task(make_task(task_name), secret="ab" * 32, workers=1) as sb:
+    with Sandbox.for_task(make_task(task_name), secret="ab" * 32, resources=Resources(workers=1)) as sb:
         sb.evaluate(codes[0], {})  # warm the worker
         t0 = time.perf_counter()
         evs = [sb.evaluate(code, {}) for code in codes]

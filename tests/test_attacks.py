@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from atlas.sandbox import Sandbox
+from atlas.sandbox import Confinement, Resources, Sandbox, TaskSpec
 from atlas.sandbox.isolation import probe_bwrap
 from atlas.sandbox.secret import SECRET_FILE, run_secret
 from atlas.tasks.bandit import BanditTask
@@ -99,7 +99,8 @@ def bandit(request, tmp_path_factory):
     secret = run_secret(run_dir)
     task = BanditTask(T=200, env_seeds=[0, 1])
     with _planted() as planted, Sandbox.for_task(
-            task, secret=secret, workers=1, isolation=request.param, hide=[str(run_dir)]) as sb:
+            task, secret=secret, resources=Resources(workers=1),
+            confinement=Confinement(isolation=request.param, hide=(str(run_dir),))) as sb:
         seed = sb.evaluate(task.seed_program(), {"round": 1})
         arm0 = sb.evaluate(ARM0, {"round": 1})
         # the secret is drawn fresh (the real path), so the hidden environments differ per run:
@@ -148,8 +149,8 @@ def test_hidden_paths_stay_unreadable_when_permissions_allow(mode):
     code = code.replace("SECRET_PATH", str(run_dir / SECRET_FILE)).replace("SECRET_VALUE",
                                                                           secret)
     try:
-        with Sandbox.for_task(task, secret=secret, workers=1, isolation=mode,
-                              hide=[str(run_dir)]) as sb:
+        with Sandbox.for_task(task, secret=secret, resources=Resources(workers=1),
+                              confinement=Confinement(isolation=mode, hide=(str(run_dir),))) as sb:
             arm0 = sb.evaluate(ARM0, {"round": 1})
             ev = sb.evaluate(code, {"round": 1})
     finally:
@@ -187,8 +188,9 @@ def binpacking(request, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("attack-run-bp")
     secret = run_secret(run_dir)
     task = BinPackingTask(weibull_count=2, weibull_items=300, audit_steps=16)
-    with Sandbox.for_task(task, secret=secret, workers=1, isolation=request.param,
-                          hide=[str(run_dir)]) as sb:
+    with Sandbox.for_task(task, secret=secret, resources=Resources(workers=1),
+                          confinement=Confinement(isolation=request.param,
+                                                  hide=(str(run_dir),))) as sb:
         seed = sb.evaluate(task.seed_program(), task.context(1))
         assert seed.passed and seed.score < 0, seed
         yield sb, task, seed.score
@@ -249,8 +251,8 @@ def test_a_program_that_patches_numpy_scores_what_it_honestly_plays():
 
     code = (ATTACKS / "patch_numpy_mean.py").read_text()
     honest = toy_in_process({"steps": 10}, {}, ARM0).score
-    with Sandbox(TOY_SCORER, {"steps": 10}, runner_factory=TOY_RUNNER, workers=1,
-                 score_range=(-math.inf, 0.0), isolation="rlimits") as sb:
+    with Sandbox(TaskSpec(TOY_SCORER, {"steps": 10}, TOY_RUNNER, score_range=(-math.inf, 0.0)),
+                 resources=Resources(workers=1), confinement=Confinement(isolation="rlimits")) as sb:
         for _ in range(2):
             ev = sb.evaluate(code, {})
             assert ev.passed and ev.score == honest and honest < 0, ev
@@ -273,7 +275,8 @@ def test_pinn_attacks_get_a_failure_or_an_honest_score_and_leave_the_seed_alone(
     task = PinnTask(**PINN_SMALL)
     ctx = task.context(2)
     mode = "bwrap" if probe_bwrap()[0] else "rlimits"
-    with Sandbox.for_task(task, workers=1, isolation=mode, memory_mb=3072) as sb:
+    with Sandbox.for_task(task, resources=Resources(workers=1, memory_mb=3072),
+                          confinement=Confinement(isolation=mode)) as sb:
         seed = sb.evaluate(task.seed_program(), ctx)
         assert seed.passed and seed.score <= 0, seed
         for path in PINN_ATTACKS:
@@ -389,8 +392,9 @@ def sweep(request, tmp_path_factory):
     secret = (paths["job_a"] / SECRET_FILE).read_text().strip()
     task = BanditTask(T=100, env_seeds=[0, 1])
     try:
-        with Sandbox.for_task(task, secret=secret, workers=1, isolation=mode,
-                              hide=[str(paths["job_a"]), str(paths["shared"])]) as sb:
+        with Sandbox.for_task(task, secret=secret, resources=Resources(workers=1),
+                              confinement=Confinement(isolation=mode, hide=(
+                                  str(paths["job_a"]), str(paths["shared"])))) as sb:
             seed = sb.evaluate(task.seed_program(), {"round": 1})
             arm0 = sb.evaluate(ARM0, {"round": 1})
             assert seed.passed and arm0.passed and seed.score != arm0.score, (seed, arm0)
@@ -431,7 +435,7 @@ CLONE_SCRIPT = '''
 import json, sys
 from pathlib import Path
 import atlas
-from atlas.sandbox import Sandbox
+from atlas.sandbox import Confinement, Resources, Sandbox
 from atlas.sandbox.secret import run_secret
 from atlas.tasks.bandit import BanditTask
 
@@ -439,7 +443,8 @@ mode, run_dir, attack, sibling_attack = sys.argv[1:5]
 secret = run_secret(run_dir)
 task = BanditTask(T=60, env_seeds=[0, 1])
 arm0 = "def policy(contexts, history, t, state):\\n    return 0\\n"
-with Sandbox.for_task(task, secret=secret, workers=1, isolation=mode, hide=[run_dir]) as sb:
+with Sandbox.for_task(task, secret=secret, resources=Resources(workers=1),
+                      confinement=Confinement(isolation=mode, hide=(run_dir,))) as sb:
     out = {"atlas": atlas.__file__, "hide": sb.hide, "isolation": sb.isolation}
     out["seed"] = [sb.evaluate(task.seed_program(), {"round": 1}).score]
     out["arm0"] = sb.evaluate(arm0, {"round": 1}).score
@@ -515,7 +520,8 @@ def test_pinn_seed_with_a_comment_scores_identically():
     ctx = task.context(1)
     seed = task.seed_program()
     mode = "bwrap" if probe_bwrap()[0] else "rlimits"
-    with Sandbox.for_task(task, workers=1, isolation=mode, memory_mb=3072) as sb:
+    with Sandbox.for_task(task, resources=Resources(workers=1, memory_mb=3072),
+                          confinement=Confinement(isolation=mode)) as sb:
         evs = [sb.evaluate(code, ctx) for code in (seed, seed + "\n# tuned by hand\n",
                                                    "# another comment\n" + seed)]
     assert all(ev.passed for ev in evs), evs
@@ -576,11 +582,11 @@ def policy(contexts, history, t, state):
 '''
 
 
-def _toy(mode: str, **kwargs) -> Sandbox:
+def _toy(mode: str, *, timeout_s: float = 30.0, **resources: int) -> Sandbox:
     from atlas.sandbox.testing import TOY_RUNNER, TOY_SCORER
 
-    return Sandbox(TOY_SCORER, {"steps": 10}, runner_factory=TOY_RUNNER, isolation=mode,
-                   **kwargs)
+    return Sandbox(TaskSpec(TOY_SCORER, {"steps": 10}, TOY_RUNNER, timeout_s=timeout_s),
+                   resources=Resources(**resources), confinement=Confinement(isolation=mode))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -807,8 +813,9 @@ def test_a_secret_file_masks_its_whole_folder(mode):
                 "    try:\n        open(OTHER).read()\n    except OSError:\n"
                 "        return 0\n    return 1\n").replace("OTHER", repr(str(other)))
         task = BanditTask(T=50, env_seeds=[0, 1])
-        with Sandbox.for_task(task, secret=secret, workers=1, isolation=mode,
-                              hide=[str(folder / "run"), str(ours)]) as sb:
+        with Sandbox.for_task(task, secret=secret, resources=Resources(workers=1),
+                              confinement=Confinement(isolation=mode, hide=(
+                                  str(folder / "run"), str(ours)))) as sb:
             arm0 = sb.evaluate(ARM0, {"round": 1})
             ev = sb.evaluate(read, {"round": 1})
     finally:

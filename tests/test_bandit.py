@@ -310,7 +310,7 @@ def test_contexts_cross_the_pipe_bit_for_bit_as_fresh_arrays() -> None:
 def test_the_sandbox_scores_a_program_as_the_in_process_evaluator_does(task: BanditTask) -> None:
     """Two processes and a pipe (the run's way) and one process (baselines, tests) give the
     same score and metrics to the last bit, reading and even un-freezing the contexts."""
-    from atlas.sandbox import Sandbox
+    from atlas.sandbox import Resources, Sandbox, TaskSpec
 
     config = {**task.evaluator_config(), "T": 300}
     unfreeze = _const("contexts.flags.writeable = True\n    contexts[0] = 0.0\n"
@@ -318,9 +318,9 @@ def test_the_sandbox_scores_a_program_as_the_in_process_evaluator_does(task: Ban
     codes = [task.seed_program(), unfreeze, _const("return int(np.argmax(contexts[:, 0]))")]
     secret = "5e" * 32
     envs = build_envs(config, secret)
-    with Sandbox("atlas.tasks.bandit.evaluator:make_scorer", config, workers=1, secret=secret,
-                 runner_factory="atlas.tasks.bandit.evaluator:make_runner",
-                 timeout_s=60.0) as sb:
+    with Sandbox(TaskSpec("atlas.tasks.bandit.evaluator:make_scorer", config,
+                          "atlas.tasks.bandit.evaluator:make_runner", timeout_s=60.0),
+                 resources=Resources(workers=1), secret=secret) as sb:
         for code in codes:
             piped = sb.evaluate(code, {})
             policy = load_candidate(code, "policy")

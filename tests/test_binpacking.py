@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atlas.sandbox import Sandbox
+from atlas.sandbox import Resources, Sandbox
 from atlas.sandbox.candidate import CandidateError
 from atlas.tasks import make_task
 from atlas.tasks.binpacking import BinPackingTask
@@ -134,7 +134,7 @@ SCALAR = "def priority(item, bins):\n    return 1.0\n"
 
 def test_sandbox_scores_checks_and_audits() -> None:
     task = BinPackingTask(weibull_count=2, weibull_items=300, audit_steps=8)
-    with Sandbox.for_task(task, secret=SECRET, workers=1) as sb:
+    with Sandbox.for_task(task, secret=SECRET, resources=Resources(workers=1)) as sb:
         seed, rnd, nan, scalar = sb.evaluate_many(
             [task.seed_program(), RANDOM, NAN, SCALAR], task.context(0))
     assert seed.passed, seed.message

@@ -247,7 +247,7 @@ class ToyBanditTask(ToyTask):
 
 
 def test_round_through_the_real_sandbox():
-    from atlas.sandbox import Sandbox
+    from atlas.sandbox import Resources, Sandbox, TaskSpec
 
     completions = [
         "\n    import numpy as np\n    return int(np.argmax(contexts.sum(axis=1)))\n```",
@@ -256,8 +256,9 @@ def test_round_through_the_real_sandbox():
         "\n    return 17\n```",
     ]
     cfg = {**CFG, "islands": 2, "islands_per_round": 1, "samples_per_prompt": 4}
-    with Sandbox(ToyBanditTask.evaluator_factory, {"steps": 20}, workers=2, timeout_s=2.0,
-                 runner_factory=ToyBanditTask.runner_factory) as sb:
+    with Sandbox(TaskSpec(ToyBanditTask.evaluator_factory, {"steps": 20},
+                          ToyBanditTask.runner_factory, timeout_s=2.0),
+                 resources=Resources(workers=2)) as sb:
         settings = explore_settings(**cfg)
         ex = Explorer(ToyBanditTask(), ScriptedAgent(completions), sb,
                       ProgramDatabase(settings), settings, seed=0)

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from atlas.sandbox import Sandbox, cgroup, isolation
+from atlas.sandbox import Confinement, Resources, Sandbox, TaskSpec, cgroup, isolation
 from atlas.sandbox.isolation import probe_bwrap
 from atlas.sandbox.namespaces import PROC_FILES, SCRATCH_INODES
 from atlas.sandbox.runner import RUNNER_UID_BASE, RUNNER_UIDS
@@ -50,9 +50,9 @@ def memory_bound(request, monkeypatch):
     return request.param
 
 
-def _toy(mode: str, **kwargs) -> Sandbox:
-    return Sandbox(TOY_SCORER, {"steps": 3}, runner_factory=TOY_RUNNER, isolation=mode,
-                   **kwargs)
+def _toy(mode: str, *, timeout_s: float = 30.0, **resources: int) -> Sandbox:
+    return Sandbox(TaskSpec(TOY_SCORER, {"steps": 3}, TOY_RUNNER, timeout_s=timeout_s),
+                   resources=Resources(**resources), confinement=Confinement(isolation=mode))
 
 
 def _report(ev) -> dict:
@@ -409,15 +409,15 @@ def _private_interpreter(base: Path) -> Path:
 
 PRIVATE = '''
 import sys
-from atlas.sandbox import Sandbox
+from atlas.sandbox import Confinement, Resources, Sandbox, TaskSpec
 from atlas.sandbox.testing import TOY_RUNNER, TOY_SCORER
 code = ("def policy(contexts, history, t, state):\\n"
         "    import statistics, fractions, decimal, difflib, csv, email.parser, html.parser\\n"
         "    import xml.etree.ElementTree, zipfile, textwrap, heapq, bisect, itertools\\n"
         "    import numpy.linalg, numpy.fft\\n"
         "    return int(statistics.median([0, 0, 1]))\\n")
-with Sandbox(TOY_SCORER, {"steps": 2}, runner_factory=TOY_RUNNER, isolation=sys.argv[1],
-             workers=1, timeout_s=60) as sb:
+with Sandbox(TaskSpec(TOY_SCORER, {"steps": 2}, TOY_RUNNER, timeout_s=60),
+             resources=Resources(workers=1), confinement=Confinement(isolation=sys.argv[1])) as sb:
     ev = sb.evaluate(code, {})
 print("RESULT", sys.prefix, ev.passed, ev.failure_kind, ev.message[:800])
 '''

@@ -17,7 +17,7 @@ from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.explorer import Explorer
 from atlas.evolution.prompts import build_prompt, prefill_of
 from atlas.fine_tuning import FineTuner
-from atlas.sandbox import Sandbox
+from atlas.sandbox import Resources, Sandbox, TaskSpec
 from atlas.types import GateItem
 from tests.conftest import explore_settings, model_settings
 from tests.test_evolution_explorer import CFG, ToyBanditTask
@@ -52,8 +52,9 @@ def prompts_for(agent: ResearchAgent, n: int = 2) -> list[str]:
 
 @pytest.fixture(scope="module")
 def sandbox():
-    with Sandbox(ToyBanditTask.evaluator_factory, {"steps": 20}, workers=2,
-                 runner_factory=ToyBanditTask.runner_factory, timeout_s=5.0) as sb:
+    with Sandbox(TaskSpec(ToyBanditTask.evaluator_factory, {"steps": 20},
+                          ToyBanditTask.runner_factory, timeout_s=5.0),
+                 resources=Resources(workers=2)) as sb:
         yield sb
 
 

@@ -399,7 +399,7 @@ def test_rng_state_round_trip() -> None:
 
 # ---- the sandbox: a candidate's own randomness is reproducible across worker processes ------
 def test_unseeded_candidate_randomness_scores_the_same_in_fresh_workers() -> None:
-    from atlas.sandbox import Sandbox
+    from atlas.sandbox import Resources, Sandbox
     from atlas.tasks import make_task
 
     task = make_task("bandit", T=200, env_seeds=[0])
@@ -407,7 +407,7 @@ def test_unseeded_candidate_randomness_scores_the_same_in_fresh_workers() -> Non
             "    return int(np.random.randint(0, 5)) if random.random() < 0.9 else 0\n")
     scores = []
     for _ in range(2):  # two sandboxes: two worker processes with fresh entropy
-        with Sandbox.for_task(task, secret="ab" * 32, workers=1) as sb:
+        with Sandbox.for_task(task, secret="ab" * 32, resources=Resources(workers=1)) as sb:
             ev = sb.evaluate(code, task.context(1))
         assert ev.passed, ev.message
         scores.append(ev.score)

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from atlas.sandbox import Sandbox, SandboxError, isolation
+from atlas.sandbox import Confinement, Resources, Sandbox, SandboxError, TaskSpec, isolation
 from atlas.sandbox.protocol import ProtocolError, decode_frames, encode, validate_evaluation
 from atlas.sandbox.seccomp import build_filter
 from atlas.sandbox.testing import TOY_RUNNER, TOY_SCORER, toy_in_process
@@ -57,9 +57,12 @@ def _direct_score(config: dict) -> float:
     return toy_in_process(config, {}, GOOD).score
 
 
-def toy(config: dict, **kwargs) -> Sandbox:
+def toy(config: dict, *, timeout_s: float = 30.0, fork_safe: bool = True,
+        syscalls: tuple[str, ...] = (), isolation: str = "auto", **resources: int) -> Sandbox:
     """A sandbox of the toy task (atlas/sandbox/testing.py)."""
-    return Sandbox(TOY_SCORER, config, runner_factory=TOY_RUNNER, **kwargs)
+    return Sandbox(TaskSpec(TOY_SCORER, config, TOY_RUNNER, timeout_s=timeout_s,
+                            fork_safe=fork_safe, syscalls=syscalls),
+                   resources=Resources(**resources), confinement=Confinement(isolation=isolation))
 
 
 @pytest.fixture(scope="module", params=["bwrap-fork", "bwrap-inline", "fallback-fork"])
@@ -339,7 +342,7 @@ def test_seccomp_denies_metadata_changes_and_page_cache_probes(tmp_path):
 
 def test_bad_configuration_is_named():
     with pytest.raises(ValueError, match="evaluator_factory"):
-        Sandbox("atlas.sandbox.testing.make_toy_scorer", {}, runner_factory=TOY_RUNNER)
+        Sandbox(TaskSpec("atlas.sandbox.testing.make_toy_scorer", {}, TOY_RUNNER))
     with pytest.raises(ValueError, match="workers"):
         toy({}, workers=0)
     with pytest.raises(ValueError, match="isolation"):
@@ -349,11 +352,11 @@ def test_bad_configuration_is_named():
     # every task is split: a scorer alone is refused before any worker starts
     with pytest.raises(ValueError, match=r"runner_factory is missing: every task needs a runner"
                                          r".*see docs/tasks\.md"):
-        Sandbox(TOY_SCORER, {}, runner_factory=None)  # type: ignore[arg-type]
+        Sandbox(TaskSpec(TOY_SCORER, {}, None))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"runner_factory='nomodule' is invalid"):
-        Sandbox(TOY_SCORER, {}, runner_factory="nomodule")
-    with Sandbox("atlas.sandbox.testing:no_such_factory", {}, workers=1,
-                 runner_factory=TOY_RUNNER) as sb:
+        Sandbox(TaskSpec(TOY_SCORER, {}, "nomodule"))
+    with Sandbox(TaskSpec("atlas.sandbox.testing:no_such_factory", {}, TOY_RUNNER),
+                 resources=Resources(workers=1)) as sb:
         with pytest.raises(SandboxError, match="no_such_factory"):
             sb.evaluate(GOOD, {})
 
@@ -386,9 +389,9 @@ def test_real_bandit_evaluator_with_hostile_programs():
     names = {"infinite_loop.py": "timeout", "os_system.py": "exception",
              "return_string.py": "wrong_return", "fake_score_native.py": "tampered",
              "memory_hog_single.py": "killed", "write_repo.py": "exception"}
-    with Sandbox("atlas.tasks.bandit.evaluator:make_scorer", config, workers=2,
-                 runner_factory="atlas.tasks.bandit.evaluator:make_runner",
-                 timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB) as sb:
+    with Sandbox(TaskSpec("atlas.tasks.bandit.evaluator:make_scorer", config,
+                          "atlas.tasks.bandit.evaluator:make_runner", timeout_s=TIMEOUT_S),
+                 resources=Resources(workers=2, memory_mb=MEMORY_MB)) as sb:
         codes = [_source(REPO / "tests" / "hostile" / n) for n in names]
         for (name, kind), ev in zip(names.items(), sb.evaluate_many(codes, {})):
             assert ev.failure_kind == kind, (name, ev)
@@ -446,7 +449,7 @@ def test_audit_lists_the_runners_calls_and_task_syscalls_extend_the_list(capsys)
     in ``Task.syscalls``."""
     import re
 
-    from atlas.sandbox.__main__ import main
+    from atlas.commands.sandbox import main
 
     if os.uname().machine != "x86_64":
         pytest.skip("memfd_create's number below is x86_64's")

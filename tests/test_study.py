@@ -16,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from atlas.config import validate
-from atlas.sandbox.pool import Sandbox
+from atlas.sandbox import Confinement, Resources, Sandbox, TaskSpec
 from atlas.sandbox.secret import run_secret
 from atlas.tasks.bandit.evaluator import build_envs
 from atlas.tasks.pinn.problem import PinnConfig, init_params, training_points
@@ -86,8 +86,10 @@ def test_sandbox_masks_a_relative_secret_path_by_its_absolute_name(tmp_path: Pat
     secret = tmp_path / "multirun" / "study" / ".task_secret_s0"
     secret.parent.mkdir(parents=True)
     secret.write_text("5eed" * 16)
-    sb = Sandbox("atlas.tasks.bandit.evaluator:make_scorer", {}, workers=1,
-                 runner_factory="atlas.tasks.bandit.evaluator:make_runner", hide=["multirun/study/.task_secret_s0"])
+    sb = Sandbox(TaskSpec("atlas.tasks.bandit.evaluator:make_scorer", {},
+                          "atlas.tasks.bandit.evaluator:make_runner"),
+                 resources=Resources(workers=1),
+                 confinement=Confinement(hide=("multirun/study/.task_secret_s0",)))
     try:  # masked by its absolute name, with the whole output tree it lies in
         real = os.path.realpath(secret)
         assert sb.hide and all(os.path.isabs(h) for h in sb.hide)

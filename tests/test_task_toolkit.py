@@ -17,12 +17,12 @@ from atlas.compose import compose, searchpath_problem
 from atlas.config import validate
 from atlas.evolution.seeding import score_seed
 from atlas.messages import cause
-from atlas.sandbox import Sandbox, protocol
+from atlas.sandbox import Resources, Sandbox, protocol
 from atlas.tasks import build_task, make_task, task_class
-from atlas.tasks.__main__ import class_name, scaffold
 from atlas.tasks.base import PromptSpec, Task
 from atlas.tasks.checker import check_task, spread
 from atlas.tasks.errors import TaskError
+from atlas.tasks.scaffold import class_name, scaffold
 from atlas.types import FailureKind
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ def _faulty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, old: str
 
 
 def _seed(task: Task):
-    with Sandbox.for_task(task, workers=1) as sb:
+    with Sandbox.for_task(task, resources=Resources(workers=1)) as sb:
         return sb.evaluate(task.seed_program(), task.context(0))
 
 
@@ -113,7 +113,7 @@ def test_a_scorer_bug_is_a_task_error_with_its_file_and_line(
     assert f"bugged/scoring.py:{line}" in ev.message.splitlines()[0]
     assert "AttributeError" in ev.message and "not the program" in ev.message
     # the end of the traceback (the cause) survives the one-line summary the run stops with
-    with Sandbox.for_task(task, workers=1) as sb, pytest.raises(TaskError) as info:
+    with Sandbox.for_task(task, resources=Resources(workers=1)) as sb, pytest.raises(TaskError) as info:
         score_seed(task, sb)
     text = str(info.value)
     assert "\n" not in text and "task_error" in text and "config_typo" in text
@@ -306,7 +306,7 @@ def test_cause_keeps_the_end_of_a_traceback() -> None:
 
 def test_sandbox_secret_must_be_hex() -> None:
     with pytest.raises(ValueError, match="not a task secret; use hex digits"):
-        Sandbox.for_task(make_task("bandit"), secret="public", workers=1)
+        Sandbox.for_task(make_task("bandit"), secret="public", resources=Resources(workers=1))
 
 
 def _score_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -384,7 +384,7 @@ def test_a_program_without_the_entry_point_is_missing_entry_point_never_a_race(
     scaffold("entry_demo", tmp_path)
     _on_path(tmp_path, monkeypatch)
     task = make_task(_target_="entry_demo.EntryDemoTask", name="entry_demo")
-    with Sandbox.for_task(task, workers=1) as sb:
+    with Sandbox.for_task(task, resources=Resources(workers=1)) as sb:
         evs = sb.evaluate_many([NO_ENTRY] * 12, task.context(0))
         broken = sb.evaluate("def estimate(xs:\n", task.context(0))
     assert {(ev.failure_kind, ev.message) for ev in evs} == {
@@ -410,7 +410,7 @@ def test_built_in_tasks_fail_a_program_without_its_entry_point_the_same_way(task
     from atlas.tasks.checker import without_entry_point_program
 
     task = build_task(compose([f"task={task_name}"]))
-    with Sandbox.for_task(task, workers=1) as sb:
+    with Sandbox.for_task(task, resources=Resources(workers=1)) as sb:
         ev = sb.evaluate(without_entry_point_program(task.prompt_spec().entry_point),
                          task.context(0))
     assert ev.failure_kind == FailureKind.MISSING_ENTRY_POINT.value, ev.message

@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from atlas.fine_tuning import phase_seed
     from atlas.loop import agent_thread_budget, torch_threads, usable_cores
     from atlas.probe import LearningProbe
-    from atlas.sandbox import Sandbox
+    from atlas.sandbox import Confinement, Resources, Sandbox
     from atlas.schema import ExploreConfig, ProbeConfig
     from atlas.tasks import build_task
 
@@ -164,9 +164,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             samples=args.probe_samples, temperature=args.probe_temperature)
     settings = args.settings
     agents: dict = {}
-    sandbox = Sandbox.for_task(task, secret=ph.secret, workers=args.workers,
-                               hide=[str(Path(args.run).resolve()),
-                                     str(ph.secret_file.resolve().parent)])
+    sandbox = Sandbox.for_task(task, secret=ph.secret, resources=Resources(workers=args.workers),
+                               confinement=Confinement(hide=(
+                                   str(Path(args.run).resolve()),
+                                   str(ph.secret_file.resolve().parent))))
     rows, failed = [], []
     try:
         base_agent = _agent(cfg, {}, agents, device)

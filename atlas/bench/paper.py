@@ -34,7 +34,7 @@ from atlas.bench.machine import (
     model_label,
     resolve_bench_device,
 )
-from atlas.sandbox import Sandbox
+from atlas.sandbox import Resources, Sandbox
 from atlas.tasks import make_task
 from atlas.types import PreferencePair
 
@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           flush=True)
     task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
     task = make_task(task_cfg.pop("name"), **task_cfg)
-    sandbox = Sandbox.for_task(task, workers=workers)
+    sandbox = Sandbox.for_task(task, resources=Resources(workers=workers))
     results: dict[str, Any] = {"device": info, "model": label, "load_s": load_s,
                                "explore": explore, "rounds": []}
     try:

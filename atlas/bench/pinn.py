@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-from atlas.sandbox import Sandbox
+from atlas.sandbox import Resources, Sandbox
 from atlas.sandbox.candidate import load_candidate
 
 CANDIDATES: dict[str, str] = {
@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> None:
         if key not in loops:
             continue
 
-        with Sandbox.for_task(task, workers=1, threads_per_worker=args.threads) as sb:
+        with Sandbox.for_task(task, resources=Resources(
+                workers=1, threads_per_worker=args.threads)) as sb:
             t0 = time.perf_counter()
             first = sb.evaluate(CANDIDATES[names[0]], ctx)  # scorer compile + first runner
             extra[f"{key}_worker_start_s"] = time.perf_counter() - t0

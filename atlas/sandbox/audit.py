@@ -16,13 +16,15 @@ from typing import Any
 
 from atlas.sandbox.pool import Sandbox
 from atlas.sandbox.seccomp import ALLOWED, CMD_CHECKED, PID_CHECKED
+from atlas.sandbox.settings import Confinement, Resources
 from atlas.types import Evaluation
 
 
 def audit_seed(task: Any, isolation: str = "auto") -> Evaluation:
     """The seed program's evaluation under the auditing sandbox: its metrics hold
     ``syscall:<name>`` (count) and ``path:<path>`` (opened outside the view)."""
-    with Sandbox.for_task(task, workers=1, isolation=isolation, audit=True) as sb:
+    with Sandbox.for_task(task, resources=Resources(workers=1),
+                          confinement=Confinement(isolation=isolation, audit=True)) as sb:
         return sb.evaluate(task.seed_program(), task.context(1))
 
 

@@ -43,6 +43,7 @@ from atlas.sandbox.isolation import (
 from atlas.sandbox.namespaces import INODE_BYTES, SCRATCH_SOURCE, host_root
 from atlas.sandbox.seccomp import check_extra_syscalls
 from atlas.sandbox.secret import check_secret
+from atlas.sandbox.settings import Confinement, Resources, TaskSpec
 from atlas.sandbox.view import code_view, hidden_roots, need_modules, readable_roots
 from atlas.types import Evaluation, FailureKind
 
@@ -369,25 +370,24 @@ class _Slot:
 class Sandbox:
     """Runs untrusted candidate programs in isolated single-use processes, in parallel.
 
-    ``evaluator_factory`` ("module:function") is imported and called once per trusted worker
-    with ``evaluator_config`` (and ``secret=`` if it takes one) and returns the task's scorer
-    (``score(code, context, link)``, ``public_config()``); ``runner_factory`` builds, in each
-    candidate's single-use process, the runner that calls the program. Every candidate gets
-    ``timeout_s`` of wall time and ``memory_mb`` of resident memory; a passed score outside
-    ``score_range`` is a ``tampered`` failure, and one without a metric named in
-    ``quality_metrics`` a ``task_error``. ``secret`` (the run's, 64 hex characters, see
-    ``secret.py``) defaults to a fresh one.
+    ``task`` (a ``TaskSpec``) names the trusted scorer, built once per worker from
+    ``evaluator_factory`` with ``evaluator_config`` (and ``secret=`` if it takes one), and the
+    runner built in each candidate's single-use process; it sets each candidate's wall time and
+    what a genuine result is. ``resources`` (workers, threads, memory, output) and
+    ``confinement`` (isolation, hidden paths, audit) default to a plain two-worker sandbox.
+    ``secret`` (the run's, 64 hex characters, see ``secret.py``) defaults to a fresh one.
     """
 
-    def __init__(self, evaluator_factory: str, evaluator_config: dict, *, workers: int = 2,
-                 timeout_s: float = 30.0, memory_mb: int = 2048, isolation: str = "auto",
-                 max_output_bytes: int = 65536, recycle_every: int = 500,
-                 threads_per_worker: int = 1, runner_factory: str,
-                 secret: str | None = None,
-                 score_range: tuple[float, float] = (-math.inf, math.inf),
-                 fork_safe: bool = True, hide: list[str] | None = None,
-                 quality_metrics: tuple[str, ...] = (), syscalls: tuple[str, ...] = (),
-                 audit: bool = False) -> None:
+    def __init__(self, task: TaskSpec, *, resources: Resources | None = None,
+                 confinement: Confinement | None = None, secret: str | None = None) -> None:
+        resources, confinement = resources or Resources(), confinement or Confinement()
+        evaluator_factory, evaluator_config = task.evaluator_factory, task.evaluator_config
+        runner_factory, timeout_s, score_range = task.runner_factory, task.timeout_s, task.score_range
+        quality_metrics, fork_safe, syscalls = task.quality_metrics, task.fork_safe, task.syscalls
+        workers, threads_per_worker = resources.workers, resources.threads_per_worker
+        memory_mb, max_output_bytes = resources.memory_mb, resources.max_output_bytes
+        recycle_every = resources.recycle_every
+        isolation, hide, audit = confinement.isolation, list(confinement.hide), confinement.audit
         if not isinstance(evaluator_factory, str) or evaluator_factory.count(":") != 1 \
                 or not all(evaluator_factory.split(":")):
             raise ValueError(f"evaluator_factory={evaluator_factory!r} is invalid: use an import "
@@ -468,14 +468,10 @@ class Sandbox:
                                            self.cgroup)
 
     @classmethod
-    def for_task(cls, task: Any, *, secret: str | None = None, **kwargs: Any) -> Sandbox:
-        """The sandbox a ``Task`` declares (factories, time limit, score range, fork safety)."""
-        return cls(task.evaluator_factory, task.evaluator_config(),
-                   runner_factory=getattr(task, "runner_factory", None), secret=secret,
-                   timeout_s=float(task.timeout_s), score_range=tuple(task.score_range),
-                   fork_safe=bool(task.fork_safe),
-                   syscalls=tuple(getattr(task, "syscalls", ()) or ()),
-                   quality_metrics=tuple(m.name for m in task.quality_metrics), **kwargs)
+    def for_task(cls, task: Any, *, resources: Resources | None = None,
+                 confinement: Confinement | None = None, secret: str | None = None) -> Sandbox:
+        """The sandbox a ``Task`` declares (``TaskSpec.of``), on these resources."""
+        return cls(TaskSpec.of(task), resources=resources, confinement=confinement, secret=secret)
 
     def score_ok(self, score: float) -> bool:
         """Whether a passed score could be genuine (finite and inside ``score_range``)."""

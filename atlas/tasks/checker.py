@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas.messages import cause
-from atlas.sandbox import Sandbox
+from atlas.sandbox import Confinement, Resources, Sandbox
 from atlas.sandbox.audit import audit_seed, unreadable_paths
 from atlas.sandbox.pool import SandboxError
 from atlas.sandbox.seccomp import check_extra_syscalls
@@ -175,7 +175,8 @@ def check_task(task: Task, *, secrets: int = SECRETS, max_spread: float = MAX_SP
     """
     if sandbox is None:
         def sandbox(t: Task, secret: str) -> Sandbox:
-            return Sandbox.for_task(t, secret=secret, workers=1, isolation=isolation)
+            return Sandbox.for_task(t, secret=secret, resources=Resources(workers=1),
+                                    confinement=Confinement(isolation=isolation))
 
     report = Report(task.name)
     if not _check_class(report, task):
