@@ -511,12 +511,13 @@ def _residual():
 
 @pytest.mark.parametrize("mode", MODES)
 def test_the_residual_channels_carry_what_docs_sandbox_says(mode):
-    """docs/sandbox.md's known channels to the next candidate, measured as written there
-    (``scripts/residual_channels.py``, figures in ``docs/bench/residual_channels_<mode>.json``):
-    the page cache and negative directory entries still carry a message (if not, they closed
-    and the docs must say so). The channels to a concurrent candidate (CPU contention, free
-    memory) carry what the machine's load leaves of them, so their capacity is the script's
-    measurement, not a test's bound."""
+    """docs/sandbox.md's known channels, measured as written there
+    (``scripts/residual_channels.py``, figures in ``docs/bench/residual_channels_<mode>.json``).
+    To the next candidate, the page cache and negative directory entries still carry a
+    message (if not, they closed and the docs must say so). To a concurrent candidate, CPU
+    contention and free memory carry at most half their bits: a machine's load moves their
+    figures (0-0.4 of 32 bits on the quiet EPYC, up to 9.7 beside other jobs), a channel that
+    grew into a working one passes that bound."""
     import random
 
     rc = _residual()
@@ -524,9 +525,13 @@ def test_the_residual_channels_carry_what_docs_sandbox_says(mode):
     with _toy(mode, workers=2, timeout_s=120, memory_mb=1024) as sb:
         names = rc.dentry(sb, rng, 64)
         pages = rc.page_cache(sb, rng, 64) if rc.drop_caches() else None
+        cpu = rc.concurrent(sb, rng, 32, 0.01, rc.SENDER_CPU, rc.RECEIVER_CPU)
+        mem = rc.concurrent(sb, rng, 32, 0.1, rc.SENDER_MEM, rc.RECEIVER_MEM, mb=256)
     # a closed channel guesses: about half of its 64 bits wrong; an open one on a loaded
     # machine gets a few wrong (the docs' figures: 0 and 1 of 256)
     assert "error" not in names and names["errors"] <= 8, names
     assert names["median_us_sent_1"] * 1.5 < names["median_us_sent_0"], names
     if pages is not None:
         assert "error" not in pages and pages["cold_start"] and pages["errors"] <= 8, pages
+    for got in (cpu, mem):
+        assert "error" not in got and got["capacity_bits"] <= got["bits_sent"] / 2, got
