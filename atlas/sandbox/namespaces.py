@@ -19,6 +19,8 @@ import os
 import stat
 import struct
 
+from atlas.sandbox.view import outermost
+
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
@@ -265,11 +267,10 @@ def keep_scorer_caps() -> None:
 
 
 def _blocked_at(path: str) -> str | None:
-    """The highest folder above ``path`` that a uid owning nothing cannot pass (no search
-    bit for others), or None."""
-    parts = os.path.realpath(path).split("/")[1:-1]
+    """The highest folder above ``path`` (its last part not followed) that a uid owning
+    nothing cannot pass (no search bit for others), or None."""
     here = ""
-    for part in parts:
+    for part in os.path.realpath(os.path.dirname(os.path.abspath(path))).split("/")[1:]:
         here += "/" + part
         try:
             mode = os.stat(here).st_mode
@@ -280,30 +281,62 @@ def _blocked_at(path: str) -> str | None:
     return None
 
 
+def symlink_chain(path: str) -> tuple[list[tuple[str, str]], str]:
+    """The links that resolving ``path`` passes through, as (link, its text), each named in
+    its real folder, and the real file or folder it ends at. Each link is a file of its own:
+    a view that shows the end alone leaves a venv's ``bin/python -> python3 -> /home/..``
+    dangling."""
+    links: list[tuple[str, str]] = []
+    here = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on links followed
+        here = os.path.join(os.path.realpath(os.path.dirname(here)), os.path.basename(here))
+        if not os.path.islink(here):
+            break
+        text = os.readlink(here)
+        links.append((here, text))
+        here = os.path.normpath(os.path.join(os.path.dirname(here), text))
+    return links, os.path.realpath(path)
+
+
 def host_view(readable: list[str], masks: list[str]) -> list[str]:
     """In a worker of the rlimits mode running as root, before it forks its zygote: take a
     mount namespace of its own (inherited by the zygote and its runners) where each folder
     that a runner's fresh uid could not pass (a 0700 home holding the interpreter) is an
-    empty tmpfs with only the ``readable`` paths below it bound back, and each of ``masks``
-    (the interpreter's own site-packages, not on the import path) is empty. Returns the
-    folders opened up."""
-    covered: dict[str, list[str]] = {}
+    empty tmpfs with only the ``readable`` paths below it bound back (and the links that
+    lead to them made again), and each of ``masks`` (the interpreter's own site-packages,
+    not on the import path) is empty. Returns the folders opened up."""
+    binds: dict[str, set[str]] = {}
+    links: dict[str, dict[str, str]] = {}
     for path in readable:
-        top = _blocked_at(path)
+        if not os.path.exists(path):
+            continue
+        chain, end = symlink_chain(path)
+        for link, text in chain:
+            top = _blocked_at(link)
+            if top is not None:
+                links.setdefault(top, {})[link] = text
+        top = _blocked_at(end)
         if top is not None:
-            covered.setdefault(top, []).append(path)
+            binds.setdefault(top, set()).add(end)
     masks = [m for m in masks if os.path.isdir(m)]
+    covered = sorted({*binds, *links})
     if not covered and not masks:
         return []
     libc = _libc()
     _check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-    for top, paths in covered.items():
-        clones = {p: (_clone_tree(p), os.path.isdir(p)) for p in paths if os.path.exists(p)}
+    for top in covered:  # every clone first: a tmpfs on one top hides what another needs
+        binds[top] = {p: (_clone_tree(p), os.path.isdir(p))
+                      for p in outermost(binds.get(top, ()))}
+    for top in covered:
         _mount("atlas-view", top, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=64k,mode=0755")
-        for path, (fd, is_dir) in clones.items():
+        for path, (fd, is_dir) in binds[top].items():
             _placeholder(path, is_dir)
             _attach(fd, path)
+        for link, text in sorted(links.get(top, {}).items()):
+            if not os.path.lexists(link):
+                os.makedirs(os.path.dirname(link), mode=0o755, exist_ok=True)
+                os.symlink(text, link)
         _set_attr(top, _MOUNT_ATTR_RDONLY)
     for mask in masks:
         _mount("atlas-mask", mask, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_RDONLY,

@@ -289,7 +289,7 @@ class Worker:
         if runner.cgroup:
             version = int(self.memory_cgroup["version"])
             if cgroup.oom_kills(runner.cgroup, version):
-                self.oom_peak = cgroup.peak_mb(runner.cgroup, version) or float(self.memory_mb)
+                self.oom_peak = cgroup.peak_mb(runner.cgroup, version) or math.nan
             self.stale = [g for g in [*self.stale, runner.cgroup]
                           if not cgroup.remove(g, wait_s=0.05)]
         if self.scratch == "/tmp":
@@ -343,10 +343,12 @@ class Worker:
         finally:
             outputs.append(self._end(runner, ours))
         if self.oom_peak is not None:  # whatever the scorer made of the runner's death
+            peak = (f"peak {self.oom_peak:.0f} MB" if math.isfinite(self.oom_peak)
+                    else "its peak not reported by this kernel")
             ev = Evaluation.failure(
                 FailureKind.KILLED, f"the program exceeded the memory limit of "
                 f"{self.memory_mb} MB (counted by the kernel's memory cgroup: resident, "
-                f"kernel and scratch memory, peak {self.oom_peak:.0f} MB) and was killed")
+                f"kernel and scratch memory, {peak}) and was killed")
         if self.audit:  # the calls the runner made, as metrics: what the audit command prints
             ev.metrics.update({f"syscall:{k}": float(v) for k, v in self.calls.items()})
             ev.metrics.update({f"path:{line[len(DENIED_PATH):]}": 1.0
