@@ -106,6 +106,20 @@ def schema(conf: Path = CONF) -> dict[str, Any]:
     return tree
 
 
+def _where(key: str, value: Any, known: Mapping[str, Any]) -> str:
+    """Where top-level ``key`` lives: an option of a group (``wandb.mode=online`` ->
+    ``logger=wandb logger.mode=online``) or a field of one (``lr`` -> ``dpo.lr``)."""
+    owners = [g for g, options in groups().items() if key in options]
+    if owners:
+        group = owners[0]
+        sets = [f"{group}.{k}={v}" for k, v in (value if isinstance(value, Mapping) else {}).items()
+                if isinstance(known.get(group), Mapping) and k in known[group]]
+        return f"; {key} is an option of {group}: set {' '.join([f'{group}={key}', *sets])}"
+    fields = sorted(f"{g}.{key}" + ("" if isinstance(value, Mapping) else f"={value}")
+                    for g, sub in known.items() if isinstance(sub, Mapping) and key in sub)
+    return f"; did you mean {' or '.join(fields)}?" if fields else ""
+
+
 def _unknown(node: Mapping[str, Any], known: dict[str, Any], path: str) -> None:
     if path in _OPEN:
         return
@@ -117,6 +131,8 @@ def _unknown(node: Mapping[str, Any], known: dict[str, Any], path: str) -> None:
     if extra:
         close = difflib.get_close_matches(str(extra[0]), [str(k) for k in allowed], n=1)
         fix = f"; did you mean {path + '.' if path else ''}{close[0]}?" if close else ""
+        if not path:  # a name that lives elsewhere says where, before any look-alike
+            fix = _where(str(extra[0]), node[extra[0]], allowed) or fix
         added = f" (a key added with `+{path + '.' if path else ''}{extra[0]}=...` is read by nothing)"
         if not path and str(extra[0]) in groups():  # experiment/*: keys of the whole config
             raise ConfigError(f"{extra[0]}: its option file put its keys under `{extra[0]}.`; "
@@ -163,7 +179,7 @@ def override_problem(overrides: Sequence[str]) -> str | None:
     external = any(o.split("=", 1)[0].lstrip("+~") == "hydra.searchpath"
                    or o.startswith(("--config-dir", "-cd")) for o in overrides)
     for item in overrides:
-        key, eq, _ = item.partition("=")
+        key, eq, value = item.partition("=")
         if not eq or key[:1] in "+~" or "." not in key or key.startswith("hydra."):
             continue
         if external and key.startswith("task."):
@@ -172,7 +188,7 @@ def override_problem(overrides: Sequence[str]) -> str | None:
         leaf = node
         for part in key.split(".")[:-1]:
             leaf = leaf.setdefault(part, {})
-        leaf[key.split(".")[-1]] = None
+        leaf[key.split(".")[-1]] = value
         try:
             _unknown(node, schema(), "")
         except ConfigError as exc:
@@ -240,9 +256,10 @@ def group_problem(overrides: Sequence[str]) -> str | None:
                 continue
             names = sorted([*known, *top])
             close = difflib.get_close_matches(key, names, n=1)
-            return (f"{key} is neither a config group nor a field"
-                    + (f"; did you mean {close[0]}={value}?" if close else "")
-                    + f" (groups: {', '.join(sorted(known))})")
+            hint = (_where(key, value, schema())
+                    or (f"; did you mean {close[0]}={value}?" if close else ""))
+            return (f"{key} is neither a config group nor a field{hint}"
+                    f" (groups: {', '.join(sorted(known))})")
         value = value.strip("'\"")
         if any(c in value for c in "()[]{}$*") or value in ("null", ""):
             continue

@@ -45,6 +45,14 @@ CASES = {
                                      "did you mean method=atlas?"]),
     "top-level field": (["sed=3"], ["sed is neither a config group nor a field",
                                     "did you mean seed=3?"]),
+    "a field of a group, named alone": (["lr=1e-3"], ["lr is neither a config group nor a field",
+                                                       "did you mean dpo.lr=1e-3"]),
+    "an option, named alone": (["smollm2=1"], ["smollm2 is an option of model: set "
+                                               "model=smollm2"]),
+    "an option's field, named under the option": (
+        ["wandb.mode=online"], ["unknown top-level key(s) ['wandb']",
+                                "wandb is an option of logger: set logger=wandb "
+                                "logger.mode=online"]),
     "group option": (["method=atlass"], ["method=atlass: no option conf/method/atlass.yaml",
                                          "did you mean method=atlas?"]),
     "option in a sweep list": (["-m", "method=atlas,evodpoo"],
