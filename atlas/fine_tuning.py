@@ -73,17 +73,29 @@ def score_stats(programs: list[Program]) -> dict[str, float | None]:
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class PhaseSettings:
+    """What configures a phase, as the run's ``Settings`` validated it: the method (its
+    reference), the DPO knobs' starting values and bounds, the gate, and the learning probe
+    (None or not enabled: no probe)."""
+
+    method: MethodConfig
+    dpo: DPOConfig
+    gate: GateConfig
+    probe: ProbeConfig | None = None
+
+
 class FineTuner:
     """Holds what persists across phases: the knobs, optimiser state, gate history."""
 
-    def __init__(self, agent: ResearchAgent, method: MethodConfig, dpo_cfg: DPOConfig,
-                 gate_cfg: GateConfig, supporters: Supporters | None, seed: int, *,
-                 explorer: Explorer | None = None,
-                 quality_metrics: Sequence[QualityMetric] = (),
-                 probe: ProbeConfig | None = None) -> None:
-        """``explorer``: the run's, for ``gate.score_mode=online`` and the learning probe;
-        ``quality_metrics``: the task's declared ones, the only metrics the Policy Inspector
-        compares; ``probe``: the learning probe's settings (None or not enabled: no probe)."""
+    def __init__(self, agent: ResearchAgent, settings: PhaseSettings, seed: int, *,
+                 supporters: Supporters | None = None, explorer: Explorer | None = None,
+                 quality_metrics: Sequence[QualityMetric] = ()) -> None:
+        """``supporters``: the run's, or None for a method without them; ``explorer``: the
+        run's, for ``gate.score_mode=online`` and the learning probe; ``quality_metrics``:
+        the task's declared ones, the only metrics the Policy Inspector compares."""
+        method, dpo_cfg, gate_cfg, probe = (settings.method, settings.dpo, settings.gate,
+                                            settings.probe)
         if gate_cfg.score_mode == "online" and explorer is None:
             raise ValueError("gate.score_mode=online samples and scores programs: pass the "
                              "run's Explorer (EvolutionLoop does)")

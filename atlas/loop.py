@@ -42,7 +42,7 @@ from atlas.evolution.evaluation import regime_key
 from atlas.evolution.explorer import Explorer
 from atlas.evolution.literals import LiteralSearch
 from atlas.evolution.seeding import score_seed
-from atlas.fine_tuning import FineTuner, adapter_snapshot
+from atlas.fine_tuning import FineTuner, PhaseSettings, adapter_snapshot
 from atlas.provenance import LoadMeter, provenance
 from atlas.results import summarise
 from atlas.runfolder import new_folder_hint
@@ -154,10 +154,10 @@ class EvolutionLoop:
         self.supporters = (make_supporters(settings.supporters, seed=seed)
                            if settings.supporters else None)
         if method.fine_tune:
-            self.finetuner = FineTuner(self.agent, method, settings.dpo, settings.gate,
-                                       self.supporters, seed, explorer=self.explorer,
-                                       quality_metrics=self.task.quality_metrics,
-                                       probe=settings.probe)
+            phase = PhaseSettings(method, settings.dpo, settings.gate, settings.probe)
+            self.finetuner = FineTuner(self.agent, phase, seed, supporters=self.supporters,
+                                       explorer=self.explorer,
+                                       quality_metrics=self.task.quality_metrics)
         self.telemetry = Telemetry(self.run_dir, logger)
         self.critiques: dict[int, str] = {}
         self.temperatures: dict[int, float] = {}

@@ -16,7 +16,7 @@ from atlas.agent.adapters import POLICY, REF, get_adapter_state, set_adapter_sta
 from atlas.agent.research_agent import ResearchAgent
 from atlas.dpo import DPOConfig, GateConfig
 from atlas.evolution.database import ProgramDatabase
-from atlas.fine_tuning import FineTuner
+from atlas.fine_tuning import FineTuner, PhaseSettings
 from atlas.schema import MethodConfig
 from atlas.supporters import make_supporters
 from atlas.supporters.config import role_configs
@@ -80,7 +80,7 @@ def run_phase(agent: ResearchAgent, method: MethodConfig, gate: GateConfig,
     g = torch.Generator().manual_seed(3)
     before = {k: torch.randn(v.shape, generator=g) * 0.05 for k, v in state(agent, REF).items()}
     set_adapter_state(agent.model, REF, before)
-    tuner = FineTuner(agent, method, DPO, gate, supporters, seed=0)
+    tuner = FineTuner(agent, PhaseSettings(method, DPO, gate), seed=0, supporters=supporters)
     db = ProgramDatabase(explore_settings(islands=2), seed=0)
     record = tuner.run_phase(1, programs(), best_before=-5.0, db=db)
     assert record.built and record.pairs >= 1 and record.gate is not None
@@ -122,7 +122,7 @@ def test_the_fine_tuner_checkpoints_what_the_reference_is(agent):
     assert saved["reference"]["promotions"] == [
         {"phase": 1, "candidate": record.gate.chosen,
          "step": next(c.step for c in record.gate.candidates if c.name == record.gate.chosen)}]
-    fresh = FineTuner(agent, ATLAS, DPO, ACCEPT, None, seed=0)
+    fresh = FineTuner(agent, PhaseSettings(ATLAS, DPO, ACCEPT), seed=0)
     fresh.load_state_dict(saved)
     assert fresh.reference_state == tuner.reference_state
 

@@ -16,7 +16,7 @@ from atlas.dpo.scoring import REFERENCE, PolicySpec, running_policy
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.explorer import Explorer
 from atlas.evolution.prompts import build_prompt, prefill_of
-from atlas.fine_tuning import FineTuner
+from atlas.fine_tuning import FineTuner, PhaseSettings
 from atlas.sandbox import Resources, Sandbox, TaskSpec
 from atlas.types import GateItem
 from tests.conftest import explore_settings, model_settings
@@ -134,8 +134,8 @@ def test_online_mode_without_a_sampler_is_a_clear_error():
         select_and_gate(agent.model, agent.tokenizer, cand, [item],
                         GateConfig(score_mode="online"))
     with pytest.raises(ValueError, match="Explorer"):
-        FineTuner(agent, {"reference": "adaptive"}, None, GateConfig(score_mode="online"), None,
-                  0)
+        FineTuner(agent, PhaseSettings({"reference": "adaptive"}, None,
+                                       GateConfig(score_mode="online")), 0)
     with pytest.raises(ValueError, match="gate.online_samples"):
         GateConfig(online_samples=0)
     with pytest.raises(ValueError, match="gate.online_temperature"):

@@ -26,7 +26,7 @@ from atlas.dpo.scoring import BASE, PolicySpec
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.explorer import Explorer
 from atlas.evolution.literals import LiteralSearch, mutate, tunable_literals
-from atlas.fine_tuning import FineTuner
+from atlas.fine_tuning import FineTuner, PhaseSettings
 from atlas.probe import LearningProbe, choose_prompts, prompt_hash
 from atlas.schema import MethodConfig, ProbeConfig
 from atlas.types import Evaluation, Program
@@ -131,7 +131,7 @@ def test_a_trained_phase_records_its_probe_on_prompts_outside_dk_and_gk(agent):
     for method in (EVOTUNE, EVODPO):
         explorer, db, programs = world(agent)
         size = len(db)
-        tuner = FineTuner(agent, method, DPO, GATE, None, seed=0, explorer=explorer, probe=PROBE)
+        tuner = FineTuner(agent, PhaseSettings(method, DPO, GATE, PROBE), seed=0, explorer=explorer)
         record = tuner.run_phase(1, programs, best_before=-5.0, db=db)
         assert record.trained and record.probe is not None and len(db) == size
         probe = record.probe
@@ -152,7 +152,7 @@ def test_a_trained_phase_records_its_probe_on_prompts_outside_dk_and_gk(agent):
 def test_a_fine_tuner_without_probe_settings_records_none(agent):
     explorer, db, programs = world(agent)
     off = ProbeConfig(enabled=False, prompts=2, samples=3, temperature=0.8)
-    tuner = FineTuner(agent, EVOTUNE, DPO, GATE, None, seed=0, explorer=explorer, probe=off)
+    tuner = FineTuner(agent, PhaseSettings(EVOTUNE, DPO, GATE, off), seed=0, explorer=explorer)
     record = tuner.run_phase(1, programs, best_before=-5.0, db=db)
     assert record.trained and record.probe is None and "probe" not in record.to_event()
 
