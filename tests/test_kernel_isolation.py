@@ -387,13 +387,19 @@ def test_the_pseudo_inode_counter_is_out_of_a_candidates_reach(mode):
     assert got["pipe2"] == -1, got
 
 
-def _private_interpreter(base: Path) -> Path:
+def _private_interpreter(base: Path, minor_link: bool = False) -> Path:
     """An interpreter under ``base/home`` (0700), as pyenv or conda install one: its binary,
     shared library and standard library (hard links where the file system allows, its own
-    site-packages left out). Returns the ``python`` inside."""
+    site-packages left out). Returns the ``python`` inside; with ``minor_link``, reached
+    through a folder link, as uv's ``cpython-3.x -> cpython-3.x.y`` (venvs name the link, so
+    that a patch upgrade keeps them working)."""
     home = base / "home"
     home.mkdir(mode=0o700)
     prefix = home / ".pyenv" / "versions" / "py"
+    if minor_link:
+        prefix = home / ".local" / "share" / "uv" / "python" / "cpython-3.x.y"
+        prefix.parent.mkdir(parents=True)
+        (prefix.parent / "cpython-3.x").symlink_to("cpython-3.x.y")
     src = Path(sys.base_prefix)
     stdlib = Path(sysconfig.get_path("stdlib", vars={"installed_base": sys.base_prefix}))
 
@@ -414,7 +420,7 @@ def _private_interpreter(base: Path) -> Path:
     (prefix / "bin").mkdir()
     exe = prefix / "bin" / Path(os.path.realpath(sys.executable)).name
     link(os.path.realpath(sys.executable), str(exe))
-    return exe
+    return prefix.parent / "cpython-3.x" / "bin" / exe.name if minor_link else exe
 
 
 PRIVATE = '''
@@ -433,12 +439,14 @@ print("RESULT", sys.prefix, ev.passed, ev.failure_kind, ev.message[:800])
 '''
 
 
+@pytest.mark.parametrize("minor_link", [False, True], ids=["pyenv", "uv-minor-link"])
 @pytest.mark.parametrize("mode", MODES)
-def test_an_interpreter_in_a_private_home_imports_what_a_program_needs(mode, tmp_path):
-    """A Python living in a 0700 home folder (pyenv, conda): a runner, which has a uid of its
-    own, imports any standard module and a task's library (numpy's submodules), none of
-    them preloaded by the zygote."""
-    exe = _private_interpreter(tmp_path)
+def test_an_interpreter_in_a_private_home_imports_what_a_program_needs(mode, minor_link,
+                                                                       tmp_path):
+    """A Python living in a 0700 home folder (pyenv, conda; uv's, reached through a folder
+    link): a runner, which has a uid of its own, imports any standard module and a task's
+    library (numpy's submodules), none of them preloaded by the zygote."""
+    exe = _private_interpreter(tmp_path, minor_link)
     sites = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME",)}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *sites])

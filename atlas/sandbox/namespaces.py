@@ -19,7 +19,7 @@ import os
 import stat
 import struct
 
-from atlas.sandbox.view import outermost
+from atlas.sandbox.view import outermost, symlink_chain
 
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
@@ -279,23 +279,6 @@ def _blocked_at(path: str) -> str | None:
         if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
             return here
     return None
-
-
-def symlink_chain(path: str) -> tuple[list[tuple[str, str]], str]:
-    """The links that resolving ``path`` passes through, as (link, its text), each named in
-    its real folder, and the real file or folder it ends at. Each link is a file of its own:
-    a view that shows the end alone leaves a venv's ``bin/python -> python3 -> /home/..``
-    dangling."""
-    links: list[tuple[str, str]] = []
-    here = os.path.abspath(path)
-    for _ in range(40):  # the kernel's own limit on links followed
-        here = os.path.join(os.path.realpath(os.path.dirname(here)), os.path.basename(here))
-        if not os.path.islink(here):
-            break
-        text = os.readlink(here)
-        links.append((here, text))
-        here = os.path.normpath(os.path.join(os.path.dirname(here), text))
-    return links, os.path.realpath(path)
 
 
 def host_view(readable: list[str], masks: list[str]) -> list[str]:

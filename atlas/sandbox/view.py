@@ -53,6 +53,38 @@ def _under(path: str, roots: list[str] | tuple[str, ...]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
+def symlink_chain(path: str) -> tuple[list[tuple[str, str]], str]:
+    """The links that resolving ``path`` meets, folders' as well as files', each as (its
+    real location, its text), and the real path it ends at. A view that shows only the end
+    leaves a venv's ``bin/python -> python3 -> /home/..`` dangling, and a uv Python's
+    ``cpython-3.x -> cpython-3.x.y`` folder missing from the import path."""
+    links: list[tuple[str, str]] = []
+    pending = os.path.abspath(path).split("/")[1:]
+    here = "/"
+    while pending:
+        part = pending.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            here = os.path.dirname(here)
+            continue
+        step = os.path.join(here, part)
+        if len(links) < 40 and os.path.islink(step):  # 40: the kernel's limit
+            text = os.readlink(step)
+            links.append((step, text))
+            here = "/" if text.startswith("/") else here
+            pending = text.split("/") + pending
+        else:
+            here = step
+    return links, here
+
+
+def folder_links(paths: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """The links met in resolving each of ``paths``' folders: {real location: text}."""
+    return {link: text for p in paths
+            for link, text in symlink_chain(os.path.dirname(os.path.abspath(p)))[0]}
+
+
 def _ancestors(path: str) -> list[str]:
     """``path`` and every folder above it but ``/``."""
     out = []
@@ -128,7 +160,10 @@ def _interpreter() -> tuple[set[str], set[str]]:
              "installed_platbase": sys.base_exec_prefix, "platbase": sys.base_exec_prefix}
     stdlib = {os.path.realpath(sysconfig.get_path(k, vars=where))
               for k in ("stdlib", "platstdlib")}
-    readable = {*stdlib, os.path.realpath(sys.executable), sys.executable}
+    # the standard library as the import path names it too: through a uv Python's
+    # minor-version link, whose folder the views make again (``folder_links``)
+    named = {sysconfig.get_path(k, vars=where) for k in ("stdlib", "platstdlib")}
+    readable = {*stdlib, *named, os.path.realpath(sys.executable), sys.executable}
     for d in (os.path.join(base, "lib"), os.path.join(base, "lib64")):
         readable.update(os.path.join(d, n) for n in _listdir(d) if n.startswith("libpython"))
     cfg = os.path.join(sys.prefix, "pyvenv.cfg")
@@ -458,12 +493,20 @@ def bind_args(view: CodeView | None, hide: list[str]) -> tuple[list[str], list[s
     if view is None:
         view = CodeView(tuple(outermost({*(d for d in SYSTEM_DIRS if os.path.isdir(d)),
                                          *code_paths()})), (), ())
-    binds, masks = list(view.readable), list(view.masks)
+    # each bind at its folder's real place (a file's own link stays: its target is bound
+    # there), and the folder links met on the way made again, as links
+    binds = sorted({os.path.join(os.path.realpath(os.path.dirname(p)), os.path.basename(p))
+                    for p in view.readable})
+    masks = list(view.masks)
+    # (the interpreter as it is started, and its import path, as named: through them)
+    named = [sys.executable, *(os.path.join(p, "-") for p in sys.path if p)]
+    links = {k: v for k, v in folder_links([*view.readable, *named]).items()
+             if not _under(k, binds)}
     early: list[str] = []
     late: list[str] = []
-    # the folders above a bind: bubblewrap as root would make them 0700, which a runner's
-    # fresh uid could not pass
-    parents = {os.path.dirname(p) for p in binds}
+    # the folders above a bind or a link: bubblewrap as root would make them 0700, which a
+    # runner's fresh uid could not pass
+    parents = {os.path.dirname(p) for p in [*binds, *links]}
     parents = {a for p in parents for a in _ancestors(p) if not _under(a, binds)}
     for d in sorted(parents):
         (late if d.startswith("/tmp/") else early).extend(["--perms", "0755", "--dir", d])
@@ -479,6 +522,8 @@ def bind_args(view: CodeView | None, hide: list[str]) -> tuple[list[str], list[s
         else:
             args = ["--ro-bind", path, path]
         (late if path.startswith("/tmp/") else early).extend(args)
+    for link, text in sorted(links.items()):
+        (late if link.startswith("/tmp/") else early).extend(["--symlink", text, link])
     hidden: list[str] = []
     for p in sorted({os.path.realpath(p) for p in hide}):
         if not _under(p, binds):  # a mask matters only where the host shows through
