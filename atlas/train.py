@@ -108,11 +108,17 @@ def summary(results: dict[str, Any]) -> str:
     def fmt(x: Any) -> str:
         return "n/a" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
 
+    # a run without an LLM (``model`` None): its writer is the literal search, whose programs
+    # the records file under the agent's source, and no agent is named where none ran
+    writer = "agent" if results.get("model", "llm") is not None else "literal search"
+    by_source = results.get("candidates_by_source") or ""
+    if by_source and writer != "agent":
+        by_source = {(writer if k == "agent" else k): v for k, v in by_source.items()}
     lines = [
         f"ATLAS run: task={results['task']} method={results['method']} seed={results['seed']}",
         f"  best score  initial {fmt(results['initial_score'])} -> final {fmt(results['final_score'])}"
         f"  (improvement {fmt(results['improvement_pct'])}%)",
-        f"  agent's own best {fmt(results.get('final_agent'))}"
+        f"  {writer}'s own best {fmt(results.get('final_agent'))}"
         f"  (improvement {fmt(results.get('improvement_agent_pct'))}%)",
         f"  valid programs  first round {fmt(results['valid_rate_first_round'])}, last round "
         f"{fmt(results['valid_rate_last_round'])}, all {fmt(results['valid_rate'])}",
@@ -121,7 +127,7 @@ def summary(results: dict[str, Any]) -> str:
         + (f", insufficient evidence {results['insufficient_evidence']}"
            if results.get("insufficient_evidence") else ""),
         f"  candidates {results['candidates']} of budget {fmt(results.get('candidate_budget'))} "
-        f"{results.get('candidates_by_source') or ''}, wall {results['wall_seconds']:.0f} s",
+        f"{by_source}, wall {results['wall_seconds']:.0f} s",
     ]
     lines += ["  " + phase_text(p) for p in results.get("reference_log") or []]
     if results.get("supporter_calls"):

@@ -444,6 +444,24 @@ def test_end_of_run_summary_names_a_degraded_isolation():
     assert "degraded" not in summary({**results, "isolation": "bwrap", "isolation_reason": ""})
 
 
+def test_the_summary_names_the_literal_search_where_no_llm_ran():
+    """``random_literals`` loads no model: its summary names the literal search as the
+    writer of its programs, which the records file under the agent's source."""
+    import json
+
+    from atlas.train import summary
+
+    results = json.loads((REPO / "docs" / "runs" / "controls" / "bandit_random_literals_s0"
+                          / "results.json").read_text())
+    text = summary(results)
+    assert results["model"] is None and results["candidates_by_source"]["agent"] == 64
+    assert "literal search's own best -0.1987" in text, text
+    assert "{'literal search': 64, 'supporter': 0, 'rescore': 0}" in text, text
+    assert "agent" not in text, text
+    llm = summary({**results, "model": "smollm2", "method": "sample"})
+    assert "agent's own best" in llm and "{'agent': 64," in llm, llm
+
+
 def test_audit_lists_the_runners_calls_and_task_syscalls_extend_the_list(capsys):
     """``python -m atlas.sandbox audit`` prints every call of the bandit runner, all allowed;
     a call off the list fails the program as ``blocked``, naming it, unless the task lists it
