@@ -133,15 +133,18 @@ class FineTuner:
 
     # -- the phase ---------------------------------------------------------------------
     def run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
-                  db: ProgramDatabase | None = None, logger: PhaseLogger = None) -> PhaseRecord:
-        """Run phase ``phase`` on this phase's programs; returns its record (the caller logs
+                  db: ProgramDatabase | None = None, logger: PhaseLogger = None,
+                  copies: Sequence[Any] = ()) -> PhaseRecord:
+        """Run phase ``phase`` on this phase's programs (``copies``: its proposals that were
+        not evaluated as copies, for ``dpo.lazy_pairs``); returns its record (the caller logs
         ``record.to_event()``)."""
-        record = self._run_phase(phase, phase_programs, best_before, db, logger)
+        record = self._run_phase(phase, phase_programs, best_before, db, logger, copies)
         self.history.append(record)
         return record
 
     def _run_phase(self, phase: int, phase_programs: list[Program], best_before: float,
-                   db: ProgramDatabase | None, logger: PhaseLogger) -> PhaseRecord:
+                   db: ProgramDatabase | None, logger: PhaseLogger,
+                   copies: Sequence[Any] = ()) -> PhaseRecord:
         """The phase as the module docstring reads; the record is built from what each step
         returns, at the point where the phase ends."""
         t0 = time.time()
@@ -156,7 +159,9 @@ class FineTuner:
         pairs = build_pairs(db, [p for p in phase_programs if p.prompt not in held],
                             top_k=self.dpo_cfg.top_k, max_pairs=self.dpo_cfg.max_pairs,
                             score_threshold=self.dpo_cfg.score_threshold,
-                            seed=phase_seed(self.seed, phase))
+                            seed=phase_seed(self.seed, phase),
+                            copies=[c for c in copies if c.prompt not in held],
+                            lazy=self.dpo_cfg.lazy_pairs)
         built = dict(built=True, strategist=strategist,
                      **dk_fields(pairs, held, self.dpo_cfg))
         if not pairs:

@@ -16,6 +16,7 @@ Read top to bottom, this is the algorithm (paper 2.1-2.2, App. B.1):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -39,10 +40,11 @@ from atlas.atomic import write_text_atomic
 from atlas.config import Settings
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.evaluation import regime_key
-from atlas.evolution.explorer import Explorer
+from atlas.evolution.explorer import Copy, Explorer
 from atlas.evolution.literals import LiteralSearch
 from atlas.evolution.seeding import score_seed
 from atlas.fine_tuning import FineTuner, PhaseSettings, adapter_snapshot
+from atlas.novelty import tally
 from atlas.provenance import LoadMeter, provenance
 from atlas.results import summarise
 from atlas.runfolder import new_folder_hint
@@ -137,7 +139,7 @@ class EvolutionLoop:
             self.sandbox.close()
             raise
         method = settings.method
-        self.db = ProgramDatabase(ex, seed)
+        self.db = ProgramDatabase(ex, seed, entry_point=self.task.prompt_spec().entry_point)
         self.threads = agent_thread_budget(ex.agent_threads, self.sandbox)
         # the research agent; the control without an LLM (method.writer) never loads a model
         self.precision = self.agent = self.finetuner = None
@@ -158,7 +160,8 @@ class EvolutionLoop:
             self.finetuner = FineTuner(self.agent, phase, seed, supporters=self.supporters,
                                        explorer=self.explorer,
                                        quality_metrics=self.task.quality_metrics)
-        self.telemetry = Telemetry(self.run_dir, logger)
+        self.entry_point = self.task.prompt_spec().entry_point
+        self.telemetry = Telemetry(self.run_dir, logger, entry_point=self.entry_point)
         self.critiques: dict[int, str] = {}
         self.temperatures: dict[int, float] = {}
         self.next_round = 0
@@ -174,6 +177,7 @@ class EvolutionLoop:
                 "finetuner": self.finetuner.state_dict() if self.finetuner else None,
                 "adapters": adapter_snapshot(self.agent) if self.agent else {},
                 "critiques": self.critiques, "temperatures": self.temperatures,
+                "copies": [dataclasses.asdict(c) for c in self.explorer.copies],
                 "regime": self.regime, "supporter_debt": self.explorer.supporter_debt,
                 "telemetry": self.telemetry.offsets(), "rng": checkpoint.rng_state(),
                 "wall_seconds": self.wall_before + time.time() - self.started,
@@ -188,6 +192,7 @@ class EvolutionLoop:
         if self.finetuner is not None:  # after the adapters: it may promote
             self.finetuner.load_state_dict(state["finetuner"])
         self.critiques = {int(k): v for k, v in state["critiques"].items()}
+        self.explorer.copies = [Copy(**c) for c in state.get("copies", [])]
         self.temperatures = {int(k): float(v) for k, v in state["temperatures"].items()}
         self.regime = str(state.get("regime", self.regime))
         self.explorer.supporter_debt = int(state.get("supporter_debt", 0))
@@ -218,7 +223,7 @@ class EvolutionLoop:
             log.info("resumed from round %d", self.next_round)
         else:
             self.telemetry.truncate_to({})
-            self.telemetry.event("config", config=self.config,
+            self.telemetry.event("config", config=self.config, entry_point=self.entry_point,
                                  isolation=self.sandbox.isolation,
                                  precision=self.precision.to_dict() if self.precision else None)
             seeds = self.explorer.seed_islands(0, evaluation=self.seed_evaluation)
@@ -298,7 +303,16 @@ class EvolutionLoop:
             "batched_islands": stats.batched_islands,
             "scored_while_generating": stats.scored_while_generating,
             "sampler": stats.sampler,
-            "evaluations_reused": self.explorer.evaluations_reused}
+            "evaluations_reused": self.explorer.evaluations_reused,
+            # novelty (atlas.novelty): every agent proposal, the copies that were not evaluated
+            # among them, and the re-asks that replaced them
+            "proposals": len(agent_programs) + len(stats.copies),
+            "novelty": {source: tally([p.to_dict() for p in programs if p.source == source],
+                                      [c.to_event() for c in stats.copies]
+                                      if source == ProgramSource.AGENT else [])
+                        for source in (ProgramSource.AGENT, ProgramSource.SUPPORTER)},
+            "retries": stats.retries, "retry_samples": stats.retry_samples,
+            "copies": [c.to_event() for c in stats.copies]}
 
     def _explore_support(self, islands: list[int], r: int, phase: int,
                          round_programs: list[Program], last: bool) -> list[Program]:
@@ -372,8 +386,9 @@ class EvolutionLoop:
                   and (p.round <= r - every or p.source == ProgramSource.RESCORE)]
         assert self.finetuner is not None and self.agent is not None  # _round checked
         with torch_threads(self.threads()):  # DPO and the gate: every core workers leave free
+            copies = [c for c in self.explorer.copies if (r - every) < c.round <= r]
             record = self.finetuner.run_phase(phase, programs, max(before, default=-math.inf),
-                                              db=self.db, logger=self.logger)
+                                              db=self.db, logger=self.logger, copies=copies)
         self.agent.check_device(f"phase {phase}")
         self.telemetry.event("phase", round=r, **record.to_event())
 

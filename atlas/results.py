@@ -24,9 +24,9 @@ from atlas.compose import group_defaults
 from atlas.dpo.config import GateConfig
 from atlas.dpo.rules import DEFAULT_RULE, INSUFFICIENT, rule
 from atlas.knobs import KNOBS
+from atlas.novelty import labelled, program_key, tally
 from atlas.schema import ExploreConfig, from_record
 from atlas.telemetry import EVENTS, PROGRAMS, read_jsonl
-from atlas.types import code_key
 
 __all__ = ["KNOBS", "summarise"]
 
@@ -36,13 +36,15 @@ def _score(p: dict[str, Any]) -> float:
     return -math.inf if s is None or not p["evaluation"].get("passed") else float(s)
 
 
-def _origins(programs: list[dict[str, Any]]) -> dict[int, str]:
+def _origins(programs: list[dict[str, Any]], entry_point: str | None = None) -> dict[int, str]:
     """Program id -> who wrote its code. A re-score counts as the program it re-scored, and an
-    agent program that repeats an earlier supporter program (same syntax tree) counts as the
-    supporter's: the agent's prompt shows its island's best programs, supporter patches
-    included, and copying one out of the prompt is not the agent's own discovery (in the seed
-    study's ATLAS bandit runs the agent's best was such a verbatim copy in 3 of 5 seeds). A
-    copy with any change of its own (one literal) stays the agent's."""
+    agent program that repeats an earlier supporter program counts as the supporter's: the
+    agent's prompt shows its island's best programs, supporter patches included, and copying
+    one out of the prompt is not the agent's own discovery (in the seed study's ATLAS bandit
+    runs the agent's best was such a copy in most seeds). "Repeats" is ``atlas.novelty``'s
+    rule: the same syntax tree of the code the entry point reaches, so a patch with an unused
+    function appended is still the patch. A copy with any live change of its own (one
+    literal) stays the agent's."""
     by_id = {int(p["id"]): p for p in programs}
     supporter_code: set[str] = set()
     out = {}
@@ -51,7 +53,7 @@ def _origins(programs: list[dict[str, Any]]) -> dict[int, str]:
         while q.get("source") == "rescore" and q.get("parents") and int(q["parents"][0]) in by_id:
             q = by_id[int(q["parents"][0])]
         source = q.get("source", "agent")
-        key = code_key(q["code"]) if isinstance(q.get("code"), str) else None
+        key = program_key(q["code"], entry_point) if isinstance(q.get("code"), str) else None
         if source == "supporter" and key is not None:
             supporter_code.add(key)
         elif source == "agent" and key is not None and key in supporter_code:
@@ -81,10 +83,11 @@ def round_regimes(programs: list[dict[str, Any]], rounds: int) -> list[str]:
 
 
 def best_so_far(programs: list[dict[str, Any]], rounds: int,
-                sources: tuple[str, ...] | None = None) -> list[float | None]:
+                sources: tuple[str, ...] | None = None,
+                entry_point: str | None = None) -> list[float | None]:
     """Best passed score after each round among programs on that round's equation
     (Figure 2's trajectory); ``sources`` keeps only code those sources wrote."""
-    origins = _origins(programs)
+    origins = _origins(programs, entry_point)
     regimes = round_regimes(programs, rounds)
     out = []
     for r in range(rounds + 1):
@@ -105,6 +108,49 @@ def _pct(new: float, old: float) -> float | None:
 def recorded_config(events: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's composed config as its ``config`` event recorded it ({} without one)."""
     return next((e["config"] for e in events if e["event"] == "config"), None) or {}
+
+
+def entry_point(events: list[dict[str, Any]]) -> str | None:
+    """The task's entry point: as the ``config`` event recorded it, else the one the
+    recorded task builds today (None where neither is known: then no code counts as dead)."""
+    first = next((e for e in events if e["event"] == "config"), None) or {}
+    if first.get("entry_point"):
+        return str(first["entry_point"])
+    task = (first.get("config") or {}).get("task")
+    if not isinstance(task, dict):
+        return None
+    try:  # deferred: a task imports its evaluator and Hydra
+        from atlas.tasks import make_task
+
+        return make_task(**task).prompt_spec().entry_point
+    except Exception:  # noqa: BLE001 - an old or foreign task: keep every definition
+        return None
+
+
+def novelty(programs: list[dict[str, Any]], events: list[dict[str, Any]],
+            origins: dict[int, str]) -> dict[str, Any]:
+    """``atlas.novelty.tally`` for the agent and the supporters, over the run and per
+    exploration phase (the rounds before phase k's training are phase k): copies that were
+    not evaluated come from the round events. A re-score is not a proposal."""
+    skipped: dict[int, list[dict[str, Any]]] = {}
+    for e in events:
+        if e["event"] == "round":
+            skipped.setdefault(int(e.get("phase", 0)), []).extend(e.get("copies") or [])
+
+    def writer(p: dict[str, Any]) -> str | None:
+        who = origins.get(int(p["id"]))
+        return {"agent": "agent", "supporter_copy": "agent", "supporter": "supporter"}.get(
+            who or "")
+
+    def part(rows: list[dict[str, Any]], copies: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"agent": tally([p for p in rows if writer(p) == "agent"], copies),
+                "supporter": tally([p for p in rows if writer(p) == "supporter"])}
+
+    phases = sorted({int(p.get("phase", 0)) for p in programs if writer(p)} | set(skipped))
+    return {**part(programs, [c for cs in skipped.values() for c in cs]),
+            "by_phase": [{"phase": k, **part([p for p in programs
+                                              if int(p.get("phase", 0)) == k], skipped.get(k, []))}
+                         for k in phases if k > 0]}
 
 
 def _budget(config: dict[str, Any], rounds: int) -> int | None:
@@ -189,11 +235,12 @@ def phase_line(event: dict[str, Any], rule_name: str = DEFAULT_RULE) -> dict[str
 def summarise(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     """Compute the results record of a run folder; ``meta`` adds task/method/seed/wall time."""
     run_dir = Path(run_dir)
-    programs = read_jsonl(run_dir / PROGRAMS)
     events = read_jsonl(run_dir / EVENTS)
+    entry = entry_point(events)
+    programs = labelled(read_jsonl(run_dir / PROGRAMS), entry)
     config = recorded_config(events)
     rounds = max((int(p["round"]) for p in programs), default=0)
-    origins = _origins(programs)
+    origins = _origins(programs, entry)
     last_regime = round_regimes(programs, rounds)[-1]  # the equation the run ends on
     at_last = [p for p in programs if p.get("regime", "") == last_regime]
     seeds = [p for p in at_last if origins[int(p["id"])] == "seed"]
@@ -243,9 +290,17 @@ def summarise(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
         "valid_rate": valid_rate(programs),
         "valid_rate_first_round": valid_rate(first),
         "valid_rate_last_round": valid_rate(last),
+        # the agent's valid rate per exploration phase (rounds before phase k's training)
+        "valid_rate_by_phase": {str(k): valid_rate([p for p in programs
+                                                    if int(p.get("phase", 0)) == k])
+                                for k in sorted({int(p.get("phase", 0)) for p in programs
+                                                 if p.get("source") == "agent"})},
+        "novelty": novelty(programs, events, origins),
+        "generated_tokens": sum(int((e.get("sampler") or {}).get("new_tokens") or 0)
+                                for e in events if e["event"] == "round"),
         "failure_kinds": dict(failures),
         "best_by_round": best_so_far(programs, rounds),
-        "best_by_round_agent": best_so_far(programs, rounds, ("seed", "agent")),
+        "best_by_round_agent": best_so_far(programs, rounds, ("seed", "agent"), entry),
         "phases": len(phases),
         "phases_trained": len(trained),
         "phases_skipped": len(phases) - len(trained),

@@ -325,6 +325,9 @@ class ExploreConfig:
     temperature_bounds: tuple[Num, Num]
     agent_threads: Positive | None
     reuse_evaluations: Bool
+    copies: Literal["skip", "evaluate"]
+    copy_retries: Int = Field(ge=0)
+    prompt_form: Literal["better", "better_bare", "change", "change_bare"]
 
     def sandbox_workers(self, cores: int) -> int:
         """``workers`` as a number: ``auto`` is one worker per usable core, at most a round's

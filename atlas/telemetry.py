@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from atlas.knobs import KNOBS
-from atlas.types import INSUFFICIENT_EVIDENCE, Program, code_key
+from atlas.novelty import program_key
+from atlas.types import INSUFFICIENT_EVIDENCE, Program
 
 log = logging.getLogger("atlas.telemetry")
 
@@ -114,7 +115,8 @@ class AgentBest:
     a re-score counts as the program it re-scored, an agent program that repeats an earlier
     supporter program counts as the supporter's), without re-reading the run each round."""
 
-    def __init__(self) -> None:
+    def __init__(self, entry_point: str | None = None) -> None:
+        self.entry_point = entry_point
         self.origin: dict[int, str] = {}
         self.supporter_code: set[str] = set()
         self.best: dict[str, float] = {}  # regime -> best score of seed/agent code
@@ -126,7 +128,7 @@ class AgentBest:
         if source == "rescore" and parents and int(parents[0]) in self.origin:
             source = self.origin[int(parents[0])]
         elif isinstance(p.get("code"), str) and source in ("supporter", "agent"):
-            key = code_key(p["code"])
+            key = program_key(p["code"], self.entry_point)
             if source == "supporter":
                 self.supporter_code.add(key)
             elif key in self.supporter_code:
@@ -173,8 +175,11 @@ def phase_rows(events: list[dict[str, Any]]) -> list[list[Any]]:
 class Telemetry:
     """Writes the run's JSONL files and mirrors them to an optional Lightning logger."""
 
-    def __init__(self, run_dir: Path, logger: Any | None = None) -> None:
+    def __init__(self, run_dir: Path, logger: Any | None = None,
+                 entry_point: str | None = None) -> None:
+        """``entry_point``: the task's, for the agent-only best (``AgentBest``)."""
         self.run_dir = Path(run_dir)
+        self.entry_point = entry_point
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.logger = logger
         self._events = open(self.run_dir / EVENTS, "a", encoding="utf-8")  # noqa: SIM115
@@ -233,7 +238,7 @@ class Telemetry:
         """The chart-only round series: the agent-only best and the supporter's actions."""
         if self._agent_best is None:
             self.flush()
-            self._agent_best = AgentBest()
+            self._agent_best = AgentBest(self.entry_point)
             for p in read_jsonl(self.run_dir / PROGRAMS):
                 self._agent_best.add(p)
         out = supporter_metrics(self._explorations)

@@ -86,6 +86,7 @@ class PairKind(Label):
     PASSED_VS_PASSED = "passed_vs_passed"
     PASSED_VS_FAILED = "passed_vs_failed"
     SUPPORTER_VS_AGENT = "supporter_vs_agent"  # a supporter's patch chosen over the agent's
+    NEW_VS_COPY = "new_vs_copy"  # a new valid program chosen over a copy (dpo.lazy_pairs)
 
 
 @dataclass
@@ -149,6 +150,11 @@ class Program:
     #: the equation it was scored on (the task context without the round, as JSON): scores
     #: compare only within one regime (the PINN viscosity drifts between phases)
     regime: str = ""
+    #: ``atlas.novelty``'s label when it was filed (copy, same_behaviour, constants_only, new;
+    #: "" for the seed, re-scores and records written before labels existed)
+    novelty: str = ""
+    #: passed above the best parent of its prompt on the same equation (None: no such parent)
+    beats_parents: bool | None = None
 
     def __post_init__(self) -> None:
         self.source = ProgramSource(self.source)
@@ -453,13 +459,3 @@ def parse_program(code: str) -> ast.Module:
         warnings.simplefilter("ignore", SyntaxWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         return ast.parse(code)
-
-
-def code_key(code: str) -> str:
-    """What makes two programs the same program: their syntax tree, so a copy that differs only
-    in comments, blank lines or formatting is recognised (the stripped text where it does not
-    parse)."""
-    try:
-        return ast.dump(parse_program(code))
-    except (SyntaxError, ValueError):
-        return "\n".join(line.strip() for line in code.strip().splitlines() if line.strip())

@@ -16,8 +16,9 @@ from atlas.evolution.database import ProgramDatabase, select_top_k
 from atlas.evolution.extract import extract_program, parse, split_program
 from atlas.evolution.preferences import PASSED_VS_FAILED, PASSED_VS_PASSED, build_pairs
 from atlas.evolution.prompts import build_prompt
+from atlas.novelty import program_key as code_key
 from atlas.tasks.base import PromptSpec
-from atlas.types import Evaluation, FailureKind, Program, code_key
+from atlas.types import Evaluation, FailureKind, Program
 from tests.conftest import explore_settings
 
 GREEDY = """import numpy as np

@@ -87,7 +87,10 @@ class ScriptedAgent:
 
 CFG = {"islands": 3, "islands_per_round": 2, "samples_per_prompt": 5, "programs_in_prompt": 2,
        "max_new_tokens": 64, "temperatures": [0.7, 0.9, 1.1, 1.3, 1.5, 1.7], "top_p": 0.9,
-       "buffer_size": 16, "clusters": 4}
+       "buffer_size": 16, "clusters": 4,
+       # the scripted agent writes the same completions for every island: these tests are
+       # about bookkeeping, so copies are scored and filed (test_novelty.py: skipped copies)
+       "copies": "evaluate"}
 COMPLETIONS = [
     "\n    return 3  # slow\n```",               # best: score 0
     "\n    return 1\n```\nAlways one.",          # score -0.5

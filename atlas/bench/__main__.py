@@ -8,7 +8,7 @@ import sys
 BENCHES = {"accept": "atlas.bench.accept", "agent": "atlas.bench.agent",
            "decode": "atlas.bench.decode", "dpo": "atlas.bench.dpo",
            "engine": "atlas.bench.engine", "gate": "atlas.bench.gate", "learn": "atlas.bench.learn",
-           "paper": "atlas.bench.paper",
+           "paper": "atlas.bench.paper", "prompts": "atlas.bench.prompts",
            "parity": "atlas.bench.parity", "pinn": "atlas.bench.pinn",
            "sampler": "atlas.bench.sampler",
            "supporters": "atlas.bench.supporters"}

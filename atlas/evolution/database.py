@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from atlas.evolution.clustering import FAILED, IslandClusters
+from atlas.novelty import NoveltyIndex, beats_parents
 from atlas.schema import ExploreConfig
 from atlas.types import Program, ProgramSource
 
@@ -71,9 +72,11 @@ def select_top_k(programs: Iterable[Program], k: int, pool_factor: float = 2.0) 
 class ProgramDatabase:
     """Independent island populations with clustering and coverage tracking."""
 
-    def __init__(self, settings: ExploreConfig, seed: int = 0) -> None:
+    def __init__(self, settings: ExploreConfig, seed: int = 0,
+                 entry_point: str | None = None) -> None:
         """``settings``: the ``explore`` group (islands, buffer_size, clusters,
-        topk_pool_factor, cluster_similarity; their bounds are the schema's)."""
+        topk_pool_factor, cluster_similarity; their bounds are the schema's).
+        ``entry_point``: the task's, so novelty ignores code it never reaches."""
         self.num_islands = settings.islands
         self.buffer_size = settings.buffer_size
         self.max_clusters = settings.clusters
@@ -87,6 +90,8 @@ class ProgramDatabase:
         self._next_id = 0
         #: (code, regime) -> (archive position, the first program with that code to pass there)
         self._passed: dict[tuple[str, str], tuple[int, Program]] = {}
+        self.novelty = NoveltyIndex(entry_point)
+        self._by_id: dict[int, Program] = {}
 
     # ---- ids and filing -------------------------------------------------------------------
     def next_id(self) -> int:
@@ -105,6 +110,7 @@ class ProgramDatabase:
         (``buffer=False``: archive only, e.g. an incumbent re-scored on a new equation)."""
         self._check_island(program.island)
         self._next_id = max(self._next_id, program.id + 1)
+        self._label(program)
         if not buffer:
             program.cluster = ""
         elif program.passed and math.isfinite(program.score):
@@ -118,7 +124,26 @@ class ProgramDatabase:
         self._remember(program, len(self._archive))
         self._archive.append(program)
 
+    def parents_of(self, program: Program) -> list[Program]:
+        """The filed programs its prompt showed."""
+        return [self._by_id[i] for i in program.parents if i in self._by_id]
+
+    def copy_of(self, code: str | None, parents: Iterable[Program] = ()) -> int | None:
+        """The id of the filed program (or parent) ``code`` repeats (``atlas.novelty``)."""
+        return self.novelty.copy_of(code, parents)
+
+    def _label(self, program: Program) -> None:
+        """Label a proposal (agent or supporter) against what was filed before it, once."""
+        if program.source in (ProgramSource.AGENT, ProgramSource.SUPPORTER) \
+                and not program.novelty:
+            parents = self.parents_of(program)
+            score = program.score if program.passed and math.isfinite(program.score) else None
+            program.novelty = self.novelty.label(program.code, score, program.regime, parents)
+            program.beats_parents = beats_parents(score, program.regime, parents)
+
     def _remember(self, program: Program, position: int) -> None:
+        self._by_id[program.id] = program
+        self.novelty.add_program(program)
         if program.code and program.passed and math.isfinite(program.score):
             self._passed.setdefault((program.code, program.regime), (position, program))
 
@@ -233,6 +258,8 @@ class ProgramDatabase:
         by_id = {p.id: p for p in programs}
         self._archive = programs
         self._passed = {}
+        self.novelty = NoveltyIndex(self.novelty.entry_point)
+        self._by_id = {}
         for position, program in enumerate(programs):
             self._remember(program, position)
         self._buffers = [[by_id[i] for i in ids] for ids in state["buffers"]]

@@ -45,6 +45,8 @@ from atlas.types import Evaluation, FailureKind, Program, ProgramSource
 
 #: generation stops at a closing fence on its own line (the prefill opened the fence)
 STOP = ["\n```"]
+#: a re-ask's seed is the island's round seed plus this times the attempt
+RETRY_SALT = 104_729
 
 
 def split_samples(total: int, islands: int) -> list[int]:
@@ -88,6 +90,35 @@ class RoundStats:
     batched_islands: bool = False
     wall_s: float = 0.0
     sampler: dict | None = None  # ``SampleStats.add_to`` over the round's decode calls
+    #: agent proposals that repeated a program (``explore.copies=skip``): recorded, not
+    #: evaluated, filed or charged (``Copy``), and the extra draws that replaced them
+    copies: list[Copy] = dataclasses.field(default_factory=list)
+    retries: int = 0
+    retry_samples: int = 0
+
+
+@dataclasses.dataclass
+class Copy:
+    """An agent proposal that repeats program ``of`` (``atlas.novelty``): kept for the
+    records (the round event) and the lazy-output pairs, never evaluated."""
+
+    island: int
+    round: int
+    phase: int
+    of: int
+    parents: list[int]
+    code: str
+    completion: str
+    prompt: str
+    attempt: int  # 0: the round's first draw; k: its k-th re-ask
+
+    def to_event(self) -> dict[str, Any]:
+        """The round event's record (the prompt is the island's, named by its hash)."""
+        from atlas.probe import prompt_hash  # deferred: the probe module loads the schema
+
+        d = dataclasses.asdict(self)
+        d["prompt"] = prompt_hash(self.prompt) if self.prompt else ""
+        return d
 
 
 class Writer(Protocol):
@@ -138,6 +169,7 @@ class Explorer:
         self.last_stats: RoundStats | None = None  # the latest round's
         self.supporter_debt = 0  # supporter programs the next round's agent samples pay for
         self.evaluations_reused = 0  # this round's candidates that took an earlier evaluation
+        self.copies: list[Copy] = []  # every agent proposal not evaluated as a copy, in order
 
     # ---- scheduling -----------------------------------------------------------------------
     def islands_for_round(self, round_index: int) -> list[int]:
@@ -184,7 +216,8 @@ class Explorer:
 
     def prompt_for(self, parents: Sequence[Program]) -> str:
         """The chat prompt that shows ``parents`` (no critique), as an island's is built."""
-        return self.agent.chat_prompt(*build_prompt(self.spec, list(parents), None))
+        return self.agent.chat_prompt(*build_prompt(self.spec, list(parents), None,
+                                                    self.settings.prompt_form))
 
     def island_prompt(self, island: int) -> str:
         """The prompt ``island`` would be served next, without a critique."""
@@ -229,7 +262,6 @@ class Explorer:
         """
         s, critiques = self.settings, critiques or {}
         context = self.task.context(round_index)
-        regime = regime_key(context)
         served = self.islands_for_round(round_index)
         total = self.round_budget() if agent_samples is None else int(agent_samples)
         if total < len(served):
@@ -244,38 +276,25 @@ class Explorer:
         stats = RoundStats(round=round_index, phase=phase)
         t_round = time.perf_counter()
         batched = s.batch_islands and len(served) > 1 and hasattr(self.agent, "generate_batch")
+        skip = s.copies == "skip" and self.writer is None
+        proposed: dict[str, int] = {}  # this round's proposals so far: program key -> row id
+        copied: list[int] = []
         # batched: every island's prompt first, one decode for all; else one island at a time
         # (each island's prompt reads the database as the islands before it left it)
         for group in ([served] if batched else [[i] for i in served]):
             plans = [self._plan(island, counts[island], critiques, temperature_overrides,
                                 round_index) for island in group]
-            t0 = time.perf_counter()
-            finished = self._generate(plans, context, filed)
-            stats.generation_s += time.perf_counter() - t0
-            if hasattr(getattr(self.agent, "last_stats", None), "add_to"):
-                stats.sampler = self.agent.last_stats.add_to(stats.sampler)
-            for plan, (completions, early) in zip(plans, finished):
-                stats.scored_while_generating += len(early)
-                for row, completion in enumerate(completions):
-                    if row in early and early[row][0] == completion:
-                        _, code, fut = early[row]
-                    elif self.writer is not None:  # the writer's text is the program
-                        code = completion or None
-                        fut = self.submit_code(code, context, filed)
-                    else:
-                        code = extract_program(plan.prefill, completion, self.spec.entry_point)
-                        fut = self.submit_code(code, context, filed)
-                    prog = Program(id=self.db.next_id(), island=plan.island, round=round_index,
-                                   code=code or "",
-                                   evaluation=Evaluation.failure(FailureKind.KILLED, "pending"),
-                                   prompt=plan.text,
-                                   completion=completion if self.writer is None else "",
-                                   parents=[p.id for p in plan.parents],
-                                   source=ProgramSource.AGENT, phase=phase, regime=regime)
-                    pending.append((prog, fut))
-                stats.islands[plan.island] = IslandStats(
-                    temperature=plan.temperature, samples=len(completions),
-                    critique=bool(critiques.get(plan.island)))
+            for attempt in range(1 + (s.copy_retries if skip else 0)):
+                if attempt:  # ask again for as many programs as were copies, fresh seeds
+                    plans = [dataclasses.replace(
+                        plan, samples=n, seed=(plan.seed + attempt * RETRY_SALT) % (2**31 - 1))
+                        for plan, n in zip(plans, copied) if n]
+                    if not plans:
+                        break
+                    stats.retries += 1
+                    stats.retry_samples += sum(p.samples for p in plans)
+                copied = self._propose(plans, context, filed, stats, pending, out, phase,
+                                       round_index, critiques, proposed, skip, attempt)
             self._file(pending, out, block=False)  # file what finished while we generated
         t_wait = time.perf_counter()
         self._file(pending, out, block=True)
@@ -289,8 +308,74 @@ class Explorer:
             row.valid = sum(p.passed for p in mine)
             row.failure_kinds = dict(Counter(p.evaluation.failure_kind for p in mine))
         stats.wall_s = time.perf_counter() - t_round
+        self.copies += stats.copies
         self.last_stats = stats
         return out
+
+    def _propose(self, plans: list[IslandPlan], context: dict[str, Any], filed: int,
+                 stats: RoundStats, pending: list[tuple[Program, Future]], out: list[Program],
+                 phase: int, round_index: int, critiques: Mapping[int, str],
+                 proposed: dict[str, int], skip: bool, attempt: int) -> list[int]:
+        """Sample ``plans`` and send each new program to the sandbox in row order; with
+        ``skip``, a copy (of a filed program, a parent or an earlier proposal of the round)
+        is recorded in ``stats.copies`` instead. Returns the copies per plan."""
+        regime = regime_key(context)
+        t0 = time.perf_counter()
+        finished = self._generate(plans, context, filed, skip=skip)
+        stats.generation_s += time.perf_counter() - t0
+        if hasattr(getattr(self.agent, "last_stats", None), "add_to"):
+            stats.sampler = self.agent.last_stats.add_to(stats.sampler)
+        copied = []
+        for plan, (completions, early) in zip(plans, finished):
+            stats.scored_while_generating += len(early)
+            copies = 0
+            for row, completion in enumerate(completions):
+                fut: Future | None
+                if row in early and early[row][0] == completion:
+                    _, code, fut = early[row]
+                elif self.writer is not None:  # the writer's text is the program
+                    code, fut = completion or None, None
+                else:
+                    code = extract_program(plan.prefill, completion, self.spec.entry_point)
+                    fut = None
+                of = self._copy_of(code, plan.parents, proposed) if skip else None
+                if of is not None:
+                    copies += 1
+                    stats.copies.append(Copy(
+                        island=plan.island, round=round_index, phase=phase, of=of,
+                        parents=[p.id for p in plan.parents], code=code or "",
+                        completion=completion, prompt=plan.text, attempt=attempt))
+                    continue  # an evaluation already under way is left unread
+                if fut is None:
+                    fut = self.submit_code(code, context, filed)
+                prog = Program(id=self.db.next_id(), island=plan.island, round=round_index,
+                               code=code or "",
+                               evaluation=Evaluation.failure(FailureKind.KILLED, "pending"),
+                               prompt=plan.text,
+                               completion=completion if self.writer is None else "",
+                               parents=[p.id for p in plan.parents],
+                               source=ProgramSource.AGENT, phase=phase, regime=regime)
+                if code:
+                    proposed.setdefault(self.db.novelty.key(code), prog.id)
+                pending.append((prog, fut))
+            copied.append(copies)
+            row_stats = stats.islands.get(plan.island)
+            if row_stats is None:
+                stats.islands[plan.island] = IslandStats(
+                    temperature=plan.temperature, samples=len(completions),
+                    critique=bool(critiques.get(plan.island)))
+            else:
+                row_stats.samples += len(completions)
+        return copied
+
+    def _copy_of(self, code: str | None, parents: Sequence[Program],
+                 proposed: Mapping[str, int]) -> int | None:
+        """The program ``code`` repeats: one filed or shown, or an earlier proposal of the
+        round (which may still be in the sandbox)."""
+        if not code:
+            return None
+        of = self.db.copy_of(code, parents)
+        return of if of is not None else proposed.get(self.db.novelty.key(code))
 
     def _plan(self, island: int, samples: int, critiques: Mapping[int, str],
               overrides: Mapping[int, float] | None, round_index: int) -> IslandPlan:
@@ -298,16 +383,19 @@ class Explorer:
         if self.writer is not None:  # no prompt: the writer reads the parents themselves
             prefill = text = ""
         else:
-            system, user, prefill = build_prompt(self.spec, parents, critiques.get(island))
+            system, user, prefill = build_prompt(self.spec, parents, critiques.get(island),
+                                                 self.settings.prompt_form)
             text = self.agent.chat_prompt(system, user, prefill)
         return IslandPlan(island=island, parents=parents, prefill=prefill, text=text,
                           temperature=self.temperature(island, overrides), samples=samples,
                           seed=self._generation_seed(round_index, island))
 
-    def _generate(self, plans: list[IslandPlan], context: dict[str, Any], filed: int
+    def _generate(self, plans: list[IslandPlan], context: dict[str, Any], filed: int,
+                  skip: bool = False
                   ) -> list[tuple[list[str], dict[int, tuple[str, str | None, Future]]]]:
         """Sample every plan's completions (one batch when there are several); a sample
-        that ends early goes to the sandbox while the others still decode."""
+        that ends early goes to the sandbox while the others still decode, unless (``skip``)
+        it repeats a filed program or a parent."""
         # deferred: peft and transformers are slow to import, and a scripted agent needs neither
         from atlas.agent.adapters import POLICY
         from atlas.agent.sampling import Request
@@ -323,6 +411,8 @@ class Explorer:
         def score_now(row: int, completion: str) -> None:
             j = next(k for k in range(len(plans)) if row < starts[k + 1])
             code = extract_program(plans[j].prefill, completion, self.spec.entry_point)
+            if skip and self.db.copy_of(code, plans[j].parents) is not None:
+                return  # a copy: decided, and recorded, in row order
             early[j][row - starts[j]] = (completion, code, self.submit_code(code, context, filed))
 
         streams = {"on_done": score_now} if getattr(self.agent, "streams_results", False) \

@@ -18,6 +18,11 @@ passed, against that prompt's agent completions that scored strictly lower or fa
 ``supporter_vs_agent``. It is not part of the per-island agent top-k (it does not displace an
 agent's chosen program), and only the agent's own completions are ever rejected.
 
+Copies (``atlas.novelty``): a program that repeats one the run already had is never the
+chosen side (it would teach the agent to write out its prompt). With ``lazy`` each copy with
+a prompt (evaluated or not) is the rejected side against the best new valid agent program of
+the same prompt: kind ``new_vs_copy``, ThetaEvolve's lazy-output penalty.
+
 Cap (``max_pairs``): pairs are ordered so that every chosen program gets its best pair before
 any gets a second (diversity over chosen), higher margin first within a rank; the two kinds
 are then taken alternately (validity and quality signal both survive the cap). Failed
@@ -29,20 +34,26 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
 
 from atlas.evolution.buffer import failure_floor, pairable, usable
 from atlas.evolution.database import ProgramDatabase
+from atlas.novelty import COPY, NEW
 from atlas.types import PairKind, PreferencePair, Program, ProgramSource
 
 PASSED_VS_PASSED = PairKind.PASSED_VS_PASSED
 PASSED_VS_FAILED = PairKind.PASSED_VS_FAILED
 SUPPORTER_VS_AGENT = PairKind.SUPPORTER_VS_AGENT
+NEW_VS_COPY = PairKind.NEW_VS_COPY
 PAIR_KINDS = tuple(PairKind)
 
 
 def build_pairs(db: ProgramDatabase, programs: list[Program], *, top_k: int, max_pairs: int,
-                score_threshold: float | None, seed: int) -> list[PreferencePair]:
-    """D_k for one phase (rules in the module docstring); ``seed`` breaks exact ties."""
+                score_threshold: float | None, seed: int, copies: Sequence[Any] = (),
+                lazy: bool = False) -> list[PreferencePair]:
+    """D_k for one phase (rules in the module docstring); ``seed`` breaks exact ties;
+    ``copies``: the phase's copies that were not evaluated (``Explorer.copies``)."""
     if max_pairs < 0:
         raise ValueError(f"max_pairs must be >= 0, got {max_pairs} (config field dpo.max_pairs)")
     if score_threshold is not None and not math.isfinite(float(score_threshold)):
@@ -54,12 +65,13 @@ def build_pairs(db: ProgramDatabase, programs: list[Program], *, top_k: int, max
     by_island: dict[int, list[Program]] = defaultdict(list)
     supporter: list[Program] = []
     for p in programs:
+        fresh = p.novelty != COPY
         if pairable(p) and p.source == ProgramSource.SUPPORTER:
-            if usable(p):
+            if usable(p) and fresh:
                 supporter.append(p)
         elif pairable(p):
             by_prompt[p.prompt].append(p)
-            if usable(p):
+            if usable(p) and fresh:
                 by_island[p.island].append(p)
 
     buckets: dict[str, list[tuple[tuple[int, float, float], PreferencePair]]] = {
@@ -91,6 +103,8 @@ def build_pairs(db: ProgramDatabase, programs: list[Program], *, top_k: int, max
             items.sort(key=lambda t: (-t[0], t[1]))
             buckets[kind].extend(((rank, -m, tie), pr) for rank, (m, tie, pr)
                                  in enumerate(items))
+    if lazy:
+        buckets[NEW_VS_COPY] = _lazy_pairs(by_prompt, programs, copies, floor)
     queues = [sorted(b, key=lambda t: t[0]) for b in buckets.values()]
     out: list[PreferencePair] = []
     idx = [0] * len(queues)
@@ -99,4 +113,31 @@ def build_pairs(db: ProgramDatabase, programs: list[Program], *, top_k: int, max
             if len(out) < max_pairs and idx[qi] < len(q):
                 out.append(q[idx[qi]][1])
                 idx[qi] += 1
+    return out
+
+
+def _lazy_pairs(by_prompt: dict[str, list[Program]], programs: list[Program],
+                copies: Sequence[Any], floor: float
+                ) -> list[tuple[tuple[int, float, float], PreferencePair]]:
+    """``new_vs_copy``: each copy with a prompt rejected against the best new valid agent
+    program of that prompt; a chosen program's first pair ranks before any second."""
+    lazy = [(c.prompt, c.completion, getattr(c, "id", -1)) for c in copies
+            if c.prompt and c.completion]
+    lazy += [(p.prompt, p.completion, p.id) for p in programs
+             if p.novelty == COPY and p.source == ProgramSource.AGENT and pairable(p)]
+    used: dict[int, int] = defaultdict(int)
+    out = []
+    for prompt, completion, rid in lazy:
+        new = [p for p in by_prompt.get(prompt, []) if p.novelty == NEW and usable(p)
+               and p.completion != completion]
+        if not new:
+            continue
+        chosen = max(new, key=lambda q: (q.score, -q.id))
+        rank = used[chosen.id]
+        used[chosen.id] += 1
+        pair = PreferencePair(prompt=prompt, chosen=chosen.completion, rejected=completion,
+                              chosen_score=chosen.score, rejected_score=floor,
+                              island=chosen.island, kind=NEW_VS_COPY, chosen_id=chosen.id,
+                              rejected_id=rid)
+        out.append(((rank, -(chosen.score - floor), 0.0), pair))
     return out

@@ -20,6 +20,23 @@ from atlas.types import Program
 
 MAX_CRITIQUE_CHARS = 600  # a supporter's critique is cut here: the agent's context is small
 
+#: the prompt's forms (``explore.prompt_form``): the instruction after the versions, and
+#: whether the prefill repeats the best parent's opening body comments. Why several: a small
+#: model asked for "a better version" of one parent, with that parent's comments prefilled,
+#: writes the parent out again; ``python -m atlas.bench prompts`` measures each form's copy
+#: and valid rates on the base model.
+PROMPT_FORMS: dict[str, tuple[str, bool]] = {
+    "better": ("Write v{n}, a better version of v{last} (higher score). "
+               "Keep the signature. Reply with code only.", True),
+    "better_bare": ("Write v{n}, a better version of v{last} (higher score). "
+                    "Keep the signature. Reply with code only.", False),
+    "change": ("Write v{n}: change how v{last} works so that it scores higher. Do not repeat "
+               "an earlier version. Keep the signature. Reply with code only.", True),
+    "change_bare": ("Write v{n}: change how v{last} works so that it scores higher. Do not "
+                    "repeat an earlier version. Keep the signature. Reply with code only.",
+                    False),
+}
+
 
 def format_score(score: float) -> str:
     """Short, sign-preserving score text for the ``# vI: score S`` comment."""
@@ -36,13 +53,17 @@ def _signature_line(spec: PromptSpec) -> str:
     return sig if sig.endswith(":") else sig + ":"
 
 
-def build_prompt(spec: PromptSpec, parents: list[Program],
-                 critique: str | None = None) -> tuple[str, str, str]:
-    """``(system, user, prefill)`` for one island; ``parents`` in any order (sorted here).
+def build_prompt(spec: PromptSpec, parents: list[Program], critique: str | None = None,
+                 form: str = "better") -> tuple[str, str, str]:
+    """``(system, user, prefill)`` for one island; ``parents`` in any order (sorted here);
+    ``form`` one of ``PROMPT_FORMS``.
 
     The prefill is the start of the assistant's answer; the agent's ``chat_prompt`` appends it
     after the generation prompt so the model continues the function body.
     """
+    if form not in PROMPT_FORMS:
+        raise ValueError(f"explore.prompt_form={form!r} is not one of {sorted(PROMPT_FORMS)}")
+    instruction, with_lead = PROMPT_FORMS[form]
     sig = _signature_line(spec)
     shown = sorted(parents, key=lambda p: (p.score, -p.id))  # worst -> best
     n = len(shown)
@@ -58,8 +79,7 @@ def build_prompt(spec: PromptSpec, parents: list[Program],
         note = " ".join(critique.split())[:MAX_CRITIQUE_CHARS]
         parts.append(f"Reviewer note: {note}")
     if shown:
-        parts.append(f"Write v{n}, a better version of v{n - 1} (higher score). "
-                     f"Keep the signature. Reply with code only.")
+        parts.append(instruction.format(n=n, last=n - 1))
     else:
         parts.append(f"Write {spec.entry_point}. Keep the signature. Reply with code only.")
     user = "\n\n".join(parts)
@@ -68,7 +88,8 @@ def build_prompt(spec: PromptSpec, parents: list[Program],
     if shown:
         split = split_program(strip_version_comments(shown[-1].code), spec.entry_point)
         if split is not None:
-            preamble, lead = split[0], _leading_comments(split[1])
+            preamble = split[0]
+            lead = _leading_comments(split[1]) if with_lead else []
     prefill = PREFILL_START
     if preamble:
         prefill += preamble + "\n\n"
