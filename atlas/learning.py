@@ -22,9 +22,6 @@ from typing import Any
 
 from atlas import stats
 
-#: the learning table's measures: (key in the phase line's ``probe``, label, how to read it)
-PROBE_MEASURES = (("valid_change", "valid rate change"), ("score_change", "score change"),
-                  ("kl_base", "KL to base"), ("heldout_accuracy", "held-out accuracy"))
 NO_LLM, NEVER_TRAINED = "random_literals", "sample"
 FINE_TUNED = ("evotune", "evodpo", "atlas")
 
@@ -34,9 +31,19 @@ def _value(probe: dict[str, Any], key: str) -> float | None:
     return v.get("mean") if isinstance(v, dict) else v
 
 
+def _total(probes: list[dict[str, Any]], get: Any) -> int | None:
+    """The sum over seeds of a count (None when a record lacks it: written before counts)."""
+    values = [get(p) for p in probes]
+    return None if any(v is None for v in values) else int(sum(values))
+
+
 def learning_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per task, method and phase: each probe measure's mean over seeds with its t interval
-    (``runs``: results records with ``reference_log``, as ``atlas.report.load_run`` gives)."""
+    """Per task, method and phase, the probe over seeds (``runs``: results records with
+    ``reference_log``, as ``atlas.report.load_run`` gives). Binary outcomes are pooled as
+    counts with exact tests, never t intervals: the valid slots that went fail -> pass and
+    pass -> fail (sign test p), held-out pairs right of all (binomial p; no accuracy below
+    ``stats.MIN_ACCURACY_PAIRS`` pairs), copies and new valid programs before and after. The
+    score change and the KL get a t interval over seeds (the KL's floored at 0)."""
     cells: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for r in runs:
         for line in r.get("reference_log") or []:
@@ -44,12 +51,60 @@ def learning_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 cells[(r["task"], r["method"], int(line["phase"]))].append(line["probe"])
     rows = []
     for (task, method, phase), probes in sorted(cells.items()):
-        row: dict[str, Any] = {"task": task, "method": method, "phase": phase,
-                               "n": len(probes)}
-        for key, _ in PROBE_MEASURES:
-            row[key] = stats.t_interval([_value(p, key) for p in probes])
-        rows.append(row)
+        up = _total(probes, lambda p: (p.get("valid_change") or {}).get("fail_to_pass"))
+        down = _total(probes, lambda p: (p.get("valid_change") or {}).get("pass_to_fail"))
+        pairs = _total(probes, lambda p: p.get("heldout_pairs") or 0) or 0
+        right = _total(probes, lambda p: p.get("heldout_right") if p.get("heldout_right")
+                       is not None else (None if p.get("heldout_accuracy") is None
+                                         else round(p["heldout_accuracy"]
+                                                    * (p.get("heldout_pairs") or 0))))
+        kl = stats.t_interval([p.get("kl_base") for p in probes])
+        if kl.get("lo") is not None and kl["lo"] == kl["lo"]:
+            kl["lo"] = max(0.0, kl["lo"])
+        rows.append({
+            "task": task, "method": method, "phase": phase, "n": len(probes),
+            "slots": _total(probes, lambda p: (p.get("prompts") or 0) * (p.get("samples") or 0)),
+            "valid_change": {"fail_to_pass": up, "pass_to_fail": down,
+                             "p": stats.binomial_p(up, up + down)
+                             if up is not None and down is not None else None},
+            "score_change": stats.t_interval([_value(p, "score_change") for p in probes]),
+            "kl_base": kl,
+            "heldout": {"pairs": pairs, "right": right,
+                        "accuracy": right / pairs if right is not None
+                        and pairs >= stats.MIN_ACCURACY_PAIRS else None,
+                        "p": stats.binomial_p(right, pairs) if right is not None else None},
+            "copies": {"before": _total(probes, lambda p: p.get("copies_before")),
+                       "after": _total(probes, lambda p: p.get("copies_after"))},
+            "new_valid": {"before": _total(probes, lambda p: p.get("new_valid_before")),
+                          "after": _total(probes, lambda p: p.get("new_valid_after"))}})
     return rows
+
+
+def novelty_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per task, method, writer (agent, supporters) and exploration phase (the rounds before
+    phase k's training), pooled over seeds: proposals, copies, evaluated programs that were
+    new, new valid programs per proposal and those above their parents
+    (``results.json``'s ``novelty``)."""
+    cells: dict[tuple[str, str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        for row in (r.get("novelty") or {}).get("by_phase") or []:
+            for who in ("agent", "supporter"):
+                t = row.get(who) or {}
+                if t.get("proposals"):
+                    cells[(r["task"], r["method"], who, int(row["phase"]))].append(t)
+    out = []
+    for (task, method, who, phase), ts in sorted(cells.items()):
+        total = {k: sum(int(t.get(k) or 0) for t in ts)
+                 for k in ("proposals", "evaluated", "copies", "valid", "new_valid",
+                           "new_beats_parents")}
+        new = sum(int((t.get("labels") or {}).get("new") or 0) for t in ts)
+        out.append({"task": task, "method": method, "writer": who, "phase": phase,
+                    "seeds": len(ts), **total, "new": new,
+                    "copy_rate": total["copies"] / total["proposals"],
+                    "new_share_of_evaluated": new / total["evaluated"]
+                    if total["evaluated"] else None,
+                    "new_valid_per_proposal": total["new_valid"] / total["proposals"]})
+    return out
 
 
 def separations(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

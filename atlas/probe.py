@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from atlas.evolution.buffer import failure_floor
+from atlas.evolution.evaluation import regime_key
+from atlas.novelty import beats_parents, tally
 from atlas.schema import ProbeConfig
-from atlas.stats import bootstrap_interval, t_interval
+from atlas.stats import binomial_p, bootstrap_interval, t_interval
 from atlas.types import Evaluation, Program, ProgramSource
 
 if TYPE_CHECKING:  # annotations only: the run's collaborators
@@ -53,34 +55,54 @@ def prompt_hash(prompt: str) -> str:
     return hashlib.sha1(prompt.encode()).hexdigest()[:10]
 
 
-def choose_prompts(explorer: Explorer, phase_prompts: set[str], n: int, next_round: int,
-                   seed: int) -> list[tuple[str, str]]:
-    """Up to ``n`` probe prompts as ``(prompt, where it came from)``, none of them among
-    ``phase_prompts`` (rules in the module docstring, item 1)."""
-    k = explorer.settings.programs_in_prompt
-    chosen: list[tuple[str, str]] = []
+@dataclass(frozen=True)
+class ProbePrompt:
+    """A probe prompt: its text (no critique), where it came from, the parents it shows, and
+    how many of them the phase itself wrote (``overlap``: 0 unless no other prompt could be
+    found; D_k's chosen programs are among the phase's)."""
 
-    def offer(parents: list[Program], where: str) -> None:
-        if len(chosen) >= n or not parents:
+    text: str
+    where: str
+    parents: tuple[Program, ...]
+    overlap: int
+
+
+def choose_prompts(explorer: Explorer, programs: Sequence[Program], n: int, next_round: int,
+                   seed: int) -> list[ProbePrompt]:
+    """Up to ``n`` probe prompts (rules in the module docstring, item 1). A prompt the phase
+    sampled is recognised by its parents, not its text (ATLAS's prompts also carry a
+    reviewer note the probe's never do); prompts whose parents the phase did not write come
+    first, so what DPO made more likely is not shown as a parent."""
+    k = explorer.settings.programs_in_prompt
+    sampled = {frozenset(p.parents) for p in programs if p.prompt}
+    mine = {p.id for p in programs}
+    chosen: list[ProbePrompt] = []
+
+    def offer(parents: list[Program], where: str, overlap_ok: bool) -> None:
+        overlap = sum(1 for q in parents if q.id in mine)
+        if len(chosen) >= n or not parents or (overlap and not overlap_ok) \
+                or frozenset(q.id for q in parents) in sampled:
             return
         text = explorer.prompt_for(parents)
-        if text not in phase_prompts and all(text != c for c, _ in chosen):
-            chosen.append((text, where))
+        if all(text != c.text for c in chosen):
+            chosen.append(ProbePrompt(text, where, tuple(parents), overlap))
 
     islands: list[int] = []
     r = next_round
     while len(islands) < explorer.settings.islands and r < next_round + 10 * explorer.settings.islands:
         islands += [i for i in explorer.islands_for_round(r) if i not in islands]
         r += 1
-    for island in islands:
-        offer(explorer.parents_for(island), f"island {island}")
     passed = [p for p in explorer.db.all_programs()
               if p.passed and math.isfinite(p.score) and p.source != ProgramSource.RESCORE]
-    rng = random.Random(seed)
-    for _ in range(50 * n):
-        if len(chosen) >= n or not passed:
-            break
-        offer(rng.sample(passed, min(k, len(passed))), "random parents")
+    older = [p for p in passed if p.id not in mine]
+    for overlap_ok, pool in ((False, older), (True, passed)):
+        for island in islands:
+            offer(explorer.parents_for(island), f"island {island}", overlap_ok)
+        rng = random.Random(seed)
+        for _ in range(50 * n):
+            if len(chosen) >= n or not pool:
+                break
+            offer(rng.sample(pool, min(k, len(pool))), "random parents", overlap_ok)
     return chosen
 
 
@@ -123,6 +145,17 @@ def paired_change(diffs: Sequence[float]) -> dict[str, Any]:
             "t_hi": clean(t["hi"]), "boot_lo": clean(lo), "boot_hi": clean(hi)}
 
 
+def valid_change(before: Sequence[bool], after: Sequence[bool]) -> dict[str, Any]:
+    """The valid rate's change over paired slots as counts: slots that went fail -> pass and
+    pass -> fail, their mean change, and the exact sign (McNemar) p of the two counts. With
+    6-8 binary slots a t interval is meaningless (it ran past +1); counts are not."""
+    up = sum(1 for x, y in zip(before, after) if y and not x)
+    down = sum(1 for x, y in zip(before, after) if x and not y)
+    n = min(len(before), len(after))
+    return {"n": n, "fail_to_pass": up, "pass_to_fail": down,
+            "mean": (up - down) / n if n else None, "p": binomial_p(up, up + down)}
+
+
 @dataclass
 class LearningProbe:
     """One phase's probe: ``before()`` ahead of DPO, ``after()`` once the phase's policy is
@@ -130,7 +163,7 @@ class LearningProbe:
 
     cfg: ProbeConfig
     explorer: Explorer
-    prompts: list[tuple[str, str]]
+    prompts: list[ProbePrompt]
     context: dict[str, Any]
     floor: float
     seed: int
@@ -141,8 +174,7 @@ class LearningProbe:
                   seed: int) -> LearningProbe:
         """The probe of a phase whose programs are ``programs`` (its rounds' candidates)."""
         last_round = max((p.round for p in programs), default=0)
-        phase_prompts = {p.prompt for p in programs if p.prompt}
-        prompts = choose_prompts(explorer, phase_prompts, cfg.prompts, last_round + 1, seed)
+        prompts = choose_prompts(explorer, programs, cfg.prompts, last_round + 1, seed)
         return cls(cfg=cfg, explorer=explorer, prompts=prompts,
                    context=explorer.task.context(last_round),
                    floor=failure_floor([p for p in programs if p.source != ProgramSource.SEED]),
@@ -153,7 +185,7 @@ class LearningProbe:
 
         t0 = time.perf_counter()
         attempts = self.explorer.write_unfiled(
-            [p for p, _ in self.prompts], self.cfg.samples, temperature=self.cfg.temperature,
+            [p.text for p in self.prompts], self.cfg.samples, temperature=self.cfg.temperature,
             seed=self.seed, context=self.context, adapter=POLICY,
             known=known) if self.prompts else []
         self.sides[when] = Side(attempts, time.perf_counter() - t0)
@@ -187,18 +219,20 @@ class LearningProbe:
         out: dict[str, Any] = {
             "prompts": len(self.prompts), "samples": self.cfg.samples,
             "temperature": self.cfg.temperature, "seed": self.seed,
-            "prompt_hashes": [prompt_hash(p) for p, _ in self.prompts],
-            "prompt_sources": [w for _, w in self.prompts],
-            "before": side_stats(before), "after": side_stats(after)}
+            "prompt_hashes": [prompt_hash(p.text) for p in self.prompts],
+            "prompt_sources": [p.where for p in self.prompts],
+            "prompt_parents": [[q.id for q in p.parents] for p in self.prompts],
+            "parents_from_phase": [p.overlap for p in self.prompts],
+            "before": {**side_stats(before), "novelty": self._novelty(before)},
+            "after": {**side_stats(after), "novelty": self._novelty(after)}}
         b, a = before.flat(), after.flat()
         out["change"] = {
-            "valid_rate": paired_change([float(_passed(y)) - float(_passed(x))
-                                         for x, y in zip(b, a)]),
+            "valid_rate": valid_change([_passed(x) for x in b], [_passed(y) for y in a]),
             "score": paired_change([self._floored(y) - self._floored(x) for x, y in zip(b, a)]),
             "failure_floor": self.floor}
         out["slots"] = [[_slot(x), _slot(y)] for x, y in zip(b, a)]
-        groups = [(p, [x.completion for x in row])
-                  for (p, _), row in zip(self.prompts, before.attempts)]
+        groups = [(p.text, [x.completion for x in row])
+                  for p, row in zip(self.prompts, before.attempts)]
         # a reference that adds nothing to the base (the first phase's) is the base: one
         # pass fewer, and its KLs are the same numbers
         reference = (BASE if reference_state is None or adds_nothing(reference_state)
@@ -213,14 +247,30 @@ class LearningProbe:
         out["kl_base"] = _finite(moved.mean_kl_base)
         out["kl_reference"] = _finite(moved.mean_kl_reference)
         out["kl_tokens"] = moved.tokens
+        right = sum(m > 0 for m in margins)
         out["heldout"] = {
-            "pairs": len(pairs), "beta": beta,
-            "accuracy": sum(m > 0 for m in margins) / len(margins) if margins else None,
+            "pairs": len(pairs), "beta": beta, "right": right,
+            "accuracy": right / len(margins) if margins else None,
+            "p": binomial_p(right, len(margins)),
             "margin": sum(margins) / len(margins) if margins else None}
         out["seconds"] = {"before": before.seconds, "after": after.seconds,
                           "measure": time.perf_counter() - t0}
         out["seconds"]["total"] = sum(out["seconds"].values())
         return out
+
+    def _novelty(self, side: Side) -> dict[str, Any]:
+        """``atlas.novelty.tally`` of one side's programs against the database and each
+        prompt's parents: does the policy write new programs or its prompt's?"""
+        db = self.explorer.db
+        records = []
+        for prompt, row in zip(self.prompts, side.attempts):
+            for a in row:
+                score = a.evaluation.score if _passed(a) else None
+                regime = regime_key(self.context)
+                records.append({"novelty": db.novelty.label(a.code, score, regime, prompt.parents),
+                                "beats_parents": beats_parents(score, regime, prompt.parents),
+                                "evaluation": {"passed": _passed(a)}})
+        return tally(records)
 
     def _floored(self, a: Attempt) -> float:
         return a.evaluation.score if _passed(a) else self.floor

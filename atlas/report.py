@@ -28,8 +28,8 @@ from atlas.learning import (
     FINE_TUNED,
     NEVER_TRAINED,
     NO_LLM,
-    PROBE_MEASURES,
     learning_rows,
+    novelty_rows,
     separations,
 )
 from atlas.provenance import differences, flat
@@ -341,9 +341,19 @@ def study_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[
                "; ".join(f"{k}: {why}" for k, why in p["strategist"].items()) or "-"]
               for r in sorted(runs, key=lambda r: (r["task"], _arm_order(r["method"]), r["seed"]))
               for p in r.get("phase_log", [])]
-    learning = [[r["task"], r["method"], str(r["phase"]), str(r["n"]),
-                 *(f"{_g(r[k]['mean'], '+.3g')} {_ci(r[k])}" for k, _ in PROBE_MEASURES)]
+    learning = [[r["task"], r["method"], str(r["phase"]), str(r["n"]), _g(r["slots"]),
+                 _counts(r["valid_change"], "fail_to_pass", "pass_to_fail"),
+                 f"{_g(r['score_change']['mean'], '+.3g')} {_ci(r['score_change'])}",
+                 f"{_g(r['kl_base']['mean'], '.2e')} {_ci(r['kl_base'])}",
+                 _accuracy(r["heldout"]),
+                 _counts(r["copies"], "before", "after", "->"),
+                 _counts(r["new_valid"], "before", "after", "->")]
                 for r in learning_rows(runs)]
+    novel = [[r["task"], r["method"], r["writer"], str(r["phase"]), str(r["seeds"]),
+              str(r["proposals"]), f"{r['copies']} ({r['copy_rate']:.0%})",
+              f"{r['new']}/{r['evaluated']}", f"{r['new_valid']} ({r['new_valid_per_proposal']:.2f})",
+              str(r["new_beats_parents"])]
+             for r in novelty_rows(runs)]
     separated = [[r["task"], r["question"], f"{r['a']} - {r['b']}", str(r["n"]),
                   _g(r["mean"]), _ci(r, "boot_lo", "boot_hi"), _ci(r, "t_lo", "t_hi"),
                   f"{r['wins']}/{r['losses']}", _g(r["p_signed_rank"], ".3g")]
@@ -368,16 +378,40 @@ def study_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[
          ["task", "method", "seed", "phase", "pairs", "kinds", "G_k", "decision", "c*", "S(c*)",
           "S(ref)", "gain", "lower", "KL", "strategist"], phases),
         ("Learning: the learning probe per phase (programs written before and after the phase, "
-         "on prompts it never trained on, with the same seeds), mean over seeds with 95% t CI: "
-         "the change in valid rate and in score (failures at the phase's floor), KL(policy || "
-         "base) per token, held-out preference accuracy (0.5: no better than chance)",
-         ["task", "method", "phase", "n", *(label for _, label in PROBE_MEASURES)], learning),
+         "on prompts it never trained on, with the same seeds), pooled over the n seeds: valid "
+         "slots that went fail->pass/pass->fail with the exact sign-test p; the mean score "
+         "change (failures at the phase's floor) and KL(policy || base) in nats per token, each "
+         "with its 95% t CI over seeds; held-out preference accuracy with its pairs and exact "
+         "binomial p (none below 10 pairs); copies of earlier programs and new valid programs, "
+         "before -> after",
+         ["task", "method", "phase", "n", "slots", "valid +/- (p)", "score change",
+          "KL to base", "held-out accuracy", "copies", "new & valid"], learning),
+        ("Novelty per exploration phase (phase k: the rounds before phase k's training), "
+         "pooled over seeds: proposals, copies of a program the run already had (not "
+         "evaluated under explore.copies=skip), evaluated programs that were new, new valid "
+         "programs (per proposal), and new programs above the best parent in their prompt",
+         ["task", "method", "writer", "phase", "seeds", "proposals", "copies", "new/evaluated",
+          "new & valid", "above parents"], novel),
         ("What each part adds, paired on seeds: the LLM over blind tuning (random_literals, no "
          "LLM), fine-tuning over sampling (sample, never trained), the evolving reference "
          "(EvoDPO over EvoTune), the supporters (within ATLAS runs, and over EvoDPO); bootstrap and t 95% CIs, wins/losses, exact signed-rank p",
          ["task", "question", "A - B", "n", "mean diff", "95% CI (bootstrap)", "95% CI (t)",
           "wins/losses", "p (signed-rank)"], separated),
     ]
+
+
+def _counts(d: dict[str, Any], a: str, b: str, sep: str = "/") -> str:
+    """Two pooled counts, with the exact p where the cell has one."""
+    if d.get(a) is None or d.get(b) is None:
+        return "n/a"
+    p = d.get("p")
+    return f"{d[a]}{sep}{d[b]}" + (f" (p {p:.2f})" if p is not None else "")
+
+
+def _accuracy(h: dict[str, Any]) -> str:
+    if h.get("accuracy") is None:
+        return f"too few pairs ({h.get('pairs') or 0})"
+    return f"{h['accuracy']:.2f} of {h['pairs']} (p {_g(h.get('p'), '.2g')})"
 
 
 def _text(title: str, header: list[str], rows: list[list[str]]) -> str:
@@ -430,7 +464,7 @@ def classic_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], lis
 
 
 CSV_NAMES = ("table2", "table3", "table5", "means_ci", "paired", "valid_by_phase", "phases",
-             "learning", "separations")
+             "learning", "novelty", "separations")
 
 
 def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]) -> list[Path]:
@@ -470,10 +504,12 @@ def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]
             "improvement_agent_pct", "valid_rate", "valid_by_phase", "best_by_round",
             "best_by_round_agent", "phases", "phases_trained", "promotions", "accept_rate",
             "interventions", "pair_kinds", "candidates_by_source", "phase_log", "provenance",
-            "regime_changes", "supporter_calls")
+            "regime_changes", "supporter_calls", "novelty", "valid_rate_by_phase",
+            "generated_tokens")
     doc = {"runs": [{k: r.get(k) for k in keep} | {"run": Path(r["run_dir"]).name} for r in runs],
            "means": study_means(runs), "paired": study_paired(runs), "valid_by_phase": study_valid(runs),
-           "learning": learning_rows(runs), "separations": separations(runs)}
+           "learning": learning_rows(runs), "novelty": novelty_rows(runs),
+           "separations": separations(runs)}
     (out_dir / "report.json").write_text(dumps(doc) + "\n")
     written.append(out_dir / "report.json")
     return written

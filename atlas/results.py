@@ -188,9 +188,14 @@ def probe_line(event: dict[str, Any]) -> dict[str, Any] | None:
     held = probe.get("heldout") or {}
     seconds = (probe.get("seconds") or {}).get("total")
     phase_seconds = event.get("seconds")
+    nov_b, nov_a = before.get("novelty") or {}, after.get("novelty") or {}
     return {"prompts": probe.get("prompts"), "samples": probe.get("samples"),
             "valid_before": before.get("valid_rate"), "valid_after": after.get("valid_rate"),
             "valid_change": change.get("valid_rate"),
+            "copies_before": nov_b.get("copies"), "copies_after": nov_a.get("copies"),
+            "new_valid_before": nov_b.get("new_valid"), "new_valid_after": nov_a.get("new_valid"),
+            "parents_from_phase": probe.get("parents_from_phase"),
+            "heldout_right": held.get("right"), "heldout_p": held.get("p"),
             "mean_before": before.get("mean_score"), "mean_after": after.get("mean_score"),
             "best_before": before.get("best_score"), "best_after": after.get("best_score"),
             "score_change": change.get("score"),

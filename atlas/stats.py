@@ -112,3 +112,33 @@ def paired(a: dict[int, float | None], b: dict[int, float | None],
             "wins": sum(1 for x in diffs if x > 0), "losses": sum(1 for x in diffs if x < 0),
             "p_signed_rank": signed_rank_p(diffs) if diffs else math.nan,
             "p_min": min_signed_rank_p(nonzero)}
+
+
+def binomial_p(k: int, n: int) -> float | None:
+    """Exact two-sided binomial p of ``k`` successes in ``n`` fair trials (the sum of the
+    outcomes no more likely than ``k``); None for n = 0. The exact sign (McNemar) test of
+    ``k`` fail -> pass against ``n - k`` pass -> fail, and the test of a held-out accuracy
+    of ``k / n`` against chance."""
+    if n <= 0:
+        return None
+    probs = [math.comb(n, i) / 2.0 ** n for i in range(n + 1)]
+    p = sum(q for q in probs if q <= probs[k] * (1 + 1e-9))
+    return min(1.0, p)
+
+
+#: below this many held-out pairs an accuracy is printed as "too few pairs": with 9 pairs,
+#: even 7 of 9 right has p = 0.18
+MIN_ACCURACY_PAIRS = 10
+
+
+def wilson_interval(k: int, n: int, level: float = LEVEL) -> tuple[float, float] | None:
+    """Wilson score interval of a rate ``k / n``: always inside [0, 1] (None for n = 0)."""
+    from scipy.stats import norm
+
+    if n <= 0:
+        return None
+    z = float(norm.ppf(0.5 + level / 2))
+    phat = k / n
+    centre = (phat + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)

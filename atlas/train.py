@@ -47,28 +47,50 @@ if not OmegaConf.has_resolver("atlas.suffix"):
 
 
 def probe_text(probe: dict[str, Any]) -> str:
-    """The learning probe's line of a phase (``atlas.results.probe_line``): the change of the
-    valid rate and of the mean score (failures at the floor) with their paired 95 % t
-    intervals, the KL to base and reference, held-out preference accuracy, and its cost."""
+    """The learning probe's line of a phase, in words (``atlas.results.probe_line``): the
+    valid programs before and after as counts with the exact sign test of the slots that
+    changed, the copies and new valid programs, the mean score change with its 95 % CI and a
+    verdict, how far the policy moved (KL, nats per token), the held-out accuracy (only from
+    ``MIN_ACCURACY_PAIRS`` pairs on), and its cost."""
+    from atlas.stats import MIN_ACCURACY_PAIRS
+
     def num(v: Any, form: str) -> str:
         return "n/a" if v is None else format(v, form)
 
-    def change(c: dict[str, Any] | None, form: str) -> str:
-        c = c or {}
-        return (f"{num(c.get('mean'), '+' + form)} "
-                f"[{num(c.get('t_lo'), '+' + form)}, {num(c.get('t_hi'), '+' + form)}]")
-
     n = (probe.get("prompts") or 0) * (probe.get("samples") or 0)
+    vc = probe.get("valid_change") or {}
+    sc = probe.get("score_change") or {}
+
+    def count(rate: Any) -> str:
+        return "n/a" if rate is None else f"{round(rate * n)}/{n}"
+
+    parts = [f"probe, {n} programs on {probe.get('prompts')} prompts it never trained on, "
+             f"before -> after: valid {count(probe.get('valid_before'))} -> "
+             f"{count(probe.get('valid_after'))}"]
+    if "fail_to_pass" in vc:  # counts and the exact sign test (a t interval on 0/1 slots misleads)
+        parts[-1] += (f" ({vc['fail_to_pass']} fail->pass, {vc['pass_to_fail']} pass->fail, "
+                      f"sign test p {num(vc.get('p'), '.2f')})")
+    if probe.get("copies_before") is not None:
+        parts.append(f"copies of earlier programs {probe['copies_before']} -> "
+                     f"{probe['copies_after']}, new & valid {probe['new_valid_before']} -> "
+                     f"{probe['new_valid_after']}")
+    lo, hi = sc.get("t_lo"), sc.get("t_hi")
+    verdict = ("no evidence of change" if lo is None or hi is None or lo <= 0 <= hi
+               else "rose" if lo > 0 else "fell")
+    parts.append(f"mean score change {num(sc.get('mean'), '+.3g')} (95 % CI "
+                 f"{num(lo, '+.3g')} to {num(hi, '+.3g')}): {verdict}")
+    parts.append(f"the policy moved {num(probe.get('kl_base'), '.2e')} nats/token from the "
+                 f"base, {num(probe.get('kl_reference'), '.2e')} from the reference")
+    pairs = probe.get("heldout_pairs") or 0
+    if pairs < MIN_ACCURACY_PAIRS:
+        parts.append(f"held-out accuracy: too few pairs ({pairs})")
+    else:
+        parts.append(f"held-out accuracy {num(probe.get('heldout_accuracy'), '.2f')} of {pairs} "
+                     f"pairs (binomial p {num(probe.get('heldout_p'), '.2f')})")
     share = probe.get("share_of_phase")
-    return (f"probe ({n} programs on prompts D_k never saw): valid "
-            f"{num(probe.get('valid_before'), '.2f')} -> {num(probe.get('valid_after'), '.2f')} "
-            f"({change(probe.get('valid_change'), '.2f')}), score "
-            f"{change(probe.get('score_change'), '.3g')}; KL to base "
-            f"{num(probe.get('kl_base'), '.2e')}, to reference "
-            f"{num(probe.get('kl_reference'), '.2e')}; held-out accuracy "
-            f"{num(probe.get('heldout_accuracy'), '.2f')} of {probe.get('heldout_pairs')} pairs; "
-            f"{num(probe.get('seconds'), '.0f')} s"
-            + (f" ({share:.0%} of the phase)" if share is not None else ""))
+    parts.append(f"{num(probe.get('seconds'), '.0f')} s"
+                 + (f" ({share:.0%} of the phase)" if share is not None else ""))
+    return "; ".join(parts)
 
 
 def phase_text(p: dict[str, Any]) -> str:
@@ -104,6 +126,42 @@ def _reference_text(p: dict[str, Any]) -> str:
     return head + f"trained; {gk}; {nums} -> {end}"
 
 
+def valid_line(results: dict[str, Any], writer: str) -> str:
+    """The writer's valid rate per exploration phase (a record without it: first and last
+    round, as it was written)."""
+    def fmt(x: Any) -> str:
+        return "n/a" if x is None else f"{x:.2f}"
+
+    by_phase = results.get("valid_rate_by_phase")
+    if by_phase is None:
+        return (f"  valid programs  first round {fmt(results.get('valid_rate_first_round'))}, "
+                f"last round {fmt(results.get('valid_rate_last_round'))}, all "
+                f"{fmt(results.get('valid_rate'))}")
+    phases = ", ".join(f"phase {k} {fmt(v)}" for k, v in by_phase.items())
+    return f"  {writer}'s valid programs  {phases}; all {fmt(results.get('valid_rate'))}"
+
+
+def novelty_lines(results: dict[str, Any], writer: str) -> list[str]:
+    """One line per writer: per exploration phase, the proposals, how many repeated a
+    program the run had (copies), and the new valid programs (and those above their
+    parents); "phase k" is the rounds before phase k's training."""
+    nov = results.get("novelty")
+    if not nov or not nov.get("by_phase"):
+        return []
+    out = []
+    for who, label in (("agent", writer), ("supporter", "supporters")):
+        parts = []
+        for row in nov["by_phase"]:
+            t = row.get(who) or {}
+            if not t.get("proposals"):
+                continue
+            parts.append(f"phase {row['phase']} {t['copies']}/{t['proposals']} copies, "
+                         f"{t['new_valid']} new & valid ({t['new_beats_parents']} above parents)")
+        if parts:
+            out.append(f"  novelty ({label}): " + "; ".join(parts))
+    return out
+
+
 def summary(results: dict[str, Any]) -> str:
     def fmt(x: Any) -> str:
         return "n/a" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
@@ -120,8 +178,8 @@ def summary(results: dict[str, Any]) -> str:
         f"  (improvement {fmt(results['improvement_pct'])}%)",
         f"  {writer}'s own best {fmt(results.get('final_agent'))}"
         f"  (improvement {fmt(results.get('improvement_agent_pct'))}%)",
-        f"  valid programs  first round {fmt(results['valid_rate_first_round'])}, last round "
-        f"{fmt(results['valid_rate_last_round'])}, all {fmt(results['valid_rate'])}",
+        valid_line(results, writer),
+        *novelty_lines(results, writer),
         f"  phases {results['phases']} (trained {results['phases_trained']}), promotions "
         f"{results['promotions']}, accept rate {fmt(results['accept_rate'])}"
         + (f", insufficient evidence {results['insufficient_evidence']}"
