@@ -141,4 +141,4 @@ def wilson_interval(k: int, n: int, level: float = LEVEL) -> tuple[float, float]
     phat = k / n
     centre = (phat + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return (0.0 if k == 0 else max(0.0, centre - half)), (1.0 if k == n else min(1.0, centre + half))

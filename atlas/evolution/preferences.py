@@ -20,8 +20,8 @@ agent's chosen program), and only the agent's own completions are ever rejected.
 
 Copies (``atlas.novelty``): a program that repeats one the run already had is never the
 chosen side (it would teach the agent to write out its prompt). With ``lazy`` each copy with
-a prompt (evaluated or not) is the rejected side against the best new valid agent program of
-the same prompt: kind ``new_vs_copy``, ThetaEvolve's lazy-output penalty.
+a prompt (evaluated or not) is the rejected side against the best valid agent program of the
+same prompt that is not a copy: kind ``new_vs_copy``, ThetaEvolve's lazy-output penalty.
 
 Cap (``max_pairs``): pairs are ordered so that every chosen program gets its best pair before
 any gets a second (diversity over chosen), higher margin first within a rank; the two kinds
@@ -39,7 +39,7 @@ from typing import Any
 
 from atlas.evolution.buffer import failure_floor, pairable, usable
 from atlas.evolution.database import ProgramDatabase
-from atlas.novelty import COPY, NEW
+from atlas.novelty import COPY
 from atlas.types import PairKind, PreferencePair, Program, ProgramSource
 
 PASSED_VS_PASSED = PairKind.PASSED_VS_PASSED
@@ -119,8 +119,9 @@ def build_pairs(db: ProgramDatabase, programs: list[Program], *, top_k: int, max
 def _lazy_pairs(by_prompt: dict[str, list[Program]], programs: list[Program],
                 copies: Sequence[Any], floor: float
                 ) -> list[tuple[tuple[int, float, float], PreferencePair]]:
-    """``new_vs_copy``: each copy with a prompt rejected against the best new valid agent
-    program of that prompt; a chosen program's first pair ranks before any second."""
+    """``new_vs_copy``: each copy with a prompt rejected against the best valid agent program
+    of that prompt that is not a copy; a chosen program's first pair ranks before any
+    second."""
     lazy = [(c.prompt, c.completion, getattr(c, "id", -1)) for c in copies
             if c.prompt and c.completion]
     lazy += [(p.prompt, p.completion, p.id) for p in programs
@@ -128,8 +129,8 @@ def _lazy_pairs(by_prompt: dict[str, list[Program]], programs: list[Program],
     used: dict[int, int] = defaultdict(int)
     out = []
     for prompt, completion, rid in lazy:
-        new = [p for p in by_prompt.get(prompt, []) if p.novelty == NEW and usable(p)
-               and p.completion != completion]
+        new = [p for p in by_prompt.get(prompt, []) if p.novelty not in (COPY, "")
+               and usable(p) and p.completion != completion]
         if not new:
             continue
         chosen = max(new, key=lambda q: (q.score, -q.id))
