@@ -163,6 +163,7 @@ class EvolutionLoop:
         self.entry_point = self.task.prompt_spec().entry_point
         self.telemetry = Telemetry(self.run_dir, logger, entry_point=self.entry_point)
         self.critiques: dict[int, str] = {}
+        self._patch_copies: list[int] = []  # this round's supporter patches that were copies
         self.temperatures: dict[int, float] = {}
         self.next_round = 0
         self.regime = regime_key(self.task.context(0))  # the equation scores are compared on
@@ -265,6 +266,7 @@ class EvolutionLoop:
                                                agent_samples=self.explorer.agent_samples())
         t_explore = time.time() - t0
         served = sorted({p.island for p in programs})
+        self._patch_copies: list[int] = []
         if self.supporters is not None:
             programs += self._explore_support(served, r, phase, programs,
                                               last=r == self.settings.explore.rounds)
@@ -307,10 +309,12 @@ class EvolutionLoop:
             # novelty (atlas.novelty): every agent proposal, the copies that were not evaluated
             # among them, and the re-asks that replaced them
             "proposals": len(agent_programs) + len(stats.copies),
-            "novelty": {source: tally([p.to_dict() for p in programs if p.source == source],
-                                      [c.to_event() for c in stats.copies]
-                                      if source == ProgramSource.AGENT else [])
-                        for source in (ProgramSource.AGENT, ProgramSource.SUPPORTER)},
+            "novelty": {
+                "agent": tally([p.to_dict() for p in agent_programs],
+                               [c.to_event() for c in stats.copies]),
+                "supporter": tally([p.to_dict() for p in programs
+                                    if p.source == ProgramSource.SUPPORTER],
+                                   self._patch_copies)},
             "retries": stats.retries, "retry_samples": stats.retry_samples,
             "copies": [c.to_event() for c in stats.copies]}
 
@@ -343,12 +347,14 @@ class EvolutionLoop:
         for island, advice, pending in reviews:
             filed = pending.file(self.explorer)
             added += filed.programs
+            self._patch_copies += filed.copies
             self.telemetry.event("exploration", round=r, island=island, backend=advice.backend,
                                  fallback_cause=advice.fallback_cause, critique=advice.critique,
                                  patches=len(filed.programs),
                                  patches_dropped_for_budget=filed.dropped_for_budget,
                                  as_preferences=sum(1 for p in filed.programs if p.prompt),
                                  not_writable_as_completion=filed.not_writable_as_completion,
+                                 copies=filed.copies,
                                  temperature=advice.temperature,
                                  patch_scores=[p.score for p in filed.programs])
         return added

@@ -133,23 +133,33 @@ def novelty(programs: list[dict[str, Any]], events: list[dict[str, Any]],
     exploration phase (the rounds before phase k's training are phase k): copies that were
     not evaluated come from the round events. A re-score is not a proposal."""
     skipped: dict[int, list[dict[str, Any]]] = {}
+    patch_copies: dict[int, list[Any]] = {}
+    phase_of = {int(e["round"]): int(e.get("phase", 0)) for e in events if e["event"] == "round"}
     for e in events:
         if e["event"] == "round":
             skipped.setdefault(int(e.get("phase", 0)), []).extend(e.get("copies") or [])
+        elif e["event"] == "exploration" and e.get("copies"):
+            patch_copies.setdefault(phase_of.get(int(e["round"]), 0), []).extend(e["copies"])
 
     def writer(p: dict[str, Any]) -> str | None:
         who = origins.get(int(p["id"]))
         return {"agent": "agent", "supporter_copy": "agent", "supporter": "supporter"}.get(
             who or "")
 
-    def part(rows: list[dict[str, Any]], copies: list[dict[str, Any]]) -> dict[str, Any]:
+    def part(rows: list[dict[str, Any]], copies: list[Any], patches: list[Any]
+             ) -> dict[str, Any]:
         return {"agent": tally([p for p in rows if writer(p) == "agent"], copies),
-                "supporter": tally([p for p in rows if writer(p) == "supporter"])}
+                "supporter": tally([p for p in rows if writer(p) == "supporter"], patches)}
 
-    phases = sorted({int(p.get("phase", 0)) for p in programs if writer(p)} | set(skipped))
-    return {**part(programs, [c for cs in skipped.values() for c in cs]),
+    def every(d: dict[int, list[Any]]) -> list[Any]:
+        return [c for cs in d.values() for c in cs]
+
+    phases = sorted({int(p.get("phase", 0)) for p in programs if writer(p)} | set(skipped)
+                    | set(patch_copies))
+    return {**part(programs, every(skipped), every(patch_copies)),
             "by_phase": [{"phase": k, **part([p for p in programs
-                                              if int(p.get("phase", 0)) == k], skipped.get(k, []))}
+                                              if int(p.get("phase", 0)) == k],
+                                             skipped.get(k, []), patch_copies.get(k, []))}
                          for k in phases if k > 0]}
 
 

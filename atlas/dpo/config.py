@@ -53,7 +53,7 @@ class DPOConfig:
     """Passed candidates below this score are not used as "chosen" (pair builder); None = none."""
     top_k: Int = Field(4, ge=1)
     """Count-based top-k passed candidates per island used as "chosen" (pair builder)."""
-    lazy_pairs: Bool = False
+    lazy_pairs: Bool = True
     """Pair each copy (``atlas.novelty``) as the rejected side against the best new valid
     program of the same prompt (``new_vs_copy``: ThetaEvolve's lazy-output penalty)."""
     grad_clip: Num = Field(1.0, ge=0.0)

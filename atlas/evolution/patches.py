@@ -28,6 +28,9 @@ class PatchFiling:
     programs: list[Program]
     dropped_for_budget: int = 0
     not_writable_as_completion: int = 0
+    #: patches that repeat a program the run already has (``atlas.novelty``), with the id
+    #: each repeats: not evaluated, filed or charged (``explore.copies=skip``)
+    copies: list[int] = dataclasses.field(default_factory=list)
 
 
 class Filer(Protocol):
@@ -124,6 +127,8 @@ def submit_patches(explorer: Filer, patches: Sequence[str], island: int, round_i
     """Send an exploration supporter's patches for ``island`` to the sandbox, within the
     budget; ``PendingPatches.file`` files them as ``supporter`` programs.
 
+    Copies: with ``explore.copies=skip`` a patch that repeats a filed program is counted
+    (``PatchFiling.copies``) and dropped before the budget, as the agent's copies are.
     Budget: each patch filed is taken from the next round's agent samples
     (``supporter_debt``), at most ``round_budget - islands_per_round`` of them so each
     island served next round keeps one sample; the last round has no next round, so its
@@ -138,7 +143,12 @@ def submit_patches(explorer: Filer, patches: Sequence[str], island: int, round_i
     entry = explorer.spec.entry_point
     parents = [p.id for p in explorer.db.top_k(island, 1)]
     out = PendingPatches(filing=PatchFiling(programs=[]), pending=[])
+    skip = explorer.settings.copies == "skip"
     for code in patches:
+        of = explorer.db.copy_of(extract_program("", code, entry)) if skip else None
+        if of is not None:
+            out.filing.copies.append(of)
+            continue
         if last or explorer.supporter_debt >= cap:
             out.filing.dropped_for_budget += 1
             continue
