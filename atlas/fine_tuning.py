@@ -31,8 +31,9 @@ from atlas.dpo.reference import (
 )
 from atlas.evolution.buffer import failure_floor
 from atlas.evolution.preferences import PAIR_KINDS, build_pairs
+from atlas.evolution.prompts import prompt_hash
 from atlas.knobs import KNOBS
-from atlas.probe import LearningProbe, prompt_hash
+from atlas.probe import LearningProbe
 from atlas.schema import MethodConfig, ProbeConfig
 from atlas.supporters import Supporters
 from atlas.supporters import requests as supporter_requests

@@ -27,9 +27,9 @@ A method that never fine-tunes runs no phase and so no probe; a skipped phase ha
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from atlas.evolution.buffer import failure_floor
 from atlas.evolution.evaluation import regime_key
+from atlas.evolution.prompts import prompt_hash
 from atlas.novelty import beats_parents, tally
 from atlas.schema import ProbeConfig
 from atlas.stats import binomial_p, bootstrap_interval, t_interval
@@ -50,9 +51,10 @@ if TYPE_CHECKING:  # annotations only: the run's collaborators
 SEED_SALT = 7_919
 
 
-def prompt_hash(prompt: str) -> str:
-    """A short stable name of a prompt for events.jsonl (G_k's, D_k's, the probe's)."""
-    return hashlib.sha1(prompt.encode()).hexdigest()[:10]
+def without_note(prompt: str) -> str:
+    """A prompt less its reviewer note (``atlas.evolution.prompts``: one paragraph that
+    ATLAS's prompts carry and the probe's never do)."""
+    return re.sub(r"\n\nReviewer note: [^\n]*", "", prompt)
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,11 @@ def choose_prompts(explorer: Explorer, programs: Sequence[Program], n: int, next
     """Up to ``n`` probe prompts (rules in the module docstring, item 1). A prompt the phase
     sampled is recognised by its parents, not its text (ATLAS's prompts also carry a
     reviewer note the probe's never do); prompts whose parents the phase did not write come
-    first, so what DPO made more likely is not shown as a parent."""
+    first, so what DPO made more likely is not shown as a parent. The same prompt text less
+    its reviewer note is also refused (programs filed without parents)."""
     k = explorer.settings.programs_in_prompt
-    sampled = {frozenset(p.parents) for p in programs if p.prompt}
+    sampled = {frozenset(p.parents) for p in programs if p.prompt and p.parents}
+    sampled_text = {without_note(p.prompt) for p in programs if p.prompt}
     mine = {p.id for p in programs}
     chosen: list[ProbePrompt] = []
 
@@ -84,7 +88,7 @@ def choose_prompts(explorer: Explorer, programs: Sequence[Program], n: int, next
                 or frozenset(q.id for q in parents) in sampled:
             return
         text = explorer.prompt_for(parents)
-        if all(text != c.text for c in chosen):
+        if without_note(text) not in sampled_text and all(text != c.text for c in chosen):
             chosen.append(ProbePrompt(text, where, tuple(parents), overlap))
 
     islands: list[int] = []

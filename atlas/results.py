@@ -119,8 +119,8 @@ def entry_point(events: list[dict[str, Any]]) -> str | None:
     task = (first.get("config") or {}).get("task")
     if not isinstance(task, dict):
         return None
-    try:  # deferred: a task imports its evaluator and Hydra
-        from atlas.tasks import make_task
+    try:
+        from atlas.tasks import make_task  # deferred: a task imports its evaluator and Hydra
 
         return make_task(**task).prompt_spec().entry_point
     except Exception:  # noqa: BLE001 - an old or foreign task: keep every definition

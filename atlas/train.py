@@ -52,7 +52,7 @@ def probe_text(probe: dict[str, Any]) -> str:
     changed, the copies and new valid programs, the mean score change with its 95 % CI and a
     verdict, how far the policy moved (KL, nats per token), the held-out accuracy (only from
     ``MIN_ACCURACY_PAIRS`` pairs on), and its cost."""
-    from atlas.stats import MIN_ACCURACY_PAIRS
+    from atlas.stats import MIN_ACCURACY_PAIRS  # deferred: numpy, after the config is checked
 
     def num(v: Any, form: str) -> str:
         return "n/a" if v is None else format(v, form)

@@ -8,6 +8,7 @@ through ``python -m atlas.train``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -26,8 +27,9 @@ from atlas.dpo.scoring import BASE, PolicySpec
 from atlas.evolution.database import ProgramDatabase
 from atlas.evolution.explorer import Explorer
 from atlas.evolution.literals import LiteralSearch, mutate, tunable_literals
+from atlas.evolution.prompts import build_prompt
 from atlas.fine_tuning import FineTuner, PhaseSettings
-from atlas.probe import LearningProbe, choose_prompts, prompt_hash
+from atlas.probe import LearningProbe, choose_prompts, prompt_hash, without_note
 from atlas.schema import MethodConfig, ProbeConfig
 from atlas.types import Evaluation, Program
 from tests.conftest import ROOT, explore_settings, model_settings
@@ -75,14 +77,35 @@ def world(agent: ResearchAgent) -> tuple[Explorer, ProgramDatabase, list[Program
 def test_probe_prompts_are_never_prompts_the_phase_sampled(agent):
     explorer, db, programs = world(agent)
     sampled = {p.prompt for p in programs}
-    chosen = choose_prompts(explorer, sampled, 3, next_round=4, seed=1)
-    assert len(chosen) == 3 and len({c for c, _ in chosen}) == 3
-    assert not sampled & {c for c, _ in chosen}
-    # the islands the next rounds serve come first, then random parent sets fill in
-    assert chosen[0][1].startswith("island ")
+    chosen = choose_prompts(explorer, programs, 3, next_round=4, seed=1)
+    assert len(chosen) == 3 and len({c.text for c in chosen}) == 3
+    assert not sampled & {c.text for c in chosen}
+    # parents the phase did not write come first: here the seeds, one prompt of them
+    assert chosen[0].overlap == 0 and all(c.overlap > 0 for c in chosen[1:])
     # a phase that sampled every island's next prompt leaves only random parent sets
-    every = sampled | {explorer.island_prompt(i) for i in range(3)}
-    assert {w for _, w in choose_prompts(explorer, every, 2, 4, seed=1)} == {"random parents"}
+    every = programs + [Program(id=100 + i, island=i, round=3, code="", prompt=text,
+                                evaluation=Evaluation.failure("exception", "x"), phase=1)
+                        for i, text in enumerate(explorer.island_prompt(i) for i in range(3))]
+    assert {c.where for c in choose_prompts(explorer, every, 2, 4, seed=1)} == {
+        "random parents"}
+
+
+def test_a_phase_prompt_with_a_reviewer_note_is_recognised_by_its_parents_and_its_text(agent):
+    """B2: ATLAS's prompts carry the exploration supporter's note; the probe's never do, so an
+    exact text match let a training prompt through as "held out"."""
+    explorer, db, programs = world(agent)
+    island = explorer.islands_for_round(4)[0]
+    parents = explorer.parents_for(island)
+    with_note = explorer.agent.chat_prompt(*build_prompt(
+        explorer.spec, parents, "Try a sliding window.", explorer.settings.prompt_form))
+    plain = explorer.island_prompt(island)
+    assert with_note != plain and without_note(with_note) == without_note(plain)
+    trained = [Program(id=200, island=island, round=3, code="def pick(xs):\n    return 2\n",
+                       evaluation=Evaluation(score=-0.25, passed=True), prompt=with_note,
+                       completion="    return 2\n", parents=[p.id for p in parents], phase=1)]
+    for phase_programs in (trained, [dataclasses.replace(trained[0], parents=[])]):
+        chosen = choose_prompts(explorer, programs + phase_programs, 3, next_round=4, seed=1)
+        assert plain not in {c.text for c in chosen}
 
 
 def test_probe_samples_with_the_same_seeds_before_and_after_and_files_nothing(agent):

@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             probe.before()
         before_s = time.perf_counter() - t0
         print(f"probe: {len(probe.prompts)} prompts x {probe_cfg.samples} samples "
-              f"({', '.join(w for _, w in probe.prompts)}); before: {before_s:.0f} s",
+              f"({', '.join(p.where for p in probe.prompts)}); before: {before_s:.0f} s",
               flush=True)
         for setting in settings:
             name = setting_name(setting)
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"run": str(args.run), "phase": ph.phase, "seed": seed,
             "probe": {"prompts": len(probe.prompts), "samples": probe_cfg.samples,
                       "temperature": probe_cfg.temperature,
-                      "sources": [w for _, w in probe.prompts],
+                      "sources": [p.where for p in probe.prompts],
                       "before_seconds": before_s},
             "machine": {**_machine(), "threads": cores}, "rows": rows, "failed": failed}
 

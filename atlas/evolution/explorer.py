@@ -36,7 +36,7 @@ from atlas.evolution.patches import (
     add_external,
     submit_patches,
 )
-from atlas.evolution.prompts import build_prompt, prefill_of
+from atlas.evolution.prompts import build_prompt, prefill_of, prompt_hash
 from atlas.evolution.rescoring import rescore
 from atlas.evolution.seeding import seed_islands
 from atlas.schema import ExploreConfig
@@ -114,8 +114,6 @@ class Copy:
 
     def to_event(self) -> dict[str, Any]:
         """The round event's record (the prompt is the island's, named by its hash)."""
-        from atlas.probe import prompt_hash  # deferred: the probe module loads the schema
-
         d = dataclasses.asdict(self)
         d["prompt"] = prompt_hash(self.prompt) if self.prompt else ""
         return d

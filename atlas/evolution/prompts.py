@@ -12,6 +12,7 @@ copied as prose and spawned ``policy_v2``-style junk, so the prefill carries non
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 from atlas.evolution.extract import split_program, strip_version_comments
@@ -36,6 +37,11 @@ PROMPT_FORMS: dict[str, tuple[str, bool]] = {
                     "repeat an earlier version. Keep the signature. Reply with code only.",
                     False),
 }
+
+
+def prompt_hash(prompt: str) -> str:
+    """A short stable name of a prompt for events.jsonl (G_k's, D_k's, the probe's, a copy's)."""
+    return hashlib.sha1(prompt.encode()).hexdigest()[:10]
 
 
 def format_score(score: float) -> str:
