@@ -64,6 +64,9 @@ def world(agent: ResearchAgent) -> tuple[Explorer, ProgramDatabase, list[Program
         island = explorer.islands_for_round(r)[0]
         prompt = explorer.island_prompt(island)
         for body, score in BODIES:
+            # each round's programs are new code (the same code again would be a copy,
+            # which D_k never chooses), with the scores of BODIES
+            body = body.replace("return ", f"return {r} - {r} + ").replace("xs[9]", f"xs[{8 + r}]")
             ev = (Evaluation(score=score, passed=True) if score is not None else
                   Evaluation.failure("exception", "IndexError"))
             p = Program(id=pid, island=island, round=r, code="def pick(xs):\n" + body,
@@ -154,9 +157,13 @@ def test_a_trained_phase_records_its_probe_on_prompts_outside_dk_and_gk(agent):
     for method in (EVOTUNE, EVODPO):
         explorer, db, programs = world(agent)
         size = len(db)
-        tuner = FineTuner(agent, PhaseSettings(method, DPO, GATE, PROBE), seed=0, explorer=explorer)
+        # three epochs: the probe's prompts show parents the phase did not write (the seeds),
+        # so one epoch at lr 1e-2 moves the tiny policy there by under the 1e-6 below
+        dpo = dataclasses.replace(DPO, epochs=3)
+        tuner = FineTuner(agent, PhaseSettings(method, dpo, GATE, PROBE), seed=0, explorer=explorer)
         record = tuner.run_phase(1, programs, best_before=-5.0, db=db)
         assert record.trained and record.probe is not None and len(db) == size
+        assert record.probe["parents_from_phase"][0] == 0
         probe = record.probe
         assert probe["prompts"] == 2 and len(probe["slots"]) == 6
         hashes = set(probe["prompt_hashes"])

@@ -13,8 +13,10 @@ same seeds. Printed per setting, side by side:
 
 - held-out preference accuracy and margin (every pair the "before" programs support);
 - KL(policy || base) per token on those programs;
-- the probe's change in valid rate and in score (failures at the phase's floor), with
-  paired 95 % t intervals;
+- the probe's valid slots that went fail -> pass and pass -> fail (exact sign-test p), and
+  its change in score (failures at the phase's floor) with a paired 95 % t interval;
+- the probe's copies of earlier programs and new valid programs, before -> after
+  (``atlas.novelty``);
 - the seconds of DPO and of the probe's second half;
 - DPO's own training loss and accuracy, first and last step, for contrast.
 
@@ -244,6 +246,8 @@ def _one(setting: dict[str, Any], ph: Phase, cfg: dict[str, Any], probe: Any, ex
             "kl_base": record["kl_base"], "valid_before": record["before"]["valid_rate"],
             "valid_after": record["after"]["valid_rate"],
             "valid_change": record["change"]["valid_rate"],
+            "novelty_before": record["before"]["novelty"],
+            "novelty_after": record["after"]["novelty"],
             "score_change": record["change"]["score"],
             "mean_before": record["before"]["mean_score"],
             "mean_after": record["after"]["mean_score"],
@@ -259,11 +263,14 @@ def _num(v: Any, form: str) -> str:
 def row_line(row: dict[str, Any]) -> str:
     """One setting's printed line."""
     vc, sc = row["valid_change"], row["score_change"]
+    nb, na = row.get("novelty_before") or {}, row.get("novelty_after") or {}
     return (f"{row['name']:<46} acc {_num(row['heldout_accuracy'], '.2f')} "
             f"({row['heldout_pairs']} pairs, margin {_num(row['heldout_margin'], '+.3f')})  "
             f"KL {_num(row['kl_base'], '.2e')}  valid {_num(row['valid_before'], '.2f')}->"
-            f"{_num(row['valid_after'], '.2f')} ({_num(vc['mean'], '+.2f')} "
-            f"[{_num(vc['t_lo'], '+.2f')}, {_num(vc['t_hi'], '+.2f')}])  score "
+            f"{_num(row['valid_after'], '.2f')} (+{vc.get('fail_to_pass')}/-"
+            f"{vc.get('pass_to_fail')}, p {_num(vc.get('p'), '.2f')})  copies "
+            f"{nb.get('copies')}->{na.get('copies')}, new & valid {nb.get('new_valid')}->"
+            f"{na.get('new_valid')}  score "
             f"{_num(sc['mean'], '+.4f')} [{_num(sc['t_lo'], '+.4f')}, {_num(sc['t_hi'], '+.4f')}]"
             f"  train loss {row['train_loss_first']:.3f}->{row['train_loss_last']:.3f}  "
             f"{row['steps']} steps {row['dpo_seconds']:.0f} s + probe "
