@@ -127,8 +127,8 @@ def submit_patches(explorer: Filer, patches: Sequence[str], island: int, round_i
     """Send an exploration supporter's patches for ``island`` to the sandbox, within the
     budget; ``PendingPatches.file`` files them as ``supporter`` programs.
 
-    Copies: with ``explore.copies=skip`` a patch that repeats a filed program is counted
-    (``PatchFiling.copies``) and dropped before the budget, as the agent's copies are.
+    Copies: with ``explore.copies=skip`` a patch within the budget that repeats a filed
+    program is counted (``PatchFiling.copies``) and dropped uncharged, as the agent's are.
     Budget: each patch filed is taken from the next round's agent samples
     (``supporter_debt``), at most ``round_budget - islands_per_round`` of them so each
     island served next round keeps one sample; the last round has no next round, so its
@@ -145,12 +145,12 @@ def submit_patches(explorer: Filer, patches: Sequence[str], island: int, round_i
     out = PendingPatches(filing=PatchFiling(programs=[]), pending=[])
     skip = explorer.settings.copies == "skip"
     for code in patches:
+        if last or explorer.supporter_debt >= cap:
+            out.filing.dropped_for_budget += 1
+            continue
         of = explorer.db.copy_of(extract_program("", code, entry)) if skip else None
         if of is not None:
             out.filing.copies.append(of)
-            continue
-        if last or explorer.supporter_debt >= cap:
-            out.filing.dropped_for_budget += 1
             continue
         completion = as_completion(prefill_of(prompt), code, entry) if prompt else None
         if completion is None:
