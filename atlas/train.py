@@ -16,7 +16,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from atlas.agent.device import resolve_device
-from atlas.atomic import disk_full_error
+from atlas.atomic import disk_full_error, write_text_atomic
 from atlas.commandline import FAILED, MISTAKE, problem
 from atlas.config import Settings, command_line, validate
 from atlas.interrupt import Stopped, settle, stop_on_signals
@@ -47,26 +47,38 @@ if not OmegaConf.has_resolver("atlas.suffix"):
 
 
 def probe_text(probe: dict[str, Any]) -> str:
-    """The learning probe's line of a phase (``atlas.results.probe_line``): the change of the
-    valid rate and of the mean score (failures at the floor) with their paired 95 % t
-    intervals, the KL to base and reference, held-out preference accuracy, and its cost."""
+    """The learning probe's line of a phase (``atlas.results.probe_line``), in words a
+    newcomer reads without the docs: the valid rate before and after and the change of it
+    and of the mean score (failures at the floor), each with its paired 95 % CI and a verdict;
+    how far the policy moved (KL in nats per token), held-out preference accuracy, its cost.
+    All of the line's wording lives here, so the probe's statistics can change apart."""
     def num(v: Any, form: str) -> str:
         return "n/a" if v is None else format(v, form)
 
     def change(c: dict[str, Any] | None, form: str) -> str:
         c = c or {}
-        return (f"{num(c.get('mean'), '+' + form)} "
-                f"[{num(c.get('t_lo'), '+' + form)}, {num(c.get('t_hi'), '+' + form)}]")
+        mean, lo, hi = c.get("mean"), c.get("t_lo"), c.get("t_hi")
+        if mean is None:
+            return "change n/a"
+        if lo is None or hi is None:
+            return f"change {num(mean, '+' + form)} (too few programs for a 95 % CI)"
+        verdict = ("no evidence of change" if lo <= 0 <= hi
+                   else "rose" if lo > 0 else "fell")
+        return (f"change {num(mean, '+' + form)} (95 % CI {num(lo, '+' + form)} to "
+                f"{num(hi, '+' + form)}: {verdict})")
 
     n = (probe.get("prompts") or 0) * (probe.get("samples") or 0)
     share = probe.get("share_of_phase")
-    return (f"probe ({n} programs on prompts D_k never saw): valid "
-            f"{num(probe.get('valid_before'), '.2f')} -> {num(probe.get('valid_after'), '.2f')} "
-            f"({change(probe.get('valid_change'), '.2f')}), score "
-            f"{change(probe.get('score_change'), '.3g')}; KL to base "
-            f"{num(probe.get('kl_base'), '.2e')}, to reference "
-            f"{num(probe.get('kl_reference'), '.2e')}; held-out accuracy "
-            f"{num(probe.get('heldout_accuracy'), '.2f')} of {probe.get('heldout_pairs')} pairs; "
+    pairs = probe.get("heldout_pairs")
+    held = (f"it preferred the better program in {num(probe.get('heldout_accuracy'), '.2f')} "
+            f"of {pairs} held-out pairs (0.5 = chance)" if pairs else "no held-out pairs")
+    return (f"learning probe, {n} new programs on prompts this phase did not train on: "
+            f"valid rate {num(probe.get('valid_before'), '.2f')} before -> "
+            f"{num(probe.get('valid_after'), '.2f')} after, "
+            f"{change(probe.get('valid_change'), '.2f')}; mean score "
+            f"{change(probe.get('score_change'), '.3g')}; the policy moved "
+            f"{num(probe.get('kl_base'), '.2e')} nats/token from the base model, "
+            f"{num(probe.get('kl_reference'), '.2e')} from the reference; {held}; "
             f"{num(probe.get('seconds'), '.0f')} s"
             + (f" ({share:.0%} of the phase)" if share is not None else ""))
 
@@ -80,10 +92,23 @@ def phase_text(p: dict[str, Any]) -> str:
     return text
 
 
+#: a skipped phase's recorded reason, said so that a newcomer reads what happened and why
+SKIP_WORDS = {
+    "no preference pairs could be built": (
+        "nothing to learn from: a DPO pair needs, for one prompt, a program that ran and one "
+        "that failed or scored lower, and this phase had none (every program failing, as the "
+        "tiny test model's do, leaves none)"),
+    "no score improvement this phase (paper B.4)": (
+        "the best score did not improve this phase, and this method fine-tunes only after an "
+        "improvement"),
+}
+
+
 def _reference_text(p: dict[str, Any]) -> str:
     head = f"phase {p['phase']} (round {p.get('round')}): "
     if not p["trained"]:
-        return head + f"skipped ({p.get('why')})"
+        why = SKIP_WORDS.get(str(p.get("why")))
+        return head + f"skipped ({p.get('why')})" + (f": {why}" if why else "")
     if p["outcome"] == "fixed reference":
         return head + "trained; reference fixed (the base model)"
 
@@ -180,9 +205,27 @@ def _run(cfg: DictConfig, run_dir: Path, logs: LogFilesHeld) -> dict[str, Any]:
             log.info("%s already holds a finished run; set %s for a new one", run_dir,
                      new_folder_hint())
         results = done if done is not None else _evolve(cfg, settings, run_dir)
-    print(summary(results), flush=True)
-    print(f"  outputs in {run_dir}", flush=True)
+        text = summary(results) + f"\n  outputs in {run_dir}\n"
+        write_summary(run_dir, text)
+    print(text, end="", flush=True)
     return results
+
+
+#: the summary as printed, kept in the run folder (read it later without re-running)
+SUMMARY = "summary.txt"
+
+
+def write_summary(run_dir: Path, text: str) -> None:
+    """Keep the printed summary in ``run_dir/summary.txt`` so it outlives the terminal; a
+    write that fails (a full disk) is said in one log line, since the run's own files are
+    already safe."""
+    path = run_dir / SUMMARY
+    try:
+        if path.is_file() and path.read_text(encoding="utf-8") == text:
+            return  # a finished run's re-run: nothing new to write
+        write_text_atomic(path, text)
+    except OSError as exc:
+        log.warning("could not write %s: %s", path, exc)
 
 
 def _evolve(cfg: DictConfig, settings: Settings, run_dir: Path) -> dict[str, Any]:
