@@ -221,14 +221,20 @@ def _group(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, A
     return dict(sorted(groups.items(), key=lambda kv: (kv[0][0], _arm_order(kv[0][1]))))
 
 
-def aligned(header: list[str], rows: list[list[str]], left: int = 2) -> list[str]:
+#: columns of words, flush left in a printed table (the others hold numbers: flush right)
+TEXT_COLUMNS = frozenset({"task", "method", "metric", "A - B", "question", "kinds", "decision",
+                          "c*", "strategist"})
+
+
+def aligned(header: list[str], rows: list[list[str]]) -> list[str]:
     """``header`` and ``rows`` as lines whose columns line up whatever a cell holds (a long
-    method name such as ``random_literals`` shifts nothing): the first ``left`` columns flush
-    left, the numbers flush right."""
+    method name such as ``random_literals`` shifts nothing): words flush left, numbers flush
+    right."""
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
+    left = [h in TEXT_COLUMNS for h in header]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i < left else c.rjust(w)
+        return "  ".join(c.ljust(w) if left[i] else c.rjust(w)
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
     return [line(header), *(line(r) for r in rows)]
@@ -432,7 +438,7 @@ def _text(title: str, header: list[str], rows: list[list[str]],
           runs: list[dict[str, Any]] | None = None) -> str:
     if not rows:
         return "\n".join([title, "  " + empty_reason(title, runs or [])])
-    return "\n".join([title, *aligned(header, rows, left=0)])
+    return "\n".join([title, *aligned(header, rows)])
 
 
 def _markdown(title: str, header: list[str], rows: list[list[str]],
@@ -612,8 +618,12 @@ def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
                 same = [m for m, other in drawn if _same_curve(mean, other)]
                 if same:
                     coincide.append(f"{method} = {same[0]} ({who})")
-                ax.plot(x, mean, style, color=color, linewidth=2.4 - 0.5 * (ci % 3),
-                        marker="o" if length <= 12 else None, markersize=3,
+                # a coinciding curve: thin and solid with its own markers, over the wider line
+                # it coincides with, so both stay in sight
+                ax.plot(x, mean, "-" if same else style, color=color,
+                        linewidth=1.0 if same else 2.6 - 0.4 * (ci % 3),
+                        marker=("x" if same else "o") if length <= 12 else None,
+                        markersize=6 if same else 3,
                         label=f"{method} (n={len(curves)})" + (f" = {same[0]}" if same else ""))
                 drawn.append((method, mean))
                 if negated:  # a band reaching <= 0 cannot be drawn on the log axis
