@@ -154,8 +154,8 @@ def test_atlas_train_sweep_submitit_local(tmp_path: Path) -> None:
     """`python -m atlas.train experiment=test -m seed=0,1` through submitit_local."""
     # Jobs run side by side: one torch thread each, as the slurm preset's setup line does
     # (two jobs x all cores on 2 cores ran 2x slower: 57 s instead of 29 s)
-    _run([sys.executable, "-m", "atlas.train", "-m", "experiment=test", "seed=0,1",
-          "hydra/launcher=submitit_local"], cwd=tmp_path, timeout=900, OMP_NUM_THREADS="1")
+    _run([sys.executable, "-m", "atlas.train", "-m", "experiment=test", "method=evotune",
+          "seed=0,1", "hydra/launcher=submitit_local"], cwd=tmp_path, timeout=900, OMP_NUM_THREADS="1")
     sweep = tmp_path / "multirun" / "test"
     runs = sorted(sweep.glob("*_s[01]"))
     assert [r.name for r in runs] == ["bandit_evotune_s0", "bandit_evotune_s1"]
@@ -312,8 +312,8 @@ def test_time_limit_signal_requeues_and_resumes(slurm_cluster: None, toy_app: Pa
 @pytest.mark.slurm
 def test_atlas_train_sweep_slurm(slurm_cluster: None, tmp_path: Path) -> None:
     """`python -m atlas.train experiment=test -m seed=0,1` as a job array on the cluster."""
-    _run([sys.executable, "-m", "atlas.train", "-m", "experiment=test", "seed=0,1",
-          *SLURM_SMALL], cwd=tmp_path, timeout=900)
+    _run([sys.executable, "-m", "atlas.train", "-m", "experiment=test", "method=evotune",
+          "seed=0,1", *SLURM_SMALL], cwd=tmp_path, timeout=900)
     sweep = tmp_path / "multirun" / "test"
     runs = sorted(sweep.glob("*_s[01]"))
     assert [r.name for r in runs] == ["bandit_evotune_s0", "bandit_evotune_s1"]
@@ -331,8 +331,8 @@ def test_atlas_train_preemption_resumes_slurm(slurm_cluster: None, tmp_path: Pat
     loop from its last round checkpoint in the same run folder (rounds neither lost nor
     repeated in events.jsonl)."""
     rounds = 30
-    cmd = [sys.executable, "-m", "atlas.train", "-m", "experiment=test", "seed=0",
-           f"explore.rounds={rounds}", *SLURM_SMALL]
+    cmd = [sys.executable, "-m", "atlas.train", "-m", "experiment=test", "method=evotune",
+           "seed=0", f"explore.rounds={rounds}", *SLURM_SMALL]
     master = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     sweep = tmp_path / "multirun" / "test"
