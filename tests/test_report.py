@@ -601,3 +601,23 @@ def test_a_report_writes_beside_its_runs_never_among_their_files(tmp_path: Path)
     refused = _cli("atlas.report", str(run), "--out", str(run), ok=False)
     assert refused.returncode == 2 and "is a run folder" in refused.stderr
     assert _files(run).keys() == {*before, *(f"report/{n}" for n in written)}
+
+
+def test_the_documented_notebook_command_takes_a_relative_atlas_runs(tmp_path: Path) -> None:
+    """`ATLAS_RUNS=multirun/<name> .venv/bin/jupyter execute notebooks/analysis.ipynb` as
+    docs/reports.md writes it, from the folder that holds multirun/: the kernel runs in
+    notebooks/, yet the relative path is the caller's, and the PNGs go to its report/."""
+    here = tmp_path
+    known_runs = here / "multirun" / "known"
+    for seed in (0, 1):
+        write_run(known_runs, "bandit", "atlas", seed, -0.6, [[-0.5, None], [-0.3 - seed / 10]],
+                  [_trained(1, ["beta"], True)])
+    jupyter = Path(sys.executable).with_name("jupyter")
+    env = {**os.environ, "ATLAS_RUNS": "multirun/known", "PWD": str(here), "MPLBACKEND": "Agg"}
+    env.pop("ATLAS_REPORT_OUT", None)
+    proc = subprocess.run([str(jupyter), "execute", str(NOTEBOOK)], cwd=here, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    png = known_runs / "report" / "figure2_bandit.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    assert not (NOTEBOOK.parent / "multirun").exists()
