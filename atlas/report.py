@@ -595,7 +595,7 @@ def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         phases = sorted({int(p["round"]) for rs in methods.values() for r in rs
                          for p in r.get("phase_log") or [] if p.get("round") is not None})
         seeds = [len(rs) for rs in methods.values()]
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.6 if changes else 4.2), sharey=True)
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.6 if changes else 4), sharey=True)
         coincide: list[str] = []
         for ax, key, who in ((axes[0], "best_by_round", "any source"),
                              (axes[1], "best_by_round_agent", "agent only")):
@@ -656,6 +656,7 @@ def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         notes = ([f"Coinciding lines: {'; '.join(coincide)}."] if coincide else []) + (
             [figure2_caption(changes)] if changes else [])
         if notes:
+            fig.set_figheight(4.6)  # a strip for the notes under the panels
             fig.text(0.5, 0.01, " ".join(notes), ha="center", va="bottom", fontsize=8,
                      wrap=True)
             fig.tight_layout(rect=(0, 0.08, 1, 1))
