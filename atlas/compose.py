@@ -124,11 +124,13 @@ def model_hint(option: str) -> str:
     """For ``model=<not an option>``: a Hugging Face model (a hub id such as ``qwen2`` or a
     folder) is named by ``model.source=hf model.name_or_path=...``, not by ``model=``. Why: the
     options are configurations of the agent; any other model comes in through that field."""
-    if "/" in option or Path(option).expanduser().exists():
-        where = str(Path(option).expanduser().resolve()) if Path(option).expanduser().exists() \
-            else option
-        return (f"; {option} is a folder or a hub id, not an option: load it with "
-                f"model.source=hf model.name_or_path={where}")
+    folder = Path(option).expanduser()
+    if folder.exists():
+        return (f"; {option} is a folder, not an option: load the model it holds with "
+                f"model.source=hf model.name_or_path={folder.resolve()}")
+    if "/" in option:
+        return (f"; {option} reads as a hub id, not an option: load it with model.source=hf "
+                f"model.name_or_path={option}")
     return ("; for another Hugging Face model, name it with model.source=hf "
             "model.name_or_path=<hub id or folder> (e.g. model.name_or_path=Qwen/Qwen2-0.5B)")
 

@@ -91,8 +91,8 @@ def test_the_smoke_run_trains_meets_the_gate_probes_and_keeps_its_summary(tmp_pa
     ("model=qwen2", "model=qwen2: no option conf/model/qwen2.yaml (options: llama3_1b, "
                     "llama3_1b_shape, smollm2, tiny); for another Hugging Face model, name it "
                     "with model.source=hf model.name_or_path=<hub id or folder>"),
-    ("model=Qwen/Qwen2-0.5B", "Qwen/Qwen2-0.5B is a folder or a hub id, not an option: load it "
-                              "with model.source=hf model.name_or_path=Qwen/Qwen2-0.5B"),
+    ("model=Qwen/Qwen2-0.5B", "Qwen/Qwen2-0.5B reads as a hub id, not an option: load it with "
+                              "model.source=hf model.name_or_path=Qwen/Qwen2-0.5B"),
 ])
 def test_a_misplaced_field_or_model_points_to_where_it_belongs(override: str,
                                                                expected: str) -> None:
@@ -105,7 +105,8 @@ def test_a_misplaced_field_or_model_points_to_where_it_belongs(override: str,
 def test_a_model_folder_points_to_model_source_hf(tmp_path: Path) -> None:
     proc = _cli("atlas.train", f"model={tmp_path}", timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
-    assert f"load it with model.source=hf model.name_or_path={tmp_path.resolve()}" in proc.stderr
+    assert (f"{tmp_path} is a folder, not an option: load the model it holds with "
+            f"model.source=hf model.name_or_path={tmp_path.resolve()}") in proc.stderr
 
 
 def test_help_starts_with_three_lines_on_atlas_and_its_commands() -> None:
