@@ -63,7 +63,9 @@ def test_the_smoke_run_trains_meets_the_gate_probes_and_keeps_its_summary(tmp_pa
     """`python -m atlas.train experiment=test` as the README writes it: a trained phase, the
     gate's decision and a probe line on the tiny model; the summary printed is summary.txt."""
     run = tmp_path / "run"
-    proc = _cli("atlas.train", "experiment=test", "progress=false", f"hydra.run.dir={run}")
+    # about a minute on a quiet 2-core machine; the bound only catches a hang on a loaded one
+    proc = _cli("atlas.train", "experiment=test", "progress=false", f"hydra.run.dir={run}",
+                timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     kept = (run / "summary.txt").read_text()
     assert kept.startswith("ATLAS run: task=bandit method=atlas seed=0")
