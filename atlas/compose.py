@@ -120,6 +120,32 @@ def _where(key: str, value: Any, known: Mapping[str, Any]) -> str:
     return f"; did you mean {' or '.join(fields)}?" if fields else ""
 
 
+def model_hint(option: str) -> str:
+    """For ``model=<not an option>``: a Hugging Face model (a hub id such as ``qwen2`` or a
+    folder) is named by ``model.source=hf model.name_or_path=...``, not by ``model=``. Why: the
+    options are configurations of the agent; any other model comes in through that field."""
+    folder = Path(option).expanduser()
+    if folder.exists():
+        return (f"; {option} is a folder, not an option: load the model it holds with "
+                f"model.source=hf model.name_or_path={folder.resolve()}")
+    if "/" in option:
+        return (f"; {option} reads as a hub id, not an option: load it with model.source=hf "
+                f"model.name_or_path={option}")
+    return ("; for another Hugging Face model, name it with model.source=hf "
+            "model.name_or_path=<hub id or folder> (e.g. model.name_or_path=Qwen/Qwen2-0.5B)")
+
+
+def _other_group(key: str, value: Any, path: str, known: Mapping[str, Any]) -> str:
+    """Where a field typed under the wrong group lives (``explore.beta`` -> ``dpo.beta``)."""
+    owners = sorted(g for g, sub in known.items()
+                    if g != path and isinstance(sub, Mapping) and key in sub)
+    if not owners:
+        return ""
+    shown = "" if isinstance(value, Mapping) else f"={value}"
+    return (f"{key} is a field of {' and '.join(owners)}, not of {path}: did you mean "
+            f"{' or '.join(f'{g}.{key}{shown}' for g in owners)}?")
+
+
 def _unknown(node: Mapping[str, Any], known: dict[str, Any], path: str) -> None:
     if path in _OPEN:
         return
@@ -134,6 +160,11 @@ def _unknown(node: Mapping[str, Any], known: dict[str, Any], path: str) -> None:
         if not path:  # a name that lives elsewhere says where, before any look-alike
             fix = _where(str(extra[0]), node[extra[0]], allowed) or fix
         added = f" (a key added with `+{path + '.' if path else ''}{extra[0]}=...` is read by nothing)"
+        elsewhere = (_other_group(str(extra[0]), node[extra[0]], path, schema())
+                     if path and "." not in path else "")
+        if elsewhere:  # a field of another group (explore.beta -> dpo.beta): its place
+            raise ConfigError(f"unknown {path} field(s) {sorted(map(str, extra))}: "
+                              f"{path}.{extra[0]} is not a known field; {elsewhere}{added}")
         if not path and str(extra[0]) in groups():  # experiment/*: keys of the whole config
             raise ConfigError(f"{extra[0]}: its option file put its keys under `{extra[0]}.`; "
                               f"an {extra[0]} file sets fields of the whole config, so make "
@@ -276,6 +307,8 @@ def group_problem(overrides: Sequence[str]) -> str | None:
             if key == "task" and not close:
                 msg += ("; a task from your own package needs its config folder on the search "
                         "path, e.g. 'hydra.searchpath=[pkg://mypkg.conf]' (docs/tasks.md)")
+            if key == "model":
+                msg += model_hint(option)
             return msg
     return None
 

@@ -8,8 +8,10 @@ For a seed study it adds (statistics in ``atlas.stats``): each method's mean wit
 Student-t interval, paired differences between methods on the same seeds (bootstrap and t
 95% intervals, the exact signed-rank p and the smallest p that test can give with that many
 seeds), both for the best of any source and the agent's own best, and the agent's
-valid-program rate per phase. ``--out`` receives every table as Markdown (``report.md``),
-CSV and JSON (``report.json``), plus the Figure 2 PNGs, so a study's tables can be committed.
+valid-program rate per phase. ``--out`` (default ``report/`` inside the first folder, so the
+runs' own folders only ever gain that one folder) receives every table as Markdown
+(``report.md``), CSV and JSON (``report.json``), plus the Figure 2 PNGs, so a study's tables
+can be committed.
 """
 
 from __future__ import annotations
@@ -40,6 +42,15 @@ from atlas.telemetry import EVENTS, PROGRAMS, dumps, read_jsonl
 #: the arms in the order paired differences are taken (later minus earlier): the two
 #: controls first (no LLM, then the agent never fine-tuned), then the fine-tuned methods
 METHOD_ORDER = (NO_LLM, NEVER_TRAINED, *FINE_TUNED)
+
+
+#: where ``atlas.report DIR`` writes by default: beside the runs it reads, never among them
+REPORT_DIR = "report"
+
+
+def holds_run_files(folder: Path) -> bool:
+    """Whether ``folder`` is a run folder (its ``events.jsonl`` or ``results.json``)."""
+    return (folder / EVENTS).exists() or (folder / "results.json").exists()
 
 
 def find_runs(roots: list[Path]) -> list[Path]:
@@ -210,15 +221,32 @@ def _group(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, A
     return dict(sorted(groups.items(), key=lambda kv: (kv[0][0], _arm_order(kv[0][1]))))
 
 
+#: columns of words, flush left in a printed table (the others hold numbers: flush right)
+TEXT_COLUMNS = frozenset({"task", "method", "metric", "A - B", "question", "kinds", "decision",
+                          "c*", "strategist"})
+
+
+def aligned(header: list[str], rows: list[list[str]]) -> list[str]:
+    """``header`` and ``rows`` as lines whose columns line up whatever a cell holds (a long
+    method name such as ``random_literals`` shifts nothing): words flush left, numbers flush
+    right."""
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
+    left = [h in TEXT_COLUMNS for h in header]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if left[i] else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return [line(header), *(line(r) for r in rows)]
+
+
 def table2(runs: list[dict[str, Any]]) -> str:
     """Initial, final, improvement per task and method: mean +- std over seeds."""
     keys = ("initial_score", "final_score", "improvement_pct", "final_agent",
             "improvement_agent_pct")
-    lines = ["Table 2: best score, mean +- std over seeds (higher is better); final: any source "
-             "(agent, supporter, seed), agent: the agent's own programs (or the seed); "
-             "candidates: evaluated agent+supporter programs (the equal budget)",
-             f"{'task':8} {'method':8} {'seeds':>5} {'initial':>18} {'final':>18} "
-             f"{'improv. %':>16} {'final agent':>18} {'agent improv. %':>16} {'candidates':>12}"]
+    header = ["task", "method", "seeds", "initial", "final", "improv. %", "final agent",
+              "agent improv. %", "candidates"]
+    rows = []
     labels: dict[str, str] = {}
     for (task, method), rs in _group(runs).items():
         labels.setdefault(task, str(rs[0].get("score_label") or "score"))
@@ -228,24 +256,27 @@ def table2(runs: list[dict[str, Any]]) -> str:
             cols.append(f"{m:.4g} +- {s:.2g}")
         cand = sorted({str(r["candidates"]) if r.get("candidate_budget") is None
                        else f"{r['candidates']}/{r['candidate_budget']}" for r in rs})
-        lines.append(f"{task:8} {method:8} {len(rs):>5} {cols[0]:>18} {cols[1]:>18} "
-                     f"{cols[2]:>16} {cols[3]:>18} {cols[4]:>16} {','.join(cand):>12}")
-    lines.insert(1, "score: " + "; ".join(f"{t} = {lab}" for t, lab in labels.items()))
-    return "\n".join(lines)
+        rows.append([task, method, str(len(rs)), *cols, ",".join(cand)])
+    return "\n".join([
+        "Table 2: best score, mean +- std over seeds (higher is better); final: any source "
+        "(agent, supporter, seed), agent: the agent's own programs (or the seed); "
+        "candidates: evaluated agent+supporter programs (the equal budget)",
+        "score: " + "; ".join(f"{t} = {lab}" for t, lab in labels.items()),
+        *aligned(header, rows)])
 
 
 def table3(runs: list[dict[str, Any]], per_trial: bool = False) -> str:
     """Strategist intervention rate per knob and inspector accept rate (Table 3; Table 5 per trial)."""
     title = "Table 5: per trial" if per_trial else "Table 3: agent dynamics, mean over seeds"
-    head = f"{'task':8} {'method':8} {'seed':>5} " if per_trial else f"{'task':8} {'method':8} "
-    lines = [title, head + " ".join(f"{k:>16}" for k in (*KNOBS, "accept_rate"))]
+    header = ["task", "method", *(["seed"] if per_trial else []), *KNOBS, "accept_rate"]
+    rows = []
     for (task, method), rs in _group(runs).items():
         if per_trial:
             for r in sorted(rs, key=lambda r: r["seed"]):
                 n = r["phases_trained"]
                 cells = [f"{r['interventions'][k]}/{n}" for k in KNOBS]
                 cells.append(f"{r['promotions']}/{n}" if r["accept_rate"] is not None else "-")
-                lines.append(f"{task:8} {method:8} {r['seed']:>5} " + " ".join(f"{c:>16}" for c in cells))
+                rows.append([task, method, str(r["seed"]), *cells])
         else:
             cells = []
             for k in KNOBS:
@@ -253,8 +284,8 @@ def table3(runs: list[dict[str, Any]], per_trial: bool = False) -> str:
                 cells.append("-" if math.isnan(m) else f"{100 * m:.1f}%")
             m, _, _ = _mean_std([r["accept_rate"] for r in rs])
             cells.append("-" if math.isnan(m) else f"{100 * m:.1f}%")
-            lines.append(f"{task:8} {method:8} " + " ".join(f"{c:>16}" for c in cells))
-    return "\n".join(lines)
+            rows.append([task, method, *cells])
+    return "\n".join([title, *aligned(header, rows)])
 
 
 # -- the seed study: intervals, paired differences, valid rate per phase ---------------------
@@ -414,14 +445,40 @@ def _accuracy(h: dict[str, Any]) -> str:
     return f"{h['accuracy']:.2f} of {h['pairs']} (p {_g(h.get('p'), '.2g')})"
 
 
-def _text(title: str, header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
-    return "\n".join([title, line(header), *(line(r) for r in rows)])
+def empty_reason(title: str, runs: list[dict[str, Any]]) -> str:
+    """Why a table of the study has no row, in words: most need two methods (or two arms of a
+    question) on the same seeds, or a trained phase. Why: an empty header reads as a bug."""
+    methods = sorted({r["method"] for r in runs}, key=_arm_order)
+    seeds = sorted({int(r["seed"]) for r in runs})
+    held = (f"these runs hold {len(methods)} method{'s' if len(methods) != 1 else ''} "
+            f"({', '.join(methods)}) on {len(seeds)} seed{'s' if len(seeds) != 1 else ''} "
+            f"({', '.join(map(str, seeds))})")
+    if title.startswith("Paired"):
+        return (f"no rows: a paired difference needs two methods run on the same seed; {held} "
+                f"(e.g. -m method=evotune,atlas seed=0,1,2)")
+    if title.startswith("What each part adds"):
+        return (f"no rows: each question pairs two arms on the same seeds (random_literals or "
+                f"sample against a fine-tuned method, evodpo against evotune, atlas against "
+                f"evodpo); {held}")
+    if title.startswith("Learning"):
+        return ("no rows: no phase of these runs trained with the learning probe on (every "
+                "phase was skipped, the method never fine-tunes, or probe.enabled=false)")
+    if title.startswith("Phases"):
+        return "no rows: no fine-tuning phase in these runs (explore.phase_every > explore.rounds?)"
+    return f"no rows; {held}"
 
 
-def _markdown(title: str, header: list[str], rows: list[list[str]]) -> str:
+def _text(title: str, header: list[str], rows: list[list[str]],
+          runs: list[dict[str, Any]] | None = None) -> str:
+    if not rows:
+        return "\n".join([title, "  " + empty_reason(title, runs or [])])
+    return "\n".join([title, *aligned(header, rows)])
+
+
+def _markdown(title: str, header: list[str], rows: list[list[str]],
+              runs: list[dict[str, Any]] | None = None) -> str:
+    if not rows:
+        return "\n".join([f"**{title}**", "", f"_{empty_reason(title, runs or [])}_"])
     esc = lambda c: c.replace("|", "\\|")  # noqa: E731
     return "\n".join([f"**{title}**", "", "| " + " | ".join(header) + " |",
                        "|" + "---|" * len(header),
@@ -486,7 +543,7 @@ def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]
           f"{len(runs)} runs; regenerate with `python -m atlas.report <run folders> --out <this folder>`.",
           ""]
     for table in tables:
-        md += [_markdown(*table), ""]
+        md += [_markdown(*table, runs), ""]
     shown, warnings = provenance_lines(runs)
     md += ["**Provenance per arm**", "", *(f"- {x}" for x in shown + warnings), ""]
     changes = {t: sorted({c for r in runs if r["task"] == t for c in r.get("regime_changes") or []})
@@ -528,12 +585,25 @@ def _band(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return mean, mean - half, mean + half
 
 
+#: a score label's words, for a figure's axis: the tables keep the short label
+LABEL_WORDS = {"NMR": "negative mean regret (NMR)"}
+
+
+def _same_curve(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two mean curves coincide (NaN where both are NaN)."""
+    return a.shape == b.shape and bool(np.allclose(a, b, equal_nan=True))
+
+
 def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     """Best-so-far score per round, one PNG per task with two panels: the best of any source
     (agent, supporter, seed) and the agent's own programs (and the seed). Each method: the
-    mean over seeds and its 95% t band. A score labelled "-X" that is never positive is drawn
-    as X on a log axis (lower is better), e.g. PINN's "-validation loss".
+    mean over seeds, with its 95% t band where it has two seeds or more (the title says which).
+    A score labelled "-X" that is never positive is drawn as X on a log axis (lower is
+    better), e.g. PINN's "-validation loss"; a short label is spelled out (``LABEL_WORDS``).
 
+    Rounds are whole numbers on the axis; a dotted line after round k marks a fine-tuning
+    phase there. A method whose curve coincides with one drawn before it keeps its own line
+    style and says so in the legend ("= evotune"), so no line hides another in silence.
     A round where the task's equation changed (PINN's viscosity stepping to the shock
     regime) is marked with a dashed vertical line and the caption says so: the best so far
     is taken on each round's own equation, so the curve may jump there while Table 2,
@@ -542,6 +612,7 @@ def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -557,9 +628,14 @@ def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         negated = label.startswith("-") and bool(values) and max(values) < 0
         changes = sorted({c for rs in methods.values() for r in rs
                           for c in r.get("regime_changes") or []})
+        phases = sorted({int(p["round"]) for rs in methods.values() for r in rs
+                         for p in r.get("phase_log") or [] if p.get("round") is not None})
+        seeds = [len(rs) for rs in methods.values()]
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.6 if changes else 4), sharey=True)
+        coincide: list[str] = []
         for ax, key, who in ((axes[0], "best_by_round", "any source"),
                              (axes[1], "best_by_round_agent", "agent only")):
+            drawn: list[tuple[str, np.ndarray]] = []
             for ci, method in enumerate(_methods(methods)):
                 curves = [r.get(key) for r in methods[method] if r.get(key)]
                 if not curves:
@@ -571,28 +647,53 @@ def figure2(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
                 mean, lo, hi = _band(-arr if negated else arr)
                 x = np.arange(length)
                 color = f"C{METHOD_ORDER.index(method) if method in METHOD_ORDER else 3 + ci}"
-                # a line style per method: identical curves (EvoDPO equal to EvoTune when the
-                # agent never beats the seed after their references part) stay visible
+                # a line style and width per method, and the legend names the curve it
+                # coincides with: identical curves (EvoDPO equal to EvoTune when the agent
+                # never beats the seed after their references part) stay visible and said
                 style = ("-", "--", ":", "-.")[_arm_order(method)[0] % 4]
-                ax.plot(x, mean, style, color=color, linewidth=2.4 - 0.5 * (ci % 3),
-                        label=f"{method} (n={len(curves)})")
+                same = [m for m, other in drawn if _same_curve(mean, other)]
+                if same:
+                    coincide.append(f"{method} = {same[0]} ({who})")
+                # a coinciding curve: thin and solid with its own markers, over the wider line
+                # it coincides with, so both stay in sight
+                ax.plot(x, mean, "-" if same else style, color=color,
+                        linewidth=1.0 if same else 2.6 - 0.4 * (ci % 3),
+                        marker=("x" if same else "o") if length <= 12 else None,
+                        markersize=6 if same else 3,
+                        label=f"{method} (n={len(curves)})" + (f" = {same[0]}" if same else ""))
+                drawn.append((method, mean))
                 if negated:  # a band reaching <= 0 cannot be drawn on the log axis
                     lo = np.where(lo > 0, lo, np.nan)
-                ax.fill_between(x, lo, hi, alpha=0.2, color=color, linewidth=0)
+                if len(curves) > 1:
+                    ax.fill_between(x, lo, hi, alpha=0.2, color=color, linewidth=0)
+            for i, k in enumerate(phases):  # after round k, before round k + 1
+                ax.axvline(k + 0.5, color="0.6", linestyle=":", linewidth=1.2,
+                           label="fine-tuning phase" if i == 0 else None)
             for i, c in enumerate(changes):  # between round c-1 and c
                 ax.axvline(c - 0.5, color="0.4", linestyle="--", linewidth=1,
                            label="equation changes" if i == 0 else None)
             ax.set_title(f"{task}: best so far, {who}")
-            ax.set_xlabel("round")
+            ax.set_xlabel("round (0: the seed program)")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.legend(fontsize=8)
+        words = LABEL_WORDS.get(label.lstrip("-").strip(), label.lstrip("-").strip())
         if negated:
             axes[0].set_yscale("log")
-            axes[0].set_ylabel(f"{label[1:].strip()} (lower is better)")
+            axes[0].set_ylabel(f"{words} (lower is better)")
         else:
-            axes[0].set_ylabel(f"best {label} (higher is better)")
-        fig.suptitle(f"Figure 2: {task}, mean over seeds with 95% t band")
-        if changes:
-            fig.text(0.5, 0.01, figure2_caption(changes), ha="center", va="bottom", fontsize=8,
+            axes[0].set_ylabel(f"best {LABEL_WORDS.get(label, label)} (higher is better)")
+        if min(seeds) > 1:
+            band = "mean over seeds with 95% t band"
+        elif max(seeds) > 1:
+            band = "mean over seeds; 95% t band where a method has 2+ seeds"
+        else:
+            band = "one seed per method, so no band"
+        fig.suptitle(f"Figure 2: {task}, {band}")
+        notes = ([f"Coinciding lines: {'; '.join(coincide)}."] if coincide else []) + (
+            [figure2_caption(changes)] if changes else [])
+        if notes:
+            fig.set_figheight(4.6)  # a strip for the notes under the panels
+            fig.text(0.5, 0.01, " ".join(notes), ha="center", va="bottom", fontsize=8,
                      wrap=True)
             fig.tight_layout(rect=(0, 0.08, 1, 1))
         else:
@@ -616,11 +717,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m atlas.report", description=__doc__)
     parser.add_argument("dirs", nargs="+", type=Path, help="multirun or run folders")
     parser.add_argument("--out", type=Path, default=None,
-                        help="where the PNGs, report.md, the CSVs and report.json go (default: first dir)")
+                        help="where the PNGs, report.md, the CSVs and report.json go (default: "
+                             "report/ inside the first dir, never among a run's own files)")
     args = parser.parse_args(argv)
     for d in args.dirs:
         if not d.exists():
             parser.error(f"{d} does not exist")
+    out = args.out or args.dirs[0] / REPORT_DIR
+    if holds_run_files(out):
+        parser.error(f"--out {out} is a run folder: the report would mix its files with the "
+                     f"run's own; choose another folder, or leave --out out "
+                     f"({args.dirs[0] / REPORT_DIR})")
     paths = find_runs(args.dirs)
     if not paths:
         parser.error(f"no run folders (with {EVENTS}) under {[str(d) for d in args.dirs]}: "
@@ -640,12 +747,11 @@ def main(argv: list[str] | None = None) -> None:
     print(table3(runs), end="\n\n")
     print(table3(runs, per_trial=True), end="\n\n")
     for table in study_tables(runs):
-        print(_text(*table), end="\n\n")
+        print(_text(*table, runs), end="\n\n")
     shown, warnings = provenance_lines(runs)
     print("Provenance per arm:\n" + "\n".join(shown), end="\n\n")
     for line in warnings + [f"warning: {r['count_note']}" for r in runs if r.get("count_note")]:
         print(line, file=sys.stderr)
-    out = args.out or args.dirs[0]
     figures = figure2(runs, out)
     for path in figures + write_outputs(runs, out, figures):
         print(f"wrote {path}")

@@ -86,10 +86,24 @@ def check_sweep(overrides: Sequence[str]) -> str | None:
     return None
 
 
+#: the ways out of a sweep that SLURM cannot take, for every line that refuses one
+SLURM_WAYS_OUT = ("start a local controller (sudo bash scripts/slurm_local.sh start), run the "
+                  "sweep here without the launcher (drop hydra/launcher=slurm: the jobs run one "
+                  "after another), or as local processes (hydra/launcher=submitit_local)")
+
+#: sbatch options for the preset's fields that shape a request (``--test-only`` checks them)
+_SBATCH_FIELDS = (("partition", "--partition"), ("cpus_per_task", "--cpus-per-task"),
+                  ("tasks_per_node", "--ntasks-per-node"), ("nodes", "--nodes"),
+                  ("gpus_per_node", "--gpus-per-node"), ("constraint", "--constraint"),
+                  ("qos", "--qos"), ("account", "--account"), ("exclude", "--exclude"))
+
+
 def launcher_problem(job: Sequence[str]) -> str | None:
-    """For ``hydra/launcher=slurm``: one line when no node of the partition has the CPUs and
-    memory a job asks for (``sinfo``), naming both fields and the largest node; None otherwise
-    (another launcher, no ``sinfo``, or a request some node meets)."""
+    """For ``hydra/launcher=slurm``: one line when the jobs cannot be submitted (no ``sbatch``
+    or ``srun`` on PATH, a controller ``sinfo`` cannot reach, ``sbatch --test-only`` refusing
+    the request) or when no node of the partition has the CPUs and memory a job asks for;
+    None otherwise (another launcher, or a request the cluster takes). Why here: submitit
+    would announce the jobs, write ``.submitit/``, retry for ~20 s and end in a traceback."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -98,9 +112,79 @@ def launcher_problem(job: Sequence[str]) -> str | None:
     launcher = cfg.hydra.launcher
     if "SlurmLauncher" not in str(launcher.get("_target_", "")):
         return None
+    if found := slurm_reach_problem():
+        return found
     nodes = slurm_nodes(launcher.get("partition"))
-    if not nodes:
-        return None
+    if nodes and (found := _size_problem(launcher, nodes)):
+        return found
+    return sbatch_problem(launcher)
+
+
+def _refusal(cause: str, fix: str = "") -> str:
+    return (f"hydra/launcher=slurm cannot submit here: {cause}; {fix}{SLURM_WAYS_OUT}; nothing "
+            f"was submitted")
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return (errors or lines or ["no message"])[0]
+
+
+def slurm_reach_problem() -> str | None:
+    """One line when SLURM's commands are missing or its controller does not answer ``sinfo``
+    within ``SINFO_TIMEOUT_S``; None when both tools are there and ``sinfo`` answers."""
+    missing = [t for t in ("sbatch", "srun") if shutil.which(t) is None]
+    if missing:
+        return _refusal(f"no SLURM on this machine ({' and '.join(missing)} "
+                        f"{'is' if len(missing) == 1 else 'are'} not on PATH)")
+    if shutil.which("sinfo") is None:
+        return None  # sbatch --test-only asks the controller instead
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True,
+                             timeout=SINFO_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return _refusal(f"the SLURM controller did not answer sinfo within {SINFO_TIMEOUT_S:g} s "
+                        f"(is slurmctld running?)")
+    except OSError as exc:
+        return _refusal(f"sinfo could not run ({exc.strerror or exc})")
+    if out.returncode != 0:
+        said = _first_line(out.stderr + out.stdout).removeprefix("sinfo: ")
+        return _refusal(f"the SLURM controller does not answer (sinfo: {said})")
+    return None
+
+
+def sbatch_problem(launcher: Any) -> str | None:
+    """One line when ``sbatch --test-only`` (which asks the controller but submits nothing)
+    refuses a job's request, naming sbatch's reason; None when it would take it."""
+    cmd = ["sbatch", "--test-only", "--output=/dev/null", "--wrap=true",
+           f"--time={int(launcher.get('timeout_min') or 60)}"]
+    for field, flag in _SBATCH_FIELDS:
+        if launcher.get(field) is not None:
+            cmd.append(f"{flag}={launcher.get(field)}")
+    if launcher.get("mem_gb") is not None:
+        cmd.append(f"--mem={launcher.get('mem_gb')}G")
+    for key, value in (launcher.get("additional_parameters") or {}).items():
+        if value is True:
+            cmd.append(f"--{key}")
+        elif value not in (False, None):
+            cmd.append(f"--{key}={value}")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=SINFO_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return _refusal(f"sbatch got no answer from the SLURM controller within "
+                        f"{SINFO_TIMEOUT_S:g} s (is slurmctld running?)")
+    except OSError as exc:
+        return _refusal(f"sbatch could not run ({exc.strerror or exc})")
+    if out.returncode != 0:
+        said = _first_line(out.stderr + out.stdout).removeprefix("sbatch: ")
+        return _refusal(f"sbatch refuses the jobs' request (sbatch: {said})",
+                        "fix the hydra.launcher field it names (docs/cli.md, 'Sweeps and SLURM'), ")
+    return None
+
+
+def _size_problem(launcher: Any, nodes: list[tuple[int, float]]) -> str | None:
+    """One line when no node has the CPUs and memory a job asks for (the jobs would pend)."""
     cpus, mem_gb = launcher.get("cpus_per_task") or 1, launcher.get("mem_gb")
     tasks = launcher.get("tasks_per_node") or 1
     need_cpus = int(cpus) * int(tasks)

@@ -16,7 +16,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from atlas.agent.device import resolve_device
-from atlas.atomic import disk_full_error
+from atlas.atomic import disk_full_error, write_text_atomic
 from atlas.commandline import FAILED, MISTAKE, problem
 from atlas.config import Settings, command_line, validate
 from atlas.interrupt import Stopped, settle, stop_on_signals
@@ -47,11 +47,13 @@ if not OmegaConf.has_resolver("atlas.suffix"):
 
 
 def probe_text(probe: dict[str, Any]) -> str:
-    """The learning probe's line of a phase, in words (``atlas.results.probe_line``): the
-    valid programs before and after as counts with the exact sign test of the slots that
-    changed, the copies and new valid programs, the mean score change with its 95 % CI and a
-    verdict, how far the policy moved (KL, nats per token), the held-out accuracy (only from
-    ``MIN_ACCURACY_PAIRS`` pairs on), and its cost."""
+    """The learning probe's line of a phase (``atlas.results.probe_line``), in words a
+    newcomer reads without the docs: the valid programs before and after as counts with the
+    exact sign test of the slots that changed (a t interval on 6-8 binary slots misleads),
+    the copies and new valid programs, the mean score change with its 95 % CI and a verdict,
+    how far the policy moved (KL in nats per token), the held-out accuracy (only from
+    ``MIN_ACCURACY_PAIRS`` pairs on, with its binomial p), and its cost. All of the line's
+    wording lives here."""
     from atlas.stats import MIN_ACCURACY_PAIRS  # deferred: numpy, after the config is checked
 
     def num(v: Any, form: str) -> str:
@@ -64,29 +66,34 @@ def probe_text(probe: dict[str, Any]) -> str:
     def count(rate: Any) -> str:
         return "n/a" if rate is None else f"{round(rate * n)}/{n}"
 
-    parts = [f"probe, {n} programs on {probe.get('prompts')} prompts it never trained on, "
-             f"before -> after: valid {count(probe.get('valid_before'))} -> "
-             f"{count(probe.get('valid_after'))}"]
-    if "fail_to_pass" in vc:  # counts and the exact sign test (a t interval on 0/1 slots misleads)
+    parts = [f"learning probe, {n} programs on prompts this phase did not train on: valid "
+             f"{count(probe.get('valid_before'))} before -> {count(probe.get('valid_after'))} "
+             "after"]
+    if "fail_to_pass" in vc:
         parts[-1] += (f" ({vc['fail_to_pass']} fail->pass, {vc['pass_to_fail']} pass->fail, "
                       f"sign test p {num(vc.get('p'), '.2f')})")
     if probe.get("copies_before") is not None:
         parts.append(f"copies of earlier programs {probe['copies_before']} -> "
                      f"{probe['copies_after']}, new & valid {probe['new_valid_before']} -> "
                      f"{probe['new_valid_after']}")
-    lo, hi = sc.get("t_lo"), sc.get("t_hi")
-    verdict = ("no evidence of change" if lo is None or hi is None or lo <= 0 <= hi
-               else "rose" if lo > 0 else "fell")
-    parts.append(f"mean score change {num(sc.get('mean'), '+.3g')} (95 % CI "
-                 f"{num(lo, '+.3g')} to {num(hi, '+.3g')}): {verdict}")
+    mean, lo, hi = sc.get("mean"), sc.get("t_lo"), sc.get("t_hi")
+    if mean is None:
+        parts.append("mean score change n/a")
+    elif lo is None or hi is None:
+        parts.append(f"mean score change {num(mean, '+.3g')} (too few programs for a 95 % CI)")
+    else:
+        verdict = "no evidence of change" if lo <= 0 <= hi else "rose" if lo > 0 else "fell"
+        parts.append(f"mean score change {num(mean, '+.3g')} (95 % CI {num(lo, '+.3g')} to "
+                     f"{num(hi, '+.3g')}: {verdict})")
     parts.append(f"the policy moved {num(probe.get('kl_base'), '.2e')} nats/token from the "
-                 f"base, {num(probe.get('kl_reference'), '.2e')} from the reference")
+                 f"base model, {num(probe.get('kl_reference'), '.2e')} from the reference")
     pairs = probe.get("heldout_pairs") or 0
     if pairs < MIN_ACCURACY_PAIRS:
-        parts.append(f"held-out accuracy: too few pairs ({pairs})")
+        parts.append(f"held-out preference accuracy: too few pairs ({pairs})")
     else:
-        parts.append(f"held-out accuracy {num(probe.get('heldout_accuracy'), '.2f')} of {pairs} "
-                     f"pairs (binomial p {num(probe.get('heldout_p'), '.2f')})")
+        parts.append(f"it preferred the better program in "
+                     f"{num(probe.get('heldout_accuracy'), '.2f')} of {pairs} held-out pairs "
+                     f"(0.5 = chance, binomial p {num(probe.get('heldout_p'), '.2f')})")
     share = probe.get("share_of_phase")
     parts.append(f"{num(probe.get('seconds'), '.0f')} s"
                  + (f" ({share:.0%} of the phase)" if share is not None else ""))
@@ -102,10 +109,23 @@ def phase_text(p: dict[str, Any]) -> str:
     return text
 
 
+#: a skipped phase's recorded reason, said so that a newcomer reads what happened and why
+SKIP_WORDS = {
+    "no preference pairs could be built": (
+        "nothing to learn from: a DPO pair needs, for one prompt, a program that ran and one "
+        "that failed or scored lower, and this phase had none (every program failing, as the "
+        "tiny test model's do, leaves none)"),
+    "no score improvement this phase (paper B.4)": (
+        "the best score did not improve this phase, and this method fine-tunes only after an "
+        "improvement"),
+}
+
+
 def _reference_text(p: dict[str, Any]) -> str:
     head = f"phase {p['phase']} (round {p.get('round')}): "
     if not p["trained"]:
-        return head + f"skipped ({p.get('why')})"
+        why = SKIP_WORDS.get(str(p.get("why")))
+        return head + f"skipped ({p.get('why')})" + (f": {why}" if why else "")
     if p["outcome"] == "fixed reference":
         return head + "trained; reference fixed (the base model)"
 
@@ -238,9 +258,27 @@ def _run(cfg: DictConfig, run_dir: Path, logs: LogFilesHeld) -> dict[str, Any]:
             log.info("%s already holds a finished run; set %s for a new one", run_dir,
                      new_folder_hint())
         results = done if done is not None else _evolve(cfg, settings, run_dir)
-    print(summary(results), flush=True)
-    print(f"  outputs in {run_dir}", flush=True)
+        text = summary(results) + f"\n  outputs in {run_dir}\n"
+        write_summary(run_dir, text)
+    print(text, end="", flush=True)
     return results
+
+
+#: the summary as printed, kept in the run folder (read it later without re-running)
+SUMMARY = "summary.txt"
+
+
+def write_summary(run_dir: Path, text: str) -> None:
+    """Keep the printed summary in ``run_dir/summary.txt`` so it outlives the terminal; a
+    write that fails (a full disk) is said in one log line, since the run's own files are
+    already safe."""
+    path = run_dir / SUMMARY
+    try:
+        if path.is_file() and path.read_text(encoding="utf-8") == text:
+            return  # a finished run's re-run: nothing new to write
+        write_text_atomic(path, text)
+    except OSError as exc:
+        log.warning("could not write %s: %s", path, exc)
 
 
 def _evolve(cfg: DictConfig, settings: Settings, run_dir: Path) -> dict[str, Any]:

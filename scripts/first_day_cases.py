@@ -98,6 +98,16 @@ def main() -> None:
                     f"hydra.run.dir={finished}"], cwd=ROOT, env=base, check=True,
                    capture_output=True)
 
+    # PATHs without SLURM, and with a controller that does not answer
+    no_slurm = tmp / "no-slurm-bin"
+    no_slurm.mkdir()
+    slurm_down = tmp / "slurm-down-bin"
+    slurm_down.mkdir()
+    for tool, said, status in (("sbatch", "", 0), ("srun", "", 0), (
+            "sinfo", "sinfo: error: Unable to contact slurm controller (connect failure)", 1)):
+        (slurm_down / tool).write_text(f"#!/bin/sh\necho '{said}' >&2\nexit {status}\n")
+        (slurm_down / tool).chmod(0o755)
+
     train = [PY, "-m", "atlas.train"]
     run = f"hydra.run.dir={tmp / 'run'}"
     online = {**base, "WANDB_API_KEY": "k" * 40}
@@ -117,6 +127,13 @@ def main() -> None:
         ("method=atlass", train + ["method=atlass", run], base, ROOT),
         ("dpo.betta=0.1", train + ["dpo.betta=0.1", run], base, ROOT),
         ("sweep job seed=-1", train + ["-m", "experiment=test", "seed=0,-1"], base, ROOT),
+        ("explore.beta=0.2", train + ["explore.beta=0.2", run], base, ROOT),
+        ("model=qwen2", train + ["model=qwen2", run], base, ROOT),
+        ("model=<a folder>", train + [f"model={tmp}", run], base, ROOT),
+        ("SLURM sweep, no SLURM on PATH", train + ["-m", "seed=0,1", "hydra/launcher=slurm"],
+         {**base, "PATH": str(no_slurm)}, tmp),
+        ("SLURM sweep, controller down", train + ["-m", "seed=0,1", "hydra/launcher=slurm"],
+         {**base, "PATH": str(slurm_down)}, tmp),
         ("an unused broken draft; seed=abc",
          train + ["experiment=test", "seed=abc", run], {**base, "PYTHONPATH": str(copy)}, copy),
         ("the broken draft used", train + ["experiment=draft", run],

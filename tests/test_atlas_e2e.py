@@ -8,8 +8,10 @@ atlas.train`` calls), with the tiny agent and the supporters on every backend pa
   failure is a counted fallback with its cause;
 - the embedded supporters on both tasks: results.json carries the paper's Table 3/5 fields.
 
-The tiny agent writes no valid programs, so its DPO phases are skipped (no pairs) and the
-inspector is never asked; ``test_atlas_trains_with_smollm2`` (slow) covers a trained phase.
+The tiny agent writes no valid programs, so a phase's only DPO pairs are the exploration
+supporter's patches against its failed completions (``experiment=test``'s smoke run trains on
+them: tests/test_first_day.py); ``test_atlas_trains_with_smollm2`` (slow) covers a phase
+trained on the agent's own programs.
 """
 
 from __future__ import annotations

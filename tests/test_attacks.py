@@ -883,7 +883,8 @@ def test_no_canary_credential_reaches_any_file_of_a_run(tmp_path, monkeypatch):
             "    return _seed_policy(contexts, history, t, state)\n"
 
     monkeypatch.setattr(BanditTask, "seed_program", seed)
-    cfg = compose_cfg(["experiment=test", "logger=wandb", "explore.rounds=2"], run_dir=tmp_path)
+    cfg = compose_cfg(["experiment=test", "method=evotune", "logger=wandb", "explore.rounds=2"],
+                      run_dir=tmp_path)
     run(cfg)
     leaked = []
     for path in tmp_path.rglob("*"):

@@ -140,7 +140,8 @@ def test_dpo_knob_outside_its_bounds_fails_at_start() -> None:
         validate(compose_cfg(["experiment=test", "dpo.beta=5"]))
     with pytest.raises(ConfigError, match=r"dpo\.epochs=9 is outside dpo\.bounds\.epochs"):
         validate(compose_cfg(["experiment=test", "dpo.epochs=9"]))
-    validate(compose_cfg(["experiment=test", "dpo.beta=5", "dpo.bounds.beta=[0.01,10]"]))
+    validate(compose_cfg(["experiment=test", "method=evotune", "dpo.beta=5",
+                          "dpo.bounds.beta=[0.01,10]"]))  # no strategist: its limits do not bind
     with pytest.raises(ConfigError, match=r"dpo\.bounds\.beta=\[0\.01, 10\] exceeds the "
                                           r"strategist's limits \[0\.01, 2\]"):
         validate(compose_cfg(["experiment=test", "method=atlas", "dpo.bounds.beta=[0.01,10]"]))

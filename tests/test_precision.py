@@ -51,7 +51,8 @@ def test_this_machine_gets_fp32_unless_it_computes_bf16_natively(tmp_path):
 
 
 def test_a_run_records_its_precision_and_a_resume_keeps_it(tmp_path: Path):
-    cfg = compose_cfg(["experiment=test", "model.dtype=auto", "explore.rounds=2"],
+    cfg = compose_cfg(["experiment=test", "method=evotune", "model.dtype=auto",
+                       "explore.rounds=2"],
                       run_dir=tmp_path)
     results = run(cfg)
     chosen = json.loads((tmp_path / "precision.json").read_text())
@@ -65,6 +66,7 @@ def test_a_run_records_its_precision_and_a_resume_keeps_it(tmp_path: Path):
     state = tmp_path / "checkpoint" / "state.pt"
     assert state.exists()
     (tmp_path / "results.json").unlink()  # as if killed before writing it: the run resumes
-    resumed = run(compose_cfg(["experiment=test", "model.dtype=auto", "explore.rounds=2"],
+    resumed = run(compose_cfg(["experiment=test", "method=evotune", "model.dtype=auto",
+                       "explore.rounds=2"],
                               run_dir=tmp_path))
     assert resumed["dtype"] == other and "kept from the run's start" in resumed["dtype_reason"]

@@ -568,3 +568,56 @@ def test_the_separations_pair_each_question_on_its_seeds() -> None:
     within = rows[("the supporters, within ATLAS runs", "atlas (any source)", "atlas (agent's own)")]
     assert within["mean"] == pytest.approx(0.35) and within["n"] == 3
     assert ("the supporters over EvoDPO", "atlas (any source)", "evodpo") in rows
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def test_a_report_writes_beside_its_runs_never_among_their_files(tmp_path: Path) -> None:
+    """`atlas.report <run folder>`: the run's own files stay byte for byte as they were, the
+    report goes to <run folder>/report/, an --out that is a run folder is refused in one
+    line, and the tables one run cannot fill say why instead of printing a bare header."""
+    run = write_run(tmp_path / "outputs" / "cpu", "bandit", "random_literals", 0, -0.6,
+                    [[-0.5, None], [-0.3]], [])
+    before = _files(run)
+    proc = _cli("atlas.report", str(run))
+    after = {k: v for k, v in _files(run).items() if not k.startswith("report/")}
+    assert after == before
+    written = sorted(p.name for p in (run / "report").iterdir())
+    assert "report.md" in written and "figure2_bandit.png" in written, written
+    assert all(line.startswith(f"wrote {run / 'report'}") for line in proc.stdout.splitlines()
+               if line.startswith("wrote "))
+    assert "no rows: a paired difference needs two methods run on the same seed; these runs "\
+           "hold 1 method (random_literals) on 1 seed (0)" in proc.stdout
+    assert "no rows: a paired difference needs two methods" in (run / "report" / "report.md"
+                                                                  ).read_text()
+    # columns line up whatever the method's name: each row of Table 2 as wide as its header
+    t2 = proc.stdout.split("Table 2", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    assert t2[0].split()[:2] == ["task", "method"] and "random_literals" in t2[1]
+    assert len({len(line) for line in t2}) == 1, t2  # the last column ends where its header does
+    assert t2[0].index("method") == t2[1].index("random_literals")
+    refused = _cli("atlas.report", str(run), "--out", str(run), ok=False)
+    assert refused.returncode == 2 and "is a run folder" in refused.stderr
+    assert _files(run).keys() == {*before, *(f"report/{n}" for n in written)}
+
+
+def test_the_documented_notebook_command_takes_a_relative_atlas_runs(tmp_path: Path) -> None:
+    """`ATLAS_RUNS=multirun/<name> .venv/bin/jupyter execute notebooks/analysis.ipynb` as
+    docs/reports.md writes it, from the folder that holds multirun/: the kernel runs in
+    notebooks/, yet the relative path is the caller's, and the PNGs go to its report/."""
+    here = tmp_path
+    known_runs = here / "multirun" / "known"
+    for seed in (0, 1):
+        write_run(known_runs, "bandit", "atlas", seed, -0.6, [[-0.5, None], [-0.3 - seed / 10]],
+                  [_trained(1, ["beta"], True)])
+    jupyter = Path(sys.executable).with_name("jupyter")
+    env = {**os.environ, "ATLAS_RUNS": "multirun/known", "PWD": str(here), "MPLBACKEND": "Agg"}
+    env.pop("ATLAS_REPORT_OUT", None)
+    proc = subprocess.run([str(jupyter), "execute", str(NOTEBOOK)], cwd=here, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    png = known_runs / "report" / "figure2_bandit.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    assert not (NOTEBOOK.parent / "multirun").exists()

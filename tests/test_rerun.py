@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ARGS = ["experiment=test", "progress=false", "explore.rounds=2", "explore.phase_every=2",
+ARGS = ["experiment=test", "method=evotune", "progress=false", "explore.rounds=2", "explore.phase_every=2",
         "task.T=200", "task.env_seeds=[0]"]
 
 

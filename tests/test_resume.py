@@ -351,7 +351,7 @@ def test_a_torn_line_the_checkpoint_cannot_restore_is_dropped_not_padded(tmp_pat
     assert [e.get("round") for e in _jsonl(path)] == [None, 2, 3]  # only the torn record is lost
 
 
-SMALL = ["experiment=test", "explore.rounds=2", "explore.phase_every=2", "progress=false",
+SMALL = ["experiment=test", "method=evotune", "explore.rounds=2", "explore.phase_every=2", "progress=false",
          "task.T=200", "task.env_seeds=[0]", "explore.samples_per_prompt=2"]
 
 

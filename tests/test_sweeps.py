@@ -154,8 +154,8 @@ def test_atlas_train_sweep_submitit_local(tmp_path: Path) -> None:
     """`python -m atlas.train experiment=test -m seed=0,1` through submitit_local."""
     # Jobs run side by side: one torch thread each, as the slurm preset's setup line does
     # (two jobs x all cores on 2 cores ran 2x slower: 57 s instead of 29 s)
-    _run([sys.executable, "-m", "atlas.train", "-m", "experiment=test", "seed=0,1",
-          "hydra/launcher=submitit_local"], cwd=tmp_path, timeout=900, OMP_NUM_THREADS="1")
+    _run([sys.executable, "-m", "atlas.train", "-m", "experiment=test", "method=evotune",
+          "seed=0,1", "hydra/launcher=submitit_local"], cwd=tmp_path, timeout=900, OMP_NUM_THREADS="1")
     sweep = tmp_path / "multirun" / "test"
     runs = sorted(sweep.glob("*_s[01]"))
     assert [r.name for r in runs] == ["bandit_evotune_s0", "bandit_evotune_s1"]
@@ -312,8 +312,8 @@ def test_time_limit_signal_requeues_and_resumes(slurm_cluster: None, toy_app: Pa
 @pytest.mark.slurm
 def test_atlas_train_sweep_slurm(slurm_cluster: None, tmp_path: Path) -> None:
     """`python -m atlas.train experiment=test -m seed=0,1` as a job array on the cluster."""
-    _run([sys.executable, "-m", "atlas.train", "-m", "experiment=test", "seed=0,1",
-          *SLURM_SMALL], cwd=tmp_path, timeout=900)
+    _run([sys.executable, "-m", "atlas.train", "-m", "experiment=test", "method=evotune",
+          "seed=0,1", *SLURM_SMALL], cwd=tmp_path, timeout=900)
     sweep = tmp_path / "multirun" / "test"
     runs = sorted(sweep.glob("*_s[01]"))
     assert [r.name for r in runs] == ["bandit_evotune_s0", "bandit_evotune_s1"]
@@ -331,8 +331,8 @@ def test_atlas_train_preemption_resumes_slurm(slurm_cluster: None, tmp_path: Pat
     loop from its last round checkpoint in the same run folder (rounds neither lost nor
     repeated in events.jsonl)."""
     rounds = 30
-    cmd = [sys.executable, "-m", "atlas.train", "-m", "experiment=test", "seed=0",
-           f"explore.rounds={rounds}", *SLURM_SMALL]
+    cmd = [sys.executable, "-m", "atlas.train", "-m", "experiment=test", "method=evotune",
+           "seed=0", f"explore.rounds={rounds}", *SLURM_SMALL]
     master = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     sweep = tmp_path / "multirun" / "test"
@@ -469,3 +469,52 @@ def test_the_study_fixes_ten_fresh_seeds_that_its_sweep_expands_and_checks() -> 
         ["seed=3", "experiment=study"]]
     line = check_sweep(["experiment=study", "method=atlas,sample", "dpo.beta=-1"])
     assert line is not None and line.startswith("sweep job 1 of 20 (seed=10 method=atlas)")
+
+
+# -- a SLURM sweep that cannot be submitted: one line, status 2, nothing written ------------------
+
+FAKE_SLURM = {  # what a machine's PATH holds: (tool, its stderr, its status)
+    "no SLURM on PATH": {},
+    "a controller sinfo cannot reach": {
+        "sbatch": ("", 0), "srun": ("", 0),
+        "sinfo": ("sinfo: error: Unable to contact slurm controller (connect failure)", 1)},
+    "a refused submission": {
+        "srun": ("", 0), "sinfo": ("", 0),
+        "sbatch": ("sbatch: error: Batch job submission failed: Invalid partition name "
+                   "specified", 1)},
+}
+EXPECTED_CAUSE = {
+    "no SLURM on PATH": "no SLURM on this machine (sbatch and srun are not on PATH)",
+    "a controller sinfo cannot reach": "the SLURM controller does not answer (sinfo: error: "
+                                       "Unable to contact slurm controller (connect failure))",
+    "a refused submission": "sbatch refuses the jobs' request (sbatch: error: Batch job "
+                            "submission failed: Invalid partition name specified); fix the "
+                            "hydra.launcher field it names",
+}
+
+
+@pytest.mark.parametrize("case", list(FAKE_SLURM))
+def test_a_slurm_sweep_that_cannot_be_submitted_stops_in_one_line(case: str,
+                                                                  tmp_path: Path) -> None:
+    """`-m ... hydra/launcher=slurm` as the README writes it, where SLURM cannot take the jobs:
+    fake sinfo/sbatch/srun on PATH (or none at all). One line with status 2 naming the cause
+    and the ways out, before Hydra announces a job, and no multirun/ or .submitit/ left."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, (said, status) in FAKE_SLURM[case].items():
+        (bin_dir / tool).write_text(f"#!/bin/sh\necho '{said}' >&2\nexit {status}\n")
+        (bin_dir / tool).chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "atlas.train", "-m", "experiment=test",
+                           "seed=0,1", "hydra/launcher=slurm"], cwd=work,
+                          env={**_env(), "PATH": str(bin_dir)}, capture_output=True, text=True,
+                          timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and not proc.stdout, proc.stderr[-3000:]
+    assert lines[0].startswith(f"hydra/launcher=slurm cannot submit here: {EXPECTED_CAUSE[case]}")
+    for way in ("bash scripts/slurm_local.sh start", "drop hydra/launcher=slurm",
+                "hydra/launcher=submitit_local"):
+        assert way in lines[0]
+    assert lines[0].endswith("nothing was submitted")
+    assert list(work.iterdir()) == []  # no multirun/, no .submitit/

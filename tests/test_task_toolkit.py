@@ -92,7 +92,7 @@ def test_scaffold_trains_end_to_end(tmp_path: Path) -> None:
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert test.returncode == 0, test.stdout[-3000:]
     run = subprocess.run([sys.executable, "-m", "atlas.train", "experiment=test",
-                          "task=toolkit_run", "hydra.searchpath=[pkg://toolkit_run.conf]",
+                          "method=evotune", "task=toolkit_run", "hydra.searchpath=[pkg://toolkit_run.conf]",
                           "progress=false", f"hydra.run.dir={tmp_path / 'run'}"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]

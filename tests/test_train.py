@@ -128,7 +128,7 @@ def test_atlas_online_gate_on_smollm2(tmp_path: Path) -> None:
 
 # ---- one run per folder (issue 22, item 5) ----------------------------------------------------
 CLI = [sys.executable, "-m", "atlas.train"]
-SHORT = ["experiment=test", "progress=false", "explore.rounds=2", "explore.phase_every=2",
+SHORT = ["experiment=test", "method=evotune", "progress=false", "explore.rounds=2", "explore.phase_every=2",
          "task.T=200", "task.env_seeds=[0]"]
 # long enough (~15 s of rounds on an idle 2-core machine) for a second command or a signal
 # to arrive while it runs
@@ -251,10 +251,10 @@ def test_a_sweep_job_that_fails_at_start_says_so_at_once(tmp_path: Path) -> None
         folder = sweep / f"bandit_evotune_s{seed}"
         (folder / "checkpoint").mkdir(parents=True)
         (folder / "checkpoint" / "state.pt").write_bytes(b"")
-        old = OmegaConf.to_container(compose_cfg(["experiment=test", f"seed={seed}",
+        old = OmegaConf.to_container(compose_cfg(["experiment=test", "method=evotune", f"seed={seed}",
                                                   "dpo.beta=0.3"], run_dir=folder), resolve=True)
         (folder / "events.jsonl").write_text(json.dumps({"event": "config", "config": old}) + "\n")
-    out = subprocess.run([*CLI, "-m", "experiment=test", "seed=0,1",
+    out = subprocess.run([*CLI, "-m", "experiment=test", "method=evotune", "seed=0,1",
                           f"hydra.sweep.dir={sweep}"], cwd=ROOT, env=_env(), capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
