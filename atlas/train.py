@@ -146,6 +146,12 @@ def _reference_text(p: dict[str, Any]) -> str:
     return head + f"trained; {gk}; {nums} -> {end}"
 
 
+def _when(phase: int) -> str:
+    """Exploration phase k in words: the rounds before the first training, or after the
+    (k-1)-th."""
+    return "before phase 1" if phase <= 1 else f"after phase {phase - 1}"
+
+
 def valid_line(results: dict[str, Any], writer: str) -> str:
     """The writer's valid rate per exploration phase (a record without it: first and last
     round, as it was written)."""
@@ -157,14 +163,14 @@ def valid_line(results: dict[str, Any], writer: str) -> str:
         return (f"  valid programs  first round {fmt(results.get('valid_rate_first_round'))}, "
                 f"last round {fmt(results.get('valid_rate_last_round'))}, all "
                 f"{fmt(results.get('valid_rate'))}")
-    phases = ", ".join(f"phase {k} {fmt(v)}" for k, v in by_phase.items())
+    phases = ", ".join(f"{_when(int(k))} {fmt(v)}" for k, v in by_phase.items())
     return f"  {writer}'s valid programs  {phases}; all {fmt(results.get('valid_rate'))}"
 
 
 def novelty_lines(results: dict[str, Any], writer: str) -> list[str]:
     """One line per writer: per exploration phase, the proposals, how many repeated a
     program the run had (copies), and the new valid programs (and those above their
-    parents); "phase k" is the rounds before phase k's training."""
+    parents), before the first phase and after each."""
     nov = results.get("novelty")
     if not nov or not nov.get("by_phase"):
         return []
@@ -175,7 +181,7 @@ def novelty_lines(results: dict[str, Any], writer: str) -> list[str]:
             t = row.get(who) or {}
             if not t.get("proposals"):
                 continue
-            parts.append(f"phase {row['phase']} {t['copies']}/{t['proposals']} copies, "
+            parts.append(f"{_when(int(row['phase']))} {t['copies']}/{t['proposals']} copies, "
                          f"{t['new_valid']} new & valid ({t['new_beats_parents']} above parents)")
         if parts:
             out.append(f"  novelty ({label}): " + "; ".join(parts))
