@@ -625,3 +625,50 @@ def test_report_names_a_block_on_two_secrets_and_prints_the_family(tmp_path: Pat
     # every rate's interval in [0, 1]: the valid rate per phase and the endpoints per arm
     for rows in (doc["valid_by_phase"], doc["verdict"]["endpoints"]):
         assert rows and all(0.0 <= r["lo"] <= r["hi"] <= 1.0 for r in rows if r["n"] > 1)
+
+
+def test_learning_and_novelty_tables_pool_counts_per_method_and_phase() -> None:
+    """Two seeds of evotune and one of atlas: one learning row and one novelty row per task,
+    method, (writer) and phase, holding the seeds' counts summed, with exact p and no rate
+    outside [0, 1]."""
+    from atlas.learning import learning_rows, novelty_rows
+
+    def probe(up: int, down: int, right: int, pairs: int, kl: float) -> dict[str, Any]:
+        return {"valid_change": {"fail_to_pass": up, "pass_to_fail": down}, "prompts": 2,
+                "samples": 4, "heldout_pairs": pairs, "heldout_right": right, "kl_base": kl,
+                "score_change": 0.01, "copies_before": 1, "copies_after": 3,
+                "new_valid_before": 4, "new_valid_after": 2}
+
+    def run(method: str, seed: int, probes: list[dict[str, Any]],
+            agent: list[tuple[int, int, int]]) -> dict[str, Any]:
+        return {"task": "bandit", "method": method, "seed": seed,
+                "reference_log": [{"phase": k + 1, "probe": p} for k, p in enumerate(probes)],
+                "novelty": {"by_phase": [
+                    {"phase": k + 1, "agent": {"proposals": n, "evaluated": n - c, "copies": c,
+                                               "valid": nv, "new_valid": nv,
+                                               "new_beats_parents": 0,
+                                               "labels": {"new": n - c}}}
+                    for k, (n, c, nv) in enumerate(agent)]}}
+
+    runs = [run("evotune", 10, [probe(3, 0, 7, 8, 0.02), probe(1, 1, 5, 8, 0.03)],
+                [(4, 0, 4), (4, 2, 1)]),
+            run("evotune", 11, [probe(2, 0, 6, 8, 0.01), probe(0, 2, 3, 8, 0.01)],
+                [(4, 1, 3), (4, 4, 0)]),
+            run("atlas", 10, [probe(0, 0, 1, 2, 0.0)], [(4, 0, 2)])]
+    rows = {(r["method"], r["phase"]): r for r in learning_rows(runs)}
+    assert sorted(rows) == [("atlas", 1), ("evotune", 1), ("evotune", 2)]
+    e1 = rows[("evotune", 1)]
+    assert e1["n"] == 2 and e1["slots"] == 16
+    assert e1["valid_change"] == {"fail_to_pass": 5, "pass_to_fail": 0, "p": 2 / 32}
+    assert e1["heldout"] == {"pairs": 16, "right": 13, "accuracy": 13 / 16,
+                             "p": pytest.approx(2 * (560 + 120 + 16 + 1) / 2 ** 16)}
+    assert rows[("atlas", 1)]["heldout"]["accuracy"] is None  # 2 pairs: too few
+    assert e1["copies"] == {"before": 2, "after": 6}
+    assert rows[("evotune", 2)]["kl_base"]["lo"] >= 0.0  # floored: a KL is never negative
+    novel = {(r["method"], r["phase"]): r for r in novelty_rows(runs)}
+    assert sorted(novel) == [("atlas", 1), ("evotune", 1), ("evotune", 2)]
+    e2 = novel[("evotune", 2)]
+    assert (e2["seeds"], e2["proposals"], e2["copies"], e2["new_valid"]) == (2, 8, 6, 1)
+    assert e2["copy_rate"] == 6 / 8 and e2["new_valid_per_proposal"] == 1 / 8
+    assert all(0.0 <= r[k] <= 1.0 for r in novel.values()
+               for k in ("copy_rate", "new_valid_per_proposal") if r[k] is not None)
