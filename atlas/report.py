@@ -72,6 +72,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     meta["wall_seconds"] = end["results"].get("wall_seconds") if end else None
     meta["complete"] = end is not None
     meta["provenance"] = end["results"].get("provenance") if end else None
+    meta["resumed_at"] = end["results"].get("resumed_at") if end else None
     out = summarise(run_dir, meta)
     programs = read_jsonl(run_dir / PROGRAMS)
     out["valid_by_phase"] = valid_by_phase(programs)
@@ -113,6 +114,15 @@ def count_note(run_dir: Path, out: dict[str, Any], end: dict[str, Any] | None,
         return (f"{run_dir}: {PROGRAMS} holds {out['candidates']} of the {recorded} candidates "
                 f"its end record counts{cut or ' (lines lost after the run ended)'}; {fix}")
     return None
+
+
+def resumed_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """One line per run that was cut off and resumed (``resumed_at``: the rounds it resumed
+    at). Why shown: a study's runs are resumed, never restarted, and the reader can check."""
+    return [f"resumed: {r['task']} {r['method']} seed {r['seed']} at round "
+            f"{', '.join(map(str, r['resumed_at']))} ({Path(r['run_dir']).name})"
+            for r in sorted(runs, key=lambda r: (r["task"], _arm_order(r["method"]), r["seed"]))
+            if r.get("resumed_at")]
 
 
 def provenance_lines(runs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
@@ -360,7 +370,8 @@ def verdict_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], lis
          "'Pre-registration'): each question's A - B on its endpoint per run, paired on the "
          "blocks (task, seed) of both tasks where both runs finished on one task secret; "
          "bootstrap and t 95% CIs, wins/losses, ties, exact two-sided signed-rank p and its "
-         f"Holm adjustment over the family of {len(pre.family)}; blocks left out, by reason "
+         f"Holm adjustment over the family of {len(pre.family)}, read against alpha "
+         f"{pre.alpha}; blocks left out, by reason "
          f"(report.json names each){none}",
          ["question", "endpoint", "A - B", "blocks", "mean diff", "95% CI (bootstrap)",
           "95% CI (t)", "wins/losses", "ties", "p (signed-rank)", "p (Holm)", "left out"], fam),
@@ -552,7 +563,8 @@ def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]
     shown, warnings = provenance_lines(runs)
     blocks = pairing.blocks(runs)
     warnings += pairing.warnings(blocks)
-    md += ["**Provenance per arm**", "", *(f"- {x}" for x in shown + warnings), ""]
+    md += ["**Provenance per arm**", "",
+           *(f"- {x}" for x in shown + resumed_lines(runs) + warnings), ""]
     changes = {t: sorted({c for r in runs if r["task"] == t for c in r.get("regime_changes") or []})
                for t in {r["task"] for r in runs}}
     for f in figures:
@@ -569,7 +581,7 @@ def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]
             "best_by_round_agent", "phases", "phases_trained", "promotions", "accept_rate",
             "interventions", "pair_kinds", "candidates_by_source", "phase_log", "provenance",
             "regime_changes", "supporter_calls", "novelty", "valid_rate_by_phase",
-            "generated_tokens", "experiment", "secret")
+            "generated_tokens", "experiment", "secret", "resumed_at")
     doc = {"runs": [{k: r.get(k) for k in keep} | {"run": Path(r["run_dir"]).name} for r in runs],
            "means": study_means(runs), "paired": study_paired(runs), "valid_by_phase": study_valid(runs),
            "learning": learning_rows(runs), "novelty": novelty_rows(runs),
@@ -711,7 +723,7 @@ def main(argv: list[str] | None = None) -> None:
     for table in study_tables(runs):
         print(_text(*table), end="\n\n")
     shown, warnings = provenance_lines(runs)
-    print("Provenance per arm:\n" + "\n".join(shown), end="\n\n")
+    print("Provenance per arm:\n" + "\n".join(shown + resumed_lines(runs)), end="\n\n")
     warnings += pairing.warnings(pairing.blocks(runs))
     for line in warnings + [f"warning: {r['count_note']}" for r in runs if r.get("count_note")]:
         print(line, file=sys.stderr)

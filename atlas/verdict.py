@@ -72,19 +72,24 @@ class Comparison:
 
 @dataclass(frozen=True)
 class Preregistration:
-    """The study the family is about (the runs it counts) and the family itself."""
+    """The study the family is about (the runs it counts), the family itself, and the level
+    a Holm-adjusted p is read against."""
 
     experiment: str
     tasks: tuple[str, ...]
     seeds: tuple[int, ...]
     arms: tuple[str, ...]
     family: tuple[Comparison, ...]
+    alpha: float = 0.05
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.family) <= MAX_FAMILY:
             raise ValueError(f"Preregistration.family: {len(self.family)} comparisons; a family "
                              f"holds 1 to {MAX_FAMILY}, one per paper question: move the rest "
                              f"to the exploratory tables")
+        if not 0.0 < self.alpha < 1.0:
+            raise ValueError(f"Preregistration.alpha: {self.alpha} is not a level; use a number "
+                             f"between 0 and 1, e.g. 0.05")
         if len({c.question for c in self.family}) < len(self.family):
             raise ValueError("Preregistration.family: two comparisons ask one question; give "
                              "each question one comparison")

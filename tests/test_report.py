@@ -599,8 +599,14 @@ def test_report_names_a_block_on_two_secrets_and_prints_the_family(tmp_path: Pat
                     if p["evaluation"]["passed"]:
                         p["evaluation"]["score"] = -0.5 + 0.01 * i
             (run / PROGRAMS).write_text("".join(json.dumps(p) + "\n" for p in programs))
+            if (method, seed) == ("sample", 10):  # cut at round 3 and resumed: marked
+                events = read_jsonl(run / EVENTS)
+                events[-1]["results"]["resumed_at"] = [3]
+                (run / EVENTS).write_text("".join(json.dumps(e) + "\n" for e in events))
     out = tmp_path / "out"
     proc = _cli("atlas.report", str(root), "--out", str(out))
+    resumed = "resumed: bandit sample seed 10 at round 3 (bandit_sample_s10_study)"
+    assert resumed in proc.stdout and f"- {resumed}" in (out / "report.md").read_text()
     warned = [x for x in proc.stderr.splitlines() if "did not face one task secret" in x]
     assert len(warned) == 1 and warned[0].startswith("warning: bandit seed 12: ")
     assert "initial_score -0.5 (evotune) / -0.6 (sample)" in warned[0]

@@ -145,6 +145,8 @@ def test_a_preregistration_holds_at_most_four_named_arms_and_questions() -> None
     with pytest.raises(ValueError, match=r"family\[1\].b: 'smaple' is not one of arms"):
         Preregistration("study", ("bandit",), SEEDS, PRE.arms,
                         (c[0], Comparison("does fine-tuning help?", "evotune", "smaple", NEW_VALID)))
+    with pytest.raises(ValueError, match=r"Preregistration.alpha: 1.5 is not a level"):
+        Preregistration("study", ("bandit",), SEEDS, PRE.arms, c, alpha=1.5)
     with pytest.raises(ValueError, match="two comparisons ask one question"):
         Preregistration("study", ("bandit",), SEEDS, PRE.arms, (c[1], c[1]))
     assert len(verdict.PREREGISTRATION.family) == 4
