@@ -8,41 +8,43 @@ Why a check: a study run in chunks can give a seed's arms different secrets with
 - ``initial_score``: the seed program's score on the last equation. The hidden environments
   (bandit) and validation points (PINN) follow the secret, so arms on one secret score the
   seed alike, and arms on two secrets almost never do;
-- ``secret_fingerprint``: a hash of the run folder's own ``.task_secret``, where the folder
-  still holds it (an archive keeps the secrets beside the runs instead);
+- ``secret_fingerprint``: a hash of the secret (``atlas.sandbox.secret.fingerprint``), as the
+  run recorded it in its end record, else of the run folder's own ``.task_secret`` where the
+  folder still holds it (an archive keeps the secrets beside the runs instead);
 - ``secret_file``: ``sandbox.secret_file`` in the config event (None: a fresh secret drawn),
   compared only where a fingerprint is missing, since one secret may be read from two paths.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from atlas.sandbox.secret import SECRET_FILE
+from atlas.sandbox.secret import SECRET_FILE, fingerprint
 
 #: initial scores this close (relative) count as equal: the same program on the same secret
 #: scores exactly alike (the archived study: equal to the last bit), a float's round trip aside
 SCORE_REL_TOL = 1e-9
 
 
-def secret_evidence(run_dir: Path, config: dict[str, Any]) -> dict[str, str | None]:
-    """What a run folder says about its secret: the configured file and a fingerprint (the
-    first 16 hex digits of SHA-256) of the folder's own secret, None where absent."""
+def secret_evidence(run_dir: Path, config: dict[str, Any], recorded: str | None = None
+                    ) -> dict[str, str | None]:
+    """What a run folder says about its secret: the configured file and the secret's
+    fingerprint, as ``recorded`` in the end record or else from the folder's own secret;
+    None where absent."""
     source = (config.get("sandbox") or {}).get("secret_file")
-    fingerprint = None
-    try:
-        value = (Path(run_dir) / SECRET_FILE).read_text().strip()
-    except OSError:
-        value = ""
-    if value:
-        fingerprint = hashlib.sha256(value.encode()).hexdigest()[:16]
+    found = recorded
+    if found is None:
+        try:
+            value = (Path(run_dir) / SECRET_FILE).read_text().strip()
+        except OSError:
+            value = ""
+        found = fingerprint(value) if value else None
     return {"secret_file": None if source is None else str(source),
-            "secret_fingerprint": fingerprint}
+            "secret_fingerprint": found}
 
 
 def _classes(values: dict[str, Any], same: Any) -> list[tuple[Any, list[str]]]:

@@ -10,6 +10,11 @@ Student-t interval, paired differences between methods on the same seeds (bootst
 seeds), both for the best of any source and the agent's own best, and the agent's
 valid-program rate per phase. ``--out`` receives every table as Markdown (``report.md``),
 CSV and JSON (``report.json``), plus the Figure 2 PNGs, so a study's tables can be committed.
+
+For the pre-registered study it prints the verdict first (``atlas.verdict``: four comparisons
+with Holm-adjusted p; every other table is exploratory), and for any runs it checks that the
+arms of each block (one task, one seed) faced one task secret (``atlas.pairing``), naming
+each block that did not, and lists the runs that were cut and resumed.
 """
 
 from __future__ import annotations
@@ -80,7 +85,8 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     regimes = round_regimes(programs, out["rounds"])
     out["regime_changes"] = [r for r in range(1, len(regimes)) if regimes[r] != regimes[r - 1]]
     out["count_note"] = count_note(run_dir, out, end, events)
-    out["secret"] = pairing.secret_evidence(run_dir, config)
+    out["secret"] = pairing.secret_evidence(
+        run_dir, config, end["results"].get("secret_fingerprint") if end else None)
     return out
 
 

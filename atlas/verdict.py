@@ -101,9 +101,9 @@ class Preregistration:
                                      f"add it to arms or fix the name")
 
 
-NEW_VALID = Endpoint("the agent's new-and-valid programs per proposal, phases 3-4", "new_valid")
-ABOVE_PARENTS = Endpoint("the agent's valid programs above their parents per proposal, "
-                         "phases 3-4", "beats_parents")
+NEW_VALID = Endpoint("agent's new & valid per proposal, phases 3-4", "new_valid")
+ABOVE_PARENTS = Endpoint("agent's valid above parents per proposal, phases 3-4",
+                         "beats_parents")
 
 #: the study of docs/study/README.md ("Pre-registration"); changing it after the first
 #: study run restarts the study

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from atlas import pairing, verdict
+from atlas.sandbox.secret import fingerprint
 from atlas.verdict import ABOVE_PARENTS, NEW_VALID, Comparison, Endpoint, Preregistration
 
 SEEDS = (10, 11, 12)
@@ -185,3 +186,7 @@ def test_secret_evidence_reads_the_config_and_fingerprints_the_folders_secret(tm
     ev = pairing.secret_evidence(tmp_path, {})
     assert ev["secret_file"] is None and len(ev["secret_fingerprint"] or "") == 16
     assert "5eed" not in json.dumps(ev)  # a hash, never the secret
+    # the run's own record wins: an archived folder no longer holds its secret
+    assert pairing.secret_evidence(tmp_path, {}, "0123456789abcdef")["secret_fingerprint"] == \
+        "0123456789abcdef"
+    assert ev["secret_fingerprint"] == fingerprint("5eed" * 16)
