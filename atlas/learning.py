@@ -11,8 +11,13 @@ separations a reviewer asks for first.
   ``random_literals``, which has no LLM); what fine-tuning adds over sampling (the agent's
   own best under each fine-tuning method minus ``sample``'s, the same agent never trained);
   what the evolving reference adds (EvoDPO's agent minus EvoTune's, a fixed reference);
-  what the supporters add (ATLAS's best of any source minus its agent's own best, within a
-  run, and ATLAS minus EvoDPO, the same evolving reference without supporters).
+  what the supporters add (ATLAS minus EvoDPO, the same evolving reference without
+  supporters). All exploratory: the verdict's tests are ``atlas.verdict``'s.
+- **A decomposition, not a test**: the supporters within ATLAS runs, the best of any source
+  minus the agent's own best of the same run. It is >= 0 by construction (the best of any
+  source includes the agent's), so a test of it would reject "no difference" whenever a
+  supporter ever wrote the best program: it gets its mean and the seeds where it is above
+  0, no interval and no p.
 """
 
 from __future__ import annotations
@@ -108,17 +113,22 @@ def novelty_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def separations(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The separations (module docstring), per task, as paired differences on seeds."""
+    """The separations (module docstring), per task, as paired differences on seeds; each
+    row's ``kind`` says whether it is an exploratory comparison or the decomposition."""
     by: dict[str, dict[str, dict[int, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
     for r in runs:
         by[r["task"]][r["method"]][int(r["seed"])] = r
     rows = []
 
     def add(task: str, question: str, a_label: str, a: dict[int, Any], b_label: str,
-            b: dict[int, Any]) -> None:
+            b: dict[int, Any], decomposition: bool = False) -> None:
         res = stats.paired(a, b)
+        if decomposition:  # descriptive only (module docstring)
+            res.update({k: None for k in ("boot_lo", "boot_hi", "t_lo", "t_hi",
+                                          "p_signed_rank", "p_min", "ties")})
         if res["n"]:
-            rows.append({"task": task, "question": question, "a": a_label, "b": b_label, **res})
+            rows.append({"task": task, "question": question, "a": a_label, "b": b_label,
+                         "kind": "decomposition" if decomposition else "exploratory", **res})
 
     for task, methods in sorted(by.items()):
         def col(method: str, key: str, methods: dict = methods) -> dict[int, Any]:
@@ -138,7 +148,8 @@ def separations(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 col("evotune", "final_agent"))
         if "atlas" in methods:
             add(task, "the supporters, within ATLAS runs", "atlas (any source)",
-                col("atlas", "final_score"), "atlas (agent's own)", col("atlas", "final_agent"))
+                col("atlas", "final_score"), "atlas (agent's own)", col("atlas", "final_agent"),
+                decomposition=True)
         if "atlas" in methods and "evodpo" in methods:
             add(task, "the supporters over EvoDPO", "atlas (any source)",
                 col("atlas", "final_score"), "evodpo", col("evodpo", "final_score"))

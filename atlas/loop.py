@@ -49,7 +49,7 @@ from atlas.provenance import LoadMeter, provenance
 from atlas.results import summarise
 from atlas.runfolder import new_folder_hint
 from atlas.sandbox import Confinement, Resources, Sandbox
-from atlas.sandbox.secret import run_secret, sweep_secret_file
+from atlas.sandbox.secret import fingerprint, run_secret, sweep_secret_file
 from atlas.supporters import make_supporters
 from atlas.supporters import requests as supporter_requests
 from atlas.supporters.config import ExplorationConfig
@@ -125,8 +125,10 @@ class EvolutionLoop:
         self.task = settings.task
         secret_file = settings.sandbox.secret_file or sweep_secret_file()
         create = settings.sandbox.create_secret or not settings.sandbox.secret_file
+        secret = run_secret(self.run_dir, secret_file, create=create)
+        self.secret_fingerprint = fingerprint(secret)  # in results: reports check pairing
         self.sandbox = Sandbox.for_task(
-            self.task, secret=run_secret(self.run_dir, secret_file, create=create),
+            self.task, secret=secret,
             resources=Resources(workers=ex.sandbox_workers(usable_cores())),
             confinement=Confinement(isolation=settings.sandbox.isolation, hide=(
                 str(self.run_dir), *([str(secret_file)] if secret_file else []))))
@@ -410,6 +412,7 @@ class EvolutionLoop:
                 "dtype_reason": self.precision.reason if self.precision else
                 "no model: method.writer=" + self.settings.method.writer,
                 "wall_seconds": wall, "resumed_at": self.resumed_at, "score_label": self.task.score_label,
+                "secret_fingerprint": self.secret_fingerprint,
                 "supporters": self.supporters.stats() if self.supporters else None,
                 "provenance": self.provenance(),
                 "load": self.load.record()}

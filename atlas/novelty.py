@@ -210,7 +210,9 @@ def beats_parents(score: float | None, regime: str, parents: Sequence[Any]) -> b
 def tally(programs: Sequence[dict[str, Any]], skipped: Sequence[Any] = ()) -> dict[str, Any]:
     """Novelty counts of one writer's proposals: ``programs`` as ``programs.jsonl`` records
     them (evaluated), ``skipped`` the copies that were not evaluated. ``new_valid``: new and
-    passed; ``new_beats_parents``: new, passed and above the best parent."""
+    passed; ``new_beats_parents``: new, passed and above the best parent; ``beats_parents``:
+    passed and above the best parent whatever its label, so blind tuning (all
+    ``constants_only``, never ``new``) can be measured on it too."""
     labels = {label: 0 for label in LABELS}
     for p in programs:
         key = p.get("novelty") or "unlabelled"
@@ -227,7 +229,8 @@ def tally(programs: Sequence[dict[str, Any]], skipped: Sequence[Any] = ()) -> di
             "valid": len(passed), "valid_rate": share(len(passed), evaluated),
             "new_share_of_evaluated": share(labels[NEW], evaluated),
             "new_valid": len(new_valid), "new_valid_per_proposal": share(len(new_valid), proposals),
-            "new_beats_parents": sum(1 for p in new_valid if p.get("beats_parents"))}
+            "new_beats_parents": sum(1 for p in new_valid if p.get("beats_parents")),
+            "beats_parents": sum(1 for p in passed if p.get("beats_parents") is True)}
 
 
 def labelled(programs: Sequence[dict[str, Any]], entry_point: str | None

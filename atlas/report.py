@@ -12,6 +12,11 @@ valid-program rate per phase. ``--out`` (default ``report/`` inside the first fo
 runs' own folders only ever gain that one folder) receives every table as Markdown
 (``report.md``), CSV and JSON (``report.json``), plus the Figure 2 PNGs, so a study's tables
 can be committed.
+
+For the pre-registered study it prints the verdict first (``atlas.verdict``: four comparisons
+with Holm-adjusted p; every other table is exploratory), and for any runs it checks that the
+arms of each block (one task, one seed) faced one task secret (``atlas.pairing``), naming
+each block that did not, and lists the runs that were cut and resumed.
 """
 
 from __future__ import annotations
@@ -20,12 +25,13 @@ import argparse
 import math
 import sys
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from atlas import stats
+from atlas import pairing, stats, verdict
 from atlas.learning import (
     FINE_TUNED,
     NEVER_TRAINED,
@@ -38,6 +44,10 @@ from atlas.provenance import differences, flat
 from atlas.results import KNOBS, round_regimes, summarise
 from atlas.tasks import make_task
 from atlas.telemetry import EVENTS, PROGRAMS, dumps, read_jsonl
+
+#: what a report says of its tables: only the pre-registered family is a test of the study
+EXPLORATORY = ("Only the pre-registered family (atlas.verdict) answers the study's questions; "
+               "every other table is exploratory.")
 
 #: the arms in the order paired differences are taken (later minus earlier): the two
 #: controls first (no LLM, then the agent never fine-tuned), then the fine-tuned methods
@@ -72,11 +82,13 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         raise ValueError(f"{run_dir}/events.jsonl has no config event; is it an atlas run folder?")
     meta = {"task": config["task"]["name"], "method": arm(config),
             "seed": config["seed"], "run_dir": str(run_dir),
+            "experiment": config.get("experiment_name"),
             "score_label": score_label(config["task"])}
     end = next((e for e in reversed(events) if e["event"] == "end"), None)
     meta["wall_seconds"] = end["results"].get("wall_seconds") if end else None
     meta["complete"] = end is not None
     meta["provenance"] = end["results"].get("provenance") if end else None
+    meta["resumed_at"] = end["results"].get("resumed_at") if end else None
     out = summarise(run_dir, meta)
     programs = read_jsonl(run_dir / PROGRAMS)
     out["valid_by_phase"] = valid_by_phase(programs)
@@ -84,6 +96,8 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     regimes = round_regimes(programs, out["rounds"])
     out["regime_changes"] = [r for r in range(1, len(regimes)) if regimes[r] != regimes[r - 1]]
     out["count_note"] = count_note(run_dir, out, end, events)
+    out["secret"] = pairing.secret_evidence(
+        run_dir, config, end["results"].get("secret_fingerprint") if end else None)
     return out
 
 
@@ -117,6 +131,15 @@ def count_note(run_dir: Path, out: dict[str, Any], end: dict[str, Any] | None,
         return (f"{run_dir}: {PROGRAMS} holds {out['candidates']} of the {recorded} candidates "
                 f"its end record counts{cut or ' (lines lost after the run ended)'}; {fix}")
     return None
+
+
+def resumed_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """One line per run that was cut off and resumed (``resumed_at``: the rounds it resumed
+    at). Why shown: a study's runs are resumed, never restarted, and the reader can check."""
+    return [f"resumed: {r['task']} {r['method']} seed {r['seed']} at round "
+            f"{', '.join(map(str, r['resumed_at']))} ({Path(r['run_dir']).name})"
+            for r in sorted(runs, key=lambda r: (r["task"], _arm_order(r["method"]), r["seed"]))
+            if r.get("resumed_at")]
 
 
 def provenance_lines(runs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
@@ -328,12 +351,13 @@ def study_paired(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def study_valid(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per task, method and phase: the agent's valid-program rate, mean and t interval."""
+    """Per task, method and phase: the agent's valid-program rate, mean and t interval
+    clipped to [0, 1] (a rate)."""
     rows = []
     for (task, method), rs in _group(runs).items():
         phases = sorted({k for r in rs for k in r.get("valid_by_phase", {})})
         for k in phases:
-            ci = stats.t_interval([r["valid_by_phase"].get(k) for r in rs])
+            ci = stats.rate_interval([r["valid_by_phase"].get(k) for r in rs])
             rows.append({"task": task, "method": method, "phase": k, **ci})
     return rows
 
@@ -345,7 +369,56 @@ def _g(v: Any, fmt: str = ".4g") -> str:
 
 
 def _ci(row: dict[str, Any], lo: str = "lo", hi: str = "hi") -> str:
-    return f"[{_g(row[lo])}, {_g(row[hi])}]" if not math.isnan(row[lo]) else "-"
+    if row.get(lo) is None or math.isnan(row[lo]):
+        return "-"
+    return f"[{_g(row[lo])}, {_g(row[hi])}]"
+
+
+def _ties(row: dict[str, Any]) -> str:
+    """The signed-rank test's zero and tied differences (``stats.ties``)."""
+    t = row.get("ties")
+    return f"{t['zero']} zero, {t['tied']} tied" if t else "-"
+
+
+def verdict_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The pre-registered family (``atlas.verdict``) with Holm-adjusted p, its comparisons
+    per task (exploratory) and each arm's endpoint rates; rows only when some run belongs to
+    the pre-registered study, so another sweep's report says so instead of 20 empty blocks."""
+    pre = verdict.PREREGISTRATION
+    ours = any(verdict.in_study(r, pre) for r in runs)
+    scope = (f"experiment={pre.experiment}, tasks {'/'.join(pre.tasks)}, seeds "
+             f"{pre.seeds[0]}-{pre.seeds[-1]}" if pre.seeds else "")
+    none = "" if ours else f"; no run here belongs to it ({scope})"
+
+    def test(r: dict[str, Any]) -> list[str]:
+        return [f"{r['a']} - {r['b']}", str(r["n"]), _g(r["mean"], "+.4g"),
+                _ci(r, "boot_lo", "boot_hi"), _ci(r, "t_lo", "t_hi"),
+                f"{r['wins']}/{r['losses']}", _ties(r), _g(r["p_signed_rank"], ".3g")]
+
+    fam = [[r["question"], r["endpoint"], *test(r), _g(r["p_holm"], ".3g"),
+            verdict.left_out_summary(r)] for r in verdict.family(runs)] if ours else []
+    per_task = [[r["task"], r["question"], *test(r)] for r in verdict.by_task(runs)] \
+        if ours else []
+    means = [[r["task"], r["method"], r["endpoint"], str(r["n"]), _g(r["mean"], ".3f"),
+              _ci(r) + (" (clipped)" if r.get("clipped") else "")]
+             for r in verdict.endpoint_means(runs)]
+    return [
+        (f"The pre-registered family, the verdict ({scope}; atlas.verdict, docs/study/README.md "
+         "'Pre-registration'): each question's A - B on its endpoint per run, paired on the "
+         "blocks (task, seed) of both tasks where both runs finished on one task secret; "
+         "bootstrap and t 95% CIs, wins/losses, ties, exact two-sided signed-rank p and its "
+         f"Holm adjustment over the family of {len(pre.family)}, read against alpha "
+         f"{pre.alpha}; blocks left out, by reason "
+         f"(report.json names each){none}",
+         ["question", "endpoint", "A - B", "blocks", "mean diff", "95% CI (bootstrap)",
+          "95% CI (t)", "wins/losses", "ties", "p (signed-rank)", "p (Holm)", "left out"], fam),
+        ("The family's comparisons per task: exploratory (no adjustment, not the verdict)" + none,
+         ["task", "question", "A - B", "n", "mean diff", "95% CI (bootstrap)", "95% CI (t)",
+          "wins/losses", "ties", "p (signed-rank)"], per_task),
+        ("The family's endpoints per arm: mean rate over the finished study runs with its 95% "
+         "t CI clipped to [0, 1]" + none,
+         ["task", "method", "endpoint", "n", "mean", "95% CI (t)"], means),
+    ]
 
 
 def study_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -358,7 +431,8 @@ def study_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[
     p_floor = sorted({r["p_min"] for r in paired_rows if r["n"]})
     paired = [[r["task"], labels[r["metric"]], f"{r['a']} - {r['b']}", str(r["n"]),
                _g(r["mean"]), _ci(r, "boot_lo", "boot_hi"), _ci(r, "t_lo", "t_hi"),
-               f"{r['wins']}/{r['losses']}", _g(r["p_signed_rank"], ".3g"), _g(r["p_min"], ".3g")]
+               f"{r['wins']}/{r['losses']}", _ties(r), _g(r["p_signed_rank"], ".3g"),
+               _g(r["p_min"], ".3g")]
               for r in paired_rows]
     valid = [[r["task"], r["method"], str(r["phase"]), str(r["n"]), _g(r["mean"], ".3f"), _ci(r)]
              for r in study_valid(runs)]
@@ -385,22 +459,24 @@ def study_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[
               f"{r['new']}/{r['evaluated']}", f"{r['new_valid']} ({r['new_valid_per_proposal']:.2f})",
               str(r["new_beats_parents"])]
              for r in novelty_rows(runs)]
-    separated = [[r["task"], r["question"], f"{r['a']} - {r['b']}", str(r["n"]),
+    separated = [[r["task"], r["question"], r["kind"], f"{r['a']} - {r['b']}", str(r["n"]),
                   _g(r["mean"]), _ci(r, "boot_lo", "boot_hi"), _ci(r, "t_lo", "t_hi"),
-                  f"{r['wins']}/{r['losses']}", _g(r["p_signed_rank"], ".3g")]
+                  f"{r['wins']}/{r['losses']}", _ties(r), _g(r["p_signed_rank"], ".3g")]
                  for r in separations(runs)]
     return [
+        *verdict_tables(runs),
         ("Means with 95% Student-t intervals over seeds (mean +- t(0.975, n-1) s/sqrt(n))",
          ["task", "method", "metric", "n", "mean", "std", "95% CI (t)"], means),
         ("Paired differences A - B on the same seeds (same hidden environments): bootstrap "
          f"percentile 95% CI ({stats.RESAMPLES} resamples) and paired t 95% CI; wins/losses: "
-         "seeds with A > B / A < B; exact two-sided Wilcoxon signed-rank p and the smallest p "
+         "seeds with A > B / A < B; ties: zero differences (dropped) and tied sizes (average "
+         "ranks); exact two-sided Wilcoxon signed-rank p and the smallest p "
          f"it can give with n non-zero pairs ({floor} here): no p below that floor exists, so "
-         "these are not claims of significance at 0.05",
+         "these are not claims of significance at 0.05. Exploratory",
          ["task", "metric", "A - B", "n", "mean diff", "95% CI (bootstrap)", "95% CI (t)",
-          "wins/losses", "p (signed-rank)", "min p"], paired),
+          "wins/losses", "ties", "p (signed-rank)", "min p"], paired),
         ("Valid-program rate of the agent per phase (phase k: written by the policy after k-1 "
-         "fine-tunings), mean over seeds with 95% t CI",
+         "fine-tunings), mean over seeds with 95% t CI clipped to [0, 1]",
          ["task", "method", "phase", "n", "valid rate", "95% CI (t)"], valid),
         ("Phases: DPO pairs by kind (pp passed/passed, pf passed/failed, sa supporter/agent), "
          "held-out G_k prompts, the decision, and for a gated phase the snapshot c* the gate "
@@ -425,9 +501,12 @@ def study_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], list[
           "new & valid", "above parents"], novel),
         ("What each part adds, paired on seeds: the LLM over blind tuning (random_literals, no "
          "LLM), fine-tuning over sampling (sample, never trained), the evolving reference "
-         "(EvoDPO over EvoTune), the supporters (within ATLAS runs, and over EvoDPO); bootstrap and t 95% CIs, wins/losses, exact signed-rank p",
-         ["task", "question", "A - B", "n", "mean diff", "95% CI (bootstrap)", "95% CI (t)",
-          "wins/losses", "p (signed-rank)"], separated),
+         "(EvoDPO over EvoTune), the supporters over EvoDPO; bootstrap and t 95% CIs, "
+         "wins/losses, ties, exact signed-rank p; exploratory. The supporters within ATLAS runs "
+         "(any source minus the agent's own, >= 0 by construction) is a decomposition, not a "
+         "test: its mean and the seeds above 0, no interval, no p",
+         ["task", "question", "kind", "A - B", "n", "mean diff", "95% CI (bootstrap)",
+          "95% CI (t)", "wins/losses", "ties", "p (signed-rank)"], separated),
     ]
 
 
@@ -520,8 +599,8 @@ def classic_tables(runs: list[dict[str, Any]]) -> list[tuple[str, list[str], lis
     ]
 
 
-CSV_NAMES = ("table2", "table3", "table5", "means_ci", "paired", "valid_by_phase", "phases",
-             "learning", "novelty", "separations")
+CSV_NAMES = ("table2", "table3", "table5", "verdict", "verdict_by_task", "endpoints", "means_ci",
+             "paired", "valid_by_phase", "phases", "learning", "novelty", "separations")
 
 
 def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]) -> list[Path]:
@@ -541,11 +620,14 @@ def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]
         written.append(path)
     md = ["# Study report", "",
           f"{len(runs)} runs; regenerate with `python -m atlas.report <run folders> --out <this folder>`.",
-          ""]
+          "", EXPLORATORY, ""]
     for table in tables:
         md += [_markdown(*table, runs), ""]
     shown, warnings = provenance_lines(runs)
-    md += ["**Provenance per arm**", "", *(f"- {x}" for x in shown + warnings), ""]
+    blocks = pairing.blocks(runs)
+    warnings += pairing.warnings(blocks)
+    md += ["**Provenance per arm**", "",
+           *(f"- {x}" for x in shown + resumed_lines(runs) + warnings), ""]
     changes = {t: sorted({c for r in runs if r["task"] == t for c in r.get("regime_changes") or []})
                for t in {r["task"] for r in runs}}
     for f in figures:
@@ -562,11 +644,16 @@ def write_outputs(runs: list[dict[str, Any]], out_dir: Path, figures: list[Path]
             "best_by_round_agent", "phases", "phases_trained", "promotions", "accept_rate",
             "interventions", "pair_kinds", "candidates_by_source", "phase_log", "provenance",
             "regime_changes", "supporter_calls", "novelty", "valid_rate_by_phase",
-            "generated_tokens")
+            "generated_tokens", "experiment", "secret", "resumed_at")
     doc = {"runs": [{k: r.get(k) for k in keep} | {"run": Path(r["run_dir"]).name} for r in runs],
            "means": study_means(runs), "paired": study_paired(runs), "valid_by_phase": study_valid(runs),
            "learning": learning_rows(runs), "novelty": novelty_rows(runs),
-           "separations": separations(runs)}
+           "separations": separations(runs),
+           "pairing": {"blocks": blocks,
+                       "unshared": [f"{b['task']} s{b['seed']}" for b in blocks if b["conflicts"]]},
+           "verdict": {"preregistration": asdict(verdict.PREREGISTRATION),
+                       "family": verdict.family(runs), "by_task": verdict.by_task(runs),
+                       "endpoints": verdict.endpoint_means(runs)}}
     (out_dir / "report.json").write_text(dumps(doc) + "\n")
     written.append(out_dir / "report.json")
     return written
@@ -742,14 +829,15 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"none of the {len(paths)} run folders under {[str(d) for d in args.dirs]} "
                      f"could be read (see above)")
     incomplete = [r["run_dir"] for r in runs if not r["complete"]]
-    print(f"{len(runs)} runs ({len(incomplete)} incomplete)\n")
+    print(f"{len(runs)} runs ({len(incomplete)} incomplete)\n{EXPLORATORY}\n")
     print(table2(runs), end="\n\n")
     print(table3(runs), end="\n\n")
     print(table3(runs, per_trial=True), end="\n\n")
     for table in study_tables(runs):
         print(_text(*table, runs), end="\n\n")
     shown, warnings = provenance_lines(runs)
-    print("Provenance per arm:\n" + "\n".join(shown), end="\n\n")
+    print("Provenance per arm:\n" + "\n".join(shown + resumed_lines(runs)), end="\n\n")
+    warnings += pairing.warnings(pairing.blocks(runs))
     for line in warnings + [f"warning: {r['count_note']}" for r in runs if r.get("count_note")]:
         print(line, file=sys.stderr)
     figures = figure2(runs, out)

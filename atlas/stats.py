@@ -1,6 +1,6 @@
 """Small-sample statistics for the study's tables (``atlas.report``).
 
-Why these three: the study has 5 seeds per method, so
+Why these: a study has 5-10 seeds per method, so
 
 * a method's mean gets a **Student t** 95% interval, ``mean +- t(0.975, n-1) * s / sqrt(n)``
   (exact if the per-seed values are normal; with n = 5, t = 2.776, so the interval is honest
@@ -10,16 +10,19 @@ Why these three: the study has 5 seeds per method, so
   the n differences with replacement, a fixed generator seed so a table is reproducible), and
   its paired t interval beside it; the bootstrap makes no normality assumption but is known
   to be too narrow for n this small, which is why both are printed;
-* the **exact two-sided Wilcoxon signed-rank p** enumerates all 2^n sign assignments, so with
+* the **exact two-sided Wilcoxon signed-rank p** counts all 2^n sign assignments, so with
   n = 5 no difference, however large, can reach p < 2/32 = 0.0625 (``min_signed_rank_p``):
-  the table prints that floor rather than claim significance at 0.05.
+  the table prints that floor rather than claim significance at 0.05, and how many pairs
+  were zero or tied (``ties``);
+* a pre-registered family of comparisons gets **Holm**-adjusted p (``holm``), and a rate's
+  interval is clipped to [0, 1] (``rate_interval``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from itertools import product
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -77,20 +80,33 @@ def _ranks(a: np.ndarray) -> np.ndarray:
 
 def signed_rank_p(diffs: Sequence[float]) -> float:
     """Exact two-sided Wilcoxon signed-rank p: zero differences dropped, ties by average
-    rank, the null distribution of W+ enumerated over all 2^n signs (n <= 20)."""
+    rank, the null distribution of W+ counted exactly over all 2^n signs. Why counted, not
+    enumerated: average ranks are multiples of 1/2, so the sums of doubled ranks are integers
+    and their distribution takes n * sum(ranks) steps, where listing 2^20 sign patterns for a
+    study of 20 paired blocks would take seconds."""
     d = np.asarray([x for x in finite(diffs) if x != 0.0])
     n = d.size
     if n == 0:
         return 1.0
-    if n > 20:
-        raise ValueError(f"exact signed-rank enumeration is for n <= 20, got {n}")
-    ranks = _ranks(np.abs(d))
-    w_plus = float(ranks[d > 0].sum())
-    expected = float(ranks.sum()) / 2
-    dev = abs(w_plus - expected)
-    null = np.array([sum(r for r, s in zip(ranks, signs) if s) for signs in
-                     product((False, True), repeat=n)])
-    return float(np.mean(np.abs(null - expected) >= dev - 1e-9))
+    doubled = [int(round(2 * r)) for r in _ranks(np.abs(d))]
+    total = sum(doubled)
+    w = sum(q for q, x in zip(doubled, d) if x > 0)
+    counts = [1] + [0] * total  # counts[s]: sign patterns whose doubled W+ is s
+    for q in doubled:
+        counts = [c + (counts[s - q] if s >= q else 0) for s, c in enumerate(counts)]
+    extreme = abs(2 * w - total)
+    return sum(c for s, c in enumerate(counts) if abs(2 * s - total) >= extreme) / 2 ** n
+
+
+def ties(diffs: Sequence[float]) -> dict[str, int]:
+    """What the signed-rank test could not rank apart: ``zero`` differences (dropped before
+    ranking) and ``tied`` non-zero differences whose size another shares (given their average
+    rank). Why printed: the agent's best is mostly ties, and a p from 3 untied pairs of 10
+    says less than its value suggests."""
+    xs = finite(diffs)
+    sizes = [abs(x) for x in xs if x != 0.0]
+    return {"zero": sum(1 for x in xs if x == 0.0),
+            "tied": sum(1 for a in sizes if sizes.count(a) > 1)}
 
 
 def min_signed_rank_p(n: int) -> float:
@@ -98,10 +114,11 @@ def min_signed_rank_p(n: int) -> float:
     return 1.0 if n <= 0 else min(1.0, 2.0 / 2 ** n)
 
 
-def paired(a: dict[int, float | None], b: dict[int, float | None],
-           level: float = LEVEL) -> dict[str, object]:
-    """A - B over the seeds both have a finite value for: mean difference, its bootstrap and
-    t intervals, the exact signed-rank p and the smallest p that test could have given."""
+def paired(a: Mapping[Any, float | None], b: Mapping[Any, float | None],
+           level: float = LEVEL) -> dict[str, Any]:
+    """A - B over the keys (seeds, or (task, seed) blocks) both have a finite value for: mean
+    difference, its bootstrap and t intervals, the exact signed-rank p with its tie counts
+    and the smallest p that test could have given."""
     seeds = sorted(s for s in set(a) & set(b) if finite([a[s]]) and finite([b[s]]))
     diffs = [float(a[s]) - float(b[s]) for s in seeds]  # type: ignore[arg-type]
     t = t_interval(diffs, level)
@@ -111,7 +128,36 @@ def paired(a: dict[int, float | None], b: dict[int, float | None],
             "boot_lo": lo, "boot_hi": hi, "t_lo": t["lo"], "t_hi": t["hi"],
             "wins": sum(1 for x in diffs if x > 0), "losses": sum(1 for x in diffs if x < 0),
             "p_signed_rank": signed_rank_p(diffs) if diffs else math.nan,
-            "p_min": min_signed_rank_p(nonzero)}
+            "ties": ties(diffs), "p_min": min_signed_rank_p(nonzero)}
+
+
+def holm(ps: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p of a family, in the order given: sorted ascending, the
+    i-th smallest (from 0) is multiplied by m - i, kept monotone and capped at 1. ``m`` is
+    the family's size as given, a missing p (None or NaN: no paired data) included, so a
+    comparison that could not be made still counts against the others, as pre-registered;
+    it gets None."""
+    m = len(ps)
+    known = sorted((float(p), i) for i, p in enumerate(ps)
+                   if p is not None and math.isfinite(float(p)))
+    out: list[float | None] = [None] * m
+    running = 0.0
+    for rank, (p, i) in enumerate(known):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
+
+
+def rate_interval(values: Sequence[float | None], level: float = LEVEL) -> dict[str, float | int]:
+    """``t_interval`` of per-seed rates with its ends clipped to [0, 1], and ``clipped`` True
+    where one was. Why: a t interval of rates near 0 or 1 reaches past them (+0.5 [-0.07,
+    1.07]), which no rate can be."""
+    ci = t_interval(values, level)
+    lo, hi = ci["lo"], ci["hi"]
+    clipped = bool(math.isfinite(lo) and (lo < 0.0 or hi > 1.0))
+    if math.isfinite(lo):
+        ci["lo"], ci["hi"] = max(0.0, lo), min(1.0, hi)
+    return {**ci, "clipped": clipped}
 
 
 def binomial_p(k: int, n: int) -> float | None:

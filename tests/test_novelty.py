@@ -201,6 +201,8 @@ def test_labelled_replays_labels_for_records_written_without_them():
     t = tally(out[1:], skipped=[{"of": 0}])
     assert (t["proposals"], t["copies"], t["evaluated"], t["valid"]) == (3, 2, 2, 2)
     assert t["copy_rate"] == 2 / 3 and t["new_valid"] == 0
+    # the constants-only program beats its parent: counted whatever its label
+    assert (t["beats_parents"], t["new_beats_parents"]) == (1, 0)
 
 
 def test_probe_statistics_are_counts_with_exact_p_and_stay_inside_their_range():

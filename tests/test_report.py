@@ -557,7 +557,7 @@ def test_the_separations_pair_each_question_on_its_seeds() -> None:
     runs += [run("sample", s, -0.9) for s in (10, 11, 12)]
     runs += [run("evotune", s, -0.8 + 0.1 * (s == 12)) for s in (10, 11, 12)]
     runs += [run("evodpo", s, -0.8) for s in (10, 11)]
-    runs += [run("atlas", s, -0.85, -0.5) for s in (10, 11, 12)]
+    runs += [run("atlas", s, -0.85, -0.5 if s < 12 else None) for s in (10, 11, 12)]
     rows = {(r["question"], r["a"], r["b"]): r for r in separations(runs)}
     blind = rows[("the LLM over blind tuning", "evotune (agent's own)", "random_literals")]
     assert blind["n"] == 3 and blind["mean"] == pytest.approx((0.2 + 0.2 + 0.3) / 3)
@@ -565,8 +565,16 @@ def test_the_separations_pair_each_question_on_its_seeds() -> None:
     assert tuned["wins"] == 3 and tuned["diffs"] == pytest.approx([0.1, 0.1, 0.2])
     ref = rows[("the evolving reference", "evodpo (agent's own)", "evotune (agent's own)")]
     assert ref["seeds"] == [10, 11] and ref["diffs"] == pytest.approx([0.0, 0.0])
+    # the supporters within ATLAS runs: >= 0 by construction, so a decomposition, never a
+    # test: per seed what the supporters' programs added (0 where the agent's was the best)
     within = rows[("the supporters, within ATLAS runs", "atlas (any source)", "atlas (agent's own)")]
-    assert within["mean"] == pytest.approx(0.35) and within["n"] == 3
+    assert within["kind"] == "decomposition"
+    assert within["diffs"] == pytest.approx([0.35, 0.35, 0.0]) and within["n"] == 3
+    assert (within["wins"], within["losses"]) == (2, 0)
+    assert all(within[k] is None for k in ("p_signed_rank", "p_min", "t_lo", "boot_lo", "ties"))
+    others = [r for r in rows.values() if r is not within]
+    assert others and all(r["kind"] == "exploratory" and r["p_signed_rank"] is not None
+                          for r in others)
     assert ("the supporters over EvoDPO", "atlas (any source)", "evodpo") in rows
 
 
@@ -621,3 +629,105 @@ def test_the_documented_notebook_command_takes_a_relative_atlas_runs(tmp_path: P
     png = known_runs / "report" / "figure2_bandit.png"
     assert png.read_bytes()[:8] == PNG_MAGIC
     assert not (NOTEBOOK.parent / "multirun").exists()
+
+
+# -- the verdict: the pre-registered family and the pairing check, from run folders -------
+
+def test_report_names_a_block_on_two_secrets_and_prints_the_family(tmp_path: Path) -> None:
+    """bandit, experiment=study, seeds 10-12, sample and evotune. In rounds 3-4 (phases 3-4)
+    sample writes 2 new valid programs of 4, evotune 4 of 4: +0.5 on each block. Seed 12's
+    evotune scored the seed program differently (another secret): the block is named, in
+    the warnings and report.json, and left out of the family."""
+    root = tmp_path / "multirun" / "study"
+    for seed in (10, 11, 12):
+        for method, late in (("sample", [-0.5, None]), ("evotune", [-0.5, -0.45])):
+            initial = -0.5 if (method, seed) == ("evotune", 12) else -0.6
+            run = write_run(root, "bandit", method, seed, initial,
+                            [[-0.55], [-0.52], late, late], [], name="study")
+            programs = read_jsonl(run / PROGRAMS)
+            for i, p in enumerate(programs):  # ids of their own, and a shape and score of
+                p["id"] = i                   # their own: new, not a copy or constants-only
+                if p["source"] == "agent":
+                    p["code"] = f"def policy():\n    return v{i}\n"
+                    if p["evaluation"]["passed"]:
+                        p["evaluation"]["score"] = -0.5 + 0.01 * i
+            (run / PROGRAMS).write_text("".join(json.dumps(p) + "\n" for p in programs))
+            if (method, seed) == ("sample", 10):  # cut at round 3 and resumed: marked
+                events = read_jsonl(run / EVENTS)
+                events[-1]["results"]["resumed_at"] = [3]
+                (run / EVENTS).write_text("".join(json.dumps(e) + "\n" for e in events))
+    out = tmp_path / "out"
+    proc = _cli("atlas.report", str(root), "--out", str(out))
+    resumed = "resumed: bandit sample seed 10 at round 3 (bandit_sample_s10_study)"
+    assert resumed in proc.stdout and f"- {resumed}" in (out / "report.md").read_text()
+    warned = [x for x in proc.stderr.splitlines() if "did not face one task secret" in x]
+    assert len(warned) == 1 and warned[0].startswith("warning: bandit seed 12: ")
+    assert "initial_score -0.5 (evotune) / -0.6 (sample)" in warned[0]
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["pairing"]["unshared"] == ["bandit s12"]
+    assert warned[0] in (out / "report.md").read_text()
+    family = {r["question"]: r for r in doc["verdict"]["family"]}
+    tuned = family["does fine-tuning help?"]
+    assert tuned["blocks"] == ["bandit s10", "bandit s11"]
+    assert tuned["diffs"] == pytest.approx([0.5, 0.5]) and tuned["p_signed_rank"] == 0.5
+    assert tuned["p_holm"] == 1.0  # 4 x 0.5, capped: the family has four members
+    assert {"task": "bandit", "seed": 12} | {"reason": tuned["left_out"][0]["reason"]} \
+        in tuned["left_out"] and tuned["left_out"][0]["reason"].startswith("secrets differ")
+    assert all(r["p_holm"] is None for q, r in family.items() if q != "does fine-tuning help?")
+    row = next(line for line in proc.stdout.splitlines()
+               if line.strip().startswith("does fine-tuning help?"))
+    assert "evotune - sample" in row and "0 zero, 2 tied" in row  # two equal differences
+    # p (signed-rank), p (Holm), then the blocks left out: 20 in the family's scope, 2 paired
+    assert row.split()[-9:] == ["0.5", "1", "17", "no", "evotune", "run;", "1", "secrets",
+                                "differ"]
+    assert "Only the pre-registered family (atlas.verdict)" in proc.stdout
+    # every rate's interval in [0, 1]: the valid rate per phase and the endpoints per arm
+    for rows in (doc["valid_by_phase"], doc["verdict"]["endpoints"]):
+        assert rows and all(0.0 <= r["lo"] <= r["hi"] <= 1.0 for r in rows if r["n"] > 1)
+
+
+def test_learning_and_novelty_tables_pool_counts_per_method_and_phase() -> None:
+    """Two seeds of evotune and one of atlas: one learning row and one novelty row per task,
+    method, (writer) and phase, holding the seeds' counts summed, with exact p and no rate
+    outside [0, 1]."""
+    from atlas.learning import learning_rows, novelty_rows
+
+    def probe(up: int, down: int, right: int, pairs: int, kl: float) -> dict[str, Any]:
+        return {"valid_change": {"fail_to_pass": up, "pass_to_fail": down}, "prompts": 2,
+                "samples": 4, "heldout_pairs": pairs, "heldout_right": right, "kl_base": kl,
+                "score_change": 0.01, "copies_before": 1, "copies_after": 3,
+                "new_valid_before": 4, "new_valid_after": 2}
+
+    def run(method: str, seed: int, probes: list[dict[str, Any]],
+            agent: list[tuple[int, int, int]]) -> dict[str, Any]:
+        return {"task": "bandit", "method": method, "seed": seed,
+                "reference_log": [{"phase": k + 1, "probe": p} for k, p in enumerate(probes)],
+                "novelty": {"by_phase": [
+                    {"phase": k + 1, "agent": {"proposals": n, "evaluated": n - c, "copies": c,
+                                               "valid": nv, "new_valid": nv,
+                                               "new_beats_parents": 0,
+                                               "labels": {"new": n - c}}}
+                    for k, (n, c, nv) in enumerate(agent)]}}
+
+    runs = [run("evotune", 10, [probe(3, 0, 7, 8, 0.02), probe(1, 1, 5, 8, 0.03)],
+                [(4, 0, 4), (4, 2, 1)]),
+            run("evotune", 11, [probe(2, 0, 6, 8, 0.01), probe(0, 2, 3, 8, 0.01)],
+                [(4, 1, 3), (4, 4, 0)]),
+            run("atlas", 10, [probe(0, 0, 1, 2, 0.0)], [(4, 0, 2)])]
+    rows = {(r["method"], r["phase"]): r for r in learning_rows(runs)}
+    assert sorted(rows) == [("atlas", 1), ("evotune", 1), ("evotune", 2)]
+    e1 = rows[("evotune", 1)]
+    assert e1["n"] == 2 and e1["slots"] == 16
+    assert e1["valid_change"] == {"fail_to_pass": 5, "pass_to_fail": 0, "p": 2 / 32}
+    assert e1["heldout"] == {"pairs": 16, "right": 13, "accuracy": 13 / 16,
+                             "p": pytest.approx(2 * (560 + 120 + 16 + 1) / 2 ** 16)}
+    assert rows[("atlas", 1)]["heldout"]["accuracy"] is None  # 2 pairs: too few
+    assert e1["copies"] == {"before": 2, "after": 6}
+    assert rows[("evotune", 2)]["kl_base"]["lo"] >= 0.0  # floored: a KL is never negative
+    novel = {(r["method"], r["phase"]): r for r in novelty_rows(runs)}
+    assert sorted(novel) == [("atlas", 1), ("evotune", 1), ("evotune", 2)]
+    e2 = novel[("evotune", 2)]
+    assert (e2["seeds"], e2["proposals"], e2["copies"], e2["new_valid"]) == (2, 8, 6, 1)
+    assert e2["copy_rate"] == 6 / 8 and e2["new_valid_per_proposal"] == 1 / 8
+    assert all(0.0 <= r[k] <= 1.0 for r in novel.values()
+               for k in ("copy_rate", "new_valid_per_proposal") if r[k] is not None)

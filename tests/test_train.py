@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from atlas.sandbox.secret import fingerprint
 from atlas.telemetry import read_jsonl
 from atlas.train import run
 from tests.conftest import ROOT, compose_cfg
@@ -64,6 +65,10 @@ def test_tiny_run_writes_results_events_and_programs(method: str, workers: str |
              if p["source"] == "seed"}  # one copy per island, all scored alike
     assert seeds == {results["initial_score"]}
     assert -0.45 < results["initial_score"] < -0.3
+    # the secret's fingerprint, so a report can check pairing (atlas.pairing), never the secret
+    secret = (tmp_path / ".task_secret").read_text()
+    assert results["secret_fingerprint"] == fingerprint(secret)
+    assert secret.strip() not in (tmp_path / "results.json").read_text()
     # the adapters to take away (tests/test_take_away.py loads them); the reference is the
     # base model until a promotion (EvoTune: always)
     adapters = json.loads((tmp_path / "adapters" / "base_model.json").read_text())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from hashlib import blake2b
+from hashlib import blake2b, sha256
 from pathlib import Path
 
 SECRET_FILE = ".task_secret"
@@ -41,6 +41,12 @@ def _read(path: Path, fix: str) -> str:
     if is_secret(value):
         return value
     raise ValueError(f"{path} is not a task secret (expected 64 hex characters); {fix}")
+
+
+def fingerprint(value: str) -> str:
+    """The first 16 hex digits of the secret's SHA-256: what a run records so that reports can
+    tell whether two runs faced one secret (``atlas.pairing``) without publishing it."""
+    return sha256(value.strip().encode()).hexdigest()[:16]
 
 
 def missing_secret_message(source: str | os.PathLike[str]) -> str:
