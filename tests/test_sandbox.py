@@ -113,6 +113,67 @@ def test_messages_are_clear(sandbox):
     assert "memory" in ev.message
 
 
+#: an honest program that needs its module to be a real one: a dataclass (with and without
+#: the candidate's own postponed annotations), typing's get_type_hints, an enum, copies
+DATACLASS_PROGRAM = """{future}import copy
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import NamedTuple, get_type_hints
+
+import numpy as np
+
+
+class Pick(Enum):
+    BEST = 1
+
+
+class Score(NamedTuple):
+    arm: int
+    value: float
+
+
+@dataclass
+class Memory:
+    steps: int = 0
+    seen: list[int] = field(default_factory=list)
+
+
+def policy(contexts, history, t, state):
+    memory = state.setdefault("m", Memory())
+    memory.steps += 1
+    assert get_type_hints(Memory)["steps"] is int
+    assert copy.deepcopy(Pick.BEST) is Pick.BEST and copy.deepcopy(memory).steps == memory.steps
+    best = Score(int(np.argmax(contexts.sum(axis=1))), 0.0)
+    memory.seen.append(best.arm)
+    return best.arm if Pick.BEST.value == 1 else 0
+"""
+
+
+@pytest.mark.parametrize("future", ["", "from __future__ import annotations\n"])
+def test_honest_programs_with_dataclasses_typing_and_enum_run(sandbox, future):
+    """A candidate's module is a real module (in ``sys.modules``) compiled with its own future
+    flags: dataclasses, typing and enums work in every mode, and score what GOOD scores (the
+    same arm each step). Without the candidate's own future import, its annotations are
+    objects, not the loader's postponed strings."""
+    code = DATACLASS_PROGRAM.format(future=future)
+    assert toy_in_process({"steps": 20}, {}, code).score == _direct_score({"steps": 20})
+    ev = sandbox.evaluate(code, {})
+    assert ev.passed, ev.message
+    assert math.isclose(ev.score, _direct_score({"steps": 20}))
+
+
+def test_a_candidate_compiles_with_its_own_future_flags_only():
+    """The loader's ``from __future__ import annotations`` does not reach the candidate."""
+    from atlas.sandbox.candidate import load_candidate
+
+    plain = load_candidate("def f(x: int) -> int:\n    return x\n", "f")
+    assert plain.__annotations__ == {"x": int, "return": int}
+    postponed = load_candidate("from __future__ import annotations\n"
+                               "def f(x: int) -> int:\n    return x\n", "f")
+    assert postponed.__annotations__ == {"x": "int", "return": "int"}
+    assert plain.__module__ == "candidate"
+
+
 def test_scorer_worker_stays_warm_and_candidates_are_isolated():
     with toy({"steps": 20}, workers=1, timeout_s=TIMEOUT_S,
                  memory_mb=MEMORY_MB) as sb:

@@ -6,6 +6,8 @@ type); any other exception escaping candidate code is classified as ``exception`
 
 from __future__ import annotations
 
+import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -21,18 +23,29 @@ class CandidateError(Exception):
         self.message = message
 
 
+#: the name a candidate's module has (``__name__``, ``sys.modules``, classes' ``__module__``)
+CANDIDATE_MODULE = "candidate"
+
+
 def load_candidate(code: str, entry_point: str,
                    namespace: dict[str, Any] | None = None) -> Callable[..., Any]:
-    """Compile and execute candidate source in a fresh namespace and return its entry point."""
+    """Compile and execute candidate source as a fresh module and return its entry point.
+
+    The module is a real one, registered in ``sys.modules`` (``@dataclass``, ``typing``'s
+    ``get_type_hints``, ``enum`` and pickling look their class's module up there), and the
+    code compiles with its own ``__future__`` flags only (``dont_inherit``): this file's
+    ``from __future__ import annotations`` must not turn a candidate's annotations into
+    strings it never asked for."""
     try:
-        compiled = compile(code, "<candidate>", "exec")
+        compiled = compile(code, "<candidate>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:  # ValueError: null bytes in source
         raise CandidateError(FailureKind.SYNTAX_ERROR, f"{type(exc).__name__}: {exc}") from exc
-    ns: dict[str, Any] = {"__name__": "candidate"}
+    module = types.ModuleType(CANDIDATE_MODULE)
     if namespace:
-        ns.update(namespace)
-    exec(compiled, ns)  # noqa: S102 - this is the sandbox worker; see atlas/sandbox
-    fn = ns.get(entry_point)
+        module.__dict__.update(namespace)
+    sys.modules[CANDIDATE_MODULE] = module
+    exec(compiled, module.__dict__)  # noqa: S102 - this is the sandbox worker; see atlas/sandbox
+    fn = getattr(module, entry_point, None)
     if not callable(fn):
         raise CandidateError(FailureKind.MISSING_ENTRY_POINT,
                              f"the program defines no function named {entry_point!r}")
