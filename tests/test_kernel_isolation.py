@@ -285,6 +285,80 @@ def test_the_limit_holds_for_resident_memory_slab_and_pipes_together(mode, memor
     assert got["dirs"] <= SCRATCH_INODES and got["pipes"] == 0, got
 
 
+UNDUMPABLE = '''import json
+import os
+import sys
+
+
+def policy(contexts, history, t, state):
+    if t == 0:
+        libc = sys.modules["ctypes"].CDLL(None, use_errno=True)
+        out = {"set_dumpable_0": libc.prctl(4, 0, 0, 0, 0),  # PR_SET_DUMPABLE
+               "dumpable": libc.prctl(3, 0, 0, 0, 0),  # PR_GET_DUMPABLE
+               "set_name": libc.prctl(15, b"hider", 0, 0, 0)}  # PR_SET_NAME: allowed
+        print("REPORT " + json.dumps(out), flush=True)
+        state["held"] = bytearray(RESIDENT_MB << 20)
+        for i in range(0, RESIDENT_MB << 20, 4096):
+            state["held"][i] = 1
+        chunk = b"x" * (1 << 20)
+        with open("scratch.bin", "wb") as fh:
+            for _ in range(SCRATCH_MB):
+                fh.write(chunk)
+        sys.modules["time"].sleep(2.0)
+    return 0
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_candidate_cannot_hide_its_scratch_from_the_watchdog(mode, memory_bound):
+    """Issue 56's attack, scaled to a 256 MB limit: ``prctl(PR_SET_DUMPABLE, 0)`` (which kept
+    /proc/<pid>/root from a watchdog of the same uid, so the scratch went uncounted), then
+    150 MB resident and 290 MB in the scratch: 172 % of the limit. The prctl fails (seccomp
+    refuses that option, and names it), the runner stays readable to its watchdog, and the
+    program is never scored; other prctl options still work."""
+    with _toy(mode, workers=1, memory_mb=256, timeout_s=60) as sb:
+        probe = sb.evaluate(UNDUMPABLE.replace("RESIDENT_MB", "1").replace("SCRATCH_MB", "1"), {})
+        ev = sb.evaluate(UNDUMPABLE.replace("RESIDENT_MB", "150").replace("SCRATCH_MB", "290"),
+                         {})
+        honest = sb.evaluate("def policy(c, h, t, s):\n    return 0\n", {})
+    # the call was made and refused, named; other options work
+    assert probe.failure_kind == FailureKind.BLOCKED.value and "prctl" in probe.message, probe
+    got = _report(probe)
+    assert got["set_dumpable_0"] == -1 and got["set_name"] == 0, got
+    # (a root runner switched uids, which leaves it not dumpable: a root watchdog reads it)
+    assert ROOT or got["dumpable"] == 1, got
+    # the whole attack: never scored; killed with its scratch counted, or blocked
+    assert not ev.passed and honest.passed, ev
+    if ev.failure_kind == FailureKind.KILLED.value:
+        counted = re.search(r"(?:peak|resident and scratch) (\d+) MB", ev.message)
+        assert counted and int(counted.group(1)) > 256, ev.message
+    else:
+        assert ev.failure_kind == FailureKind.BLOCKED.value and "prctl" in ev.message, ev
+
+
+def test_a_scratch_the_watchdog_cannot_read_is_a_kill(monkeypatch):
+    """Fail closed: where the watchdog finds a live runner's scratch but may not read it (the
+    runner made itself not dumpable by a way the filter missed), the program is killed, not
+    scored; simulated here by refusing the watchdog's statvfs through /proc/<pid>/root."""
+    real = os.statvfs
+
+    def refuse(path, *args, **kwargs):
+        if str(path).startswith("/proc/") and "/root/" in str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(cgroup, "make_base", lambda slots: (None, "not made, for the test"))
+    with _toy("rlimits", workers=1, timeout_s=30) as sb:
+        monkeypatch.setattr(os, "statvfs", refuse)
+        ev = sb.evaluate("import time\n\ndef policy(c, h, t, s):\n    time.sleep(0.3)\n"
+                         "    return 0\n", {})
+        monkeypatch.setattr(os, "statvfs", real)
+        honest = sb.evaluate("def policy(c, h, t, s):\n    return 0\n", {})
+    assert ev.failure_kind == FailureKind.KILLED.value, ev
+    assert "hid its memory from the sandbox's watchdog" in ev.message, ev.message
+    assert honest.passed, honest
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_runner_reads_only_the_code_its_task_needs(mode):
     """The toy task's runner reads its package, atlas's runner modules, the interpreter and

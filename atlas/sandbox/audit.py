@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from atlas.sandbox.pool import Sandbox
-from atlas.sandbox.seccomp import ALLOWED, CMD_CHECKED, PID_CHECKED
+from atlas.sandbox.seccomp import ALLOWED, CMD_CHECKED, CMD_REFUSED, PID_CHECKED
 from atlas.sandbox.settings import Confinement, Resources
 from atlas.types import Evaluation
 
@@ -36,8 +36,8 @@ def calls(ev: Evaluation) -> dict[str, int]:
 
 def unallowed_calls(ev: Evaluation, task: Any) -> list[str]:
     """The calls of ``calls(ev)`` the sandbox refuses unless the task lists them."""
-    allowed = {*ALLOWED, *PID_CHECKED, *CMD_CHECKED, *task.syscalls, "clone", "sendmsg",
-               "close"}
+    allowed = {*ALLOWED, *PID_CHECKED, *CMD_CHECKED, *CMD_REFUSED, *task.syscalls, "clone",
+               "sendmsg", "close"}
     return sorted(set(calls(ev)) - allowed)
 
 

@@ -209,6 +209,15 @@ def prepare_runner(workdir: str, size_mb: int, got: set[str]) -> set[str]:
     got = set(got)
     root = host_root()  # before /proc changes: it reads /proc/self/uid_map
     os.setsid()
+    if not root and "mount" in got and "pid" in got:
+        # the parent's watchdog, of the same uid, reads this runner's scratch through
+        # /proc/<pid>/root, which a process that is not dumpable keeps to root: dumpable
+        # before the scratch exists, so that no poll finds a scratch it may not count (the
+        # watchdog kills a runner whose scratch it cannot read; a candidate cannot undo this:
+        # seccomp refuses PR_SET_DUMPABLE). The runner holds no secret (the scorer, which
+        # does, stays not dumpable), and no other candidate can name it (it is alone in its
+        # pid namespace)
+        _prctl(_PR_SET_DUMPABLE, 1)
     if "mount" in got:
         _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
         if _set_attr("/", _MOUNT_ATTR_RDONLY):
@@ -234,12 +243,6 @@ def prepare_runner(workdir: str, size_mb: int, got: set[str]) -> set[str]:
         data = (ctypes.c_uint32 * 6)()
         if libc.capset(header, data) != 0:
             raise OSError(ctypes.get_errno(), "dropping capabilities failed")
-        if "scratch" in got and "pid" in got:
-            # the parent's watchdog, of the same uid, reads this runner's scratch through
-            # /proc/<pid>/root, which a process that is not dumpable keeps to root. The
-            # runner holds no secret (the scorer, which does, stays not dumpable), and no
-            # other candidate can name it (it is alone in its pid namespace)
-            _prctl(_PR_SET_DUMPABLE, 1)
     return got
 
 

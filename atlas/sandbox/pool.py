@@ -62,9 +62,15 @@ _WORKER_MODULE = "atlas.sandbox.worker"
 MAX_WATCHED_THREADS = 1024
 
 
+class Unmeasurable(RuntimeError):
+    """The watchdog cannot count a runner's memory: the runner hid its scratch from it."""
+
+
 def _scratch_bytes(pid: int) -> int:
     """Bytes in the private scratch tmpfs of runner ``pid``, with what its inodes cost the
-    kernel (0 if it has none)."""
+    kernel (0 if it has none). ``Unmeasurable`` where its scratch exists but cannot be read
+    while the runner lives (a runner that made itself not dumpable keeps /proc/<pid>/root
+    from a watchdog of its uid): memory that cannot be counted is not let pass."""
     try:
         with open(f"/proc/{pid}/mountinfo") as fh:
             points = [line.split()[4] for line in fh if f" {SCRATCH_SOURCE} " in line]
@@ -74,6 +80,11 @@ def _scratch_bytes(pid: int) -> int:
     for point in points:
         try:
             st = os.statvfs(f"/proc/{pid}/root{point}")
+        except PermissionError as exc:
+            if os.path.exists(f"/proc/{pid}/status"):
+                raise Unmeasurable(f"its scratch {point} is unreadable to the watchdog "
+                                   f"({exc.strerror})") from None
+            continue
         except OSError:
             continue
         total += (st.f_blocks - st.f_bfree) * st.f_frsize + (st.f_files - st.f_ffree) * INODE_BYTES
@@ -304,9 +315,20 @@ class _Slot:
                                              f"wall-time limit and was killed")
                 elif verdict is None and now >= next_rss:
                     next_rss = now + RSS_EVERY_S
-                    used, threads = self._usage()
+                    try:
+                        used, threads = self._usage()
+                    except Unmeasurable as exc:
+                        used, threads, hidden = 0.0, 0, str(exc)
+                    else:
+                        hidden = ""
                     peak = max(peak, used)
-                    if peak > sb.memory_mb:
+                    if hidden:
+                        verdict = Evaluation.failure(
+                            FailureKind.KILLED, f"the program hid its memory from the sandbox's "
+                                                f"watchdog ({hidden}) and was killed: memory "
+                                                f"that cannot be counted against the limit of "
+                                                f"{sb.memory_mb} MB is not allowed")
+                    elif peak > sb.memory_mb:
                         verdict = Evaluation.failure(
                             FailureKind.KILLED, f"the program exceeded the memory limit of "
                                                 f"{sb.memory_mb} MB (resident and scratch "

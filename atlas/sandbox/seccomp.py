@@ -5,7 +5,9 @@ call left off it, such as ``prlimit64`` on the zygote, reached every later candi
 filter allows exactly the calls the built-in tasks' runners make once the candidate runs
 (``ALLOWED``, found with ``python -m atlas.sandbox audit``), plus what a task declares in
 ``Task.syscalls``; every call that can name another process is allowed only when it names
-this process (``PID_CHECKED``: pid 0 or its own). Anything else fails with ``EPERM``.
+this process (``PID_CHECKED``: pid 0 or its own); ``prctl`` is allowed but for the options
+that would hide the runner from its watchdog (``CMD_REFUSED``). Anything else fails with
+``EPERM``.
 
 Why a supervisor: a denied call goes to the scorer worker (``SECCOMP_RET_USER_NOTIF``),
 which answers ``EPERM`` and records the call's name; the candidate then fails as
@@ -88,7 +90,7 @@ ALLOWED = frozenset({
     # about itself
     "getpid", "gettid", "getppid", "getpgrp", "getuid", "geteuid", "getgid", "getegid",
     "getresuid", "getresgid", "getgroups", "getrlimit", "setrlimit", "getrusage", "sysinfo",
-    "uname", "getcpu", "getrandom", "capget", "arch_prctl", "prctl",
+    "uname", "getcpu", "getrandom", "capget", "arch_prctl",
     "exit", "exit_group", "wait4", "waitid",
 })
 
@@ -133,6 +135,14 @@ MADV_ALLOWED = (0, 1, 2, 3, 4, 8, 9, 10, 11, 14, 15, 16, 17, 18, 19, 22, 23, 24,
 CMD_CHECKED: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
     "fcntl": ((1, (0, 1, 2, 3, 4, 1030, 1032, 1034)),),
     "madvise": ((2, MADV_ALLOWED),),
+}
+
+#: ``prctl`` options a runner may not use (argument 0), every other allowed:
+#: ``PR_SET_DUMPABLE`` (4). A runner that is not dumpable keeps its ``/proc/<pid>/root``
+#: from a watchdog of the same uid (not root), which then cannot count its scratch tmpfs:
+#: where no memory cgroup counts it, gigabytes there would pass unseen
+CMD_REFUSED: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
+    "prctl": ((0, (4,)),),
 }
 
 #: calls no task may add to its list: they start or reach other processes, leave the
@@ -185,7 +195,7 @@ def check_extra_syscalls(names: object, field: str = "Task.syscalls") -> tuple[s
         if not isinstance(name, str) or name not in known:
             raise ValueError(f"{field}: {name!r} is not a system call of x86_64 or aarch64; "
                              f"use names as in 'man 2 syscalls' (e.g. 'memfd_create')")
-        if name in NEVER or name in PID_CHECKED or name in CMD_CHECKED:
+        if name in NEVER or name in PID_CHECKED or name in CMD_CHECKED or name in CMD_REFUSED:
             raise ValueError(f"{field}: {name!r} can never be allowed (it reaches other "
                              f"processes, the mounts or kernel objects that outlive the "
                              f"runner); remove it from the task")
@@ -279,6 +289,17 @@ def build_filter(machine: str | None = None, *, self_pid: int | None = None,
             a.label(ok)
         a.op(_RET_K, _RET_ALLOW)
         a.label(f"next{i}")
+    for i, (name, conds) in enumerate(sorted(CMD_REFUSED.items())):
+        if name not in table:
+            continue
+        a.op(_JEQ_K, table[name], 0, f"unrefused{i}")
+        for arg, values in conds:
+            a.op(_LD_W_ABS, 16 + 8 * arg)
+            for v in values:
+                a.op(_JEQ_K, v, 0, 1)
+                a.op(_RET_K, deny)
+        a.op(_RET_K, _RET_ALLOW)
+        a.label(f"unrefused{i}")
     a.op(_RET_K, deny)
     return a.assemble()
 
