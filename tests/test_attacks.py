@@ -97,6 +97,7 @@ def _targets(sb: Sandbox) -> list[int]:
 def bandit(request, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("attack-run")
     secret = run_secret(run_dir)
+    (run_dir / "programs.jsonl").write_text('{"code": "def policy(): return 0"}\n')
     task = BanditTask(T=200, env_seeds=[0, 1])
     with _planted() as planted, Sandbox.for_task(
             task, secret=secret, resources=Resources(workers=1),
@@ -418,6 +419,27 @@ def test_no_run_secret_is_readable_from_a_sweep_job(sweep, target):
         assert ev.passed and ev.score == honest, (target, run, ev)
     after = sb.evaluate(task.seed_program(), {"round": 1})
     assert after.passed and after.score == seed_score, (target, after)
+
+
+@pytest.mark.parametrize("target", ["job_a", "job_b", "shared", "other_sweep", "single_run"])
+def test_no_masked_path_can_be_told_to_exist(sweep, target):
+    """stat, lstat, access, an O_PATH descriptor, chdir, readlink, getxattr, statfs and the
+    parent's listing of a masked secret, its run folder and its records answer as for a
+    name that never existed (ENOENT), in every mode: no size, time or existence leaks
+    (``tests/attacks/bandit/masked_metadata.py``)."""
+    sb, task, seed_score, honest, paths = sweep
+    path = paths[target] if target == "shared" else paths[target] / SECRET_FILE
+    code = (ATTACKS / "bandit" / "masked_metadata.py").read_text().replace("SECRET_PATH",
+                                                                           str(path))
+    ev = sb.evaluate(code, {"round": 1})
+    assert ev.passed and ev.score == honest, (target, ev)
+    # the attack can tell where there is something to tell: a file of the code view is seen
+    import atlas
+
+    visible = (ATTACKS / "bandit" / "masked_metadata.py").read_text().replace(
+        "SECRET_PATH", os.path.join(os.path.dirname(atlas.__file__), "__init__.py"))
+    seen = sb.evaluate(visible, {"round": 1})
+    assert seen.passed and seen.score != honest, seen
 
 
 def test_no_sibling_records_are_found_through_mountinfo(sweep):

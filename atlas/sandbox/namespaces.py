@@ -142,10 +142,12 @@ def _set_attr(path: str, attrs: int) -> bool:
                            ctypes.c_size_t(32)) == 0
 
 
-def _clone_tree(path: str) -> int:
-    """A detached bind mount of ``path`` (a descriptor for ``_attach``)."""
-    return int(_check(_libc().syscall(_OPEN_TREE, _AT_FDCWD, path.encode(),
-                                      _OPEN_TREE_CLONE | os.O_CLOEXEC), f"open_tree {path}"))
+def _clone_tree(path: str, recursive: bool = False) -> int:
+    """A detached bind mount of ``path`` (a descriptor for ``_attach``); ``recursive``: with
+    the mounts below it (which a user namespace's locked mounts require)."""
+    flags = _OPEN_TREE_CLONE | os.O_CLOEXEC | (_AT_RECURSIVE if recursive else 0)
+    return int(_check(_libc().syscall(_OPEN_TREE, _AT_FDCWD, path.encode(), flags),
+                      f"open_tree {path}"))
 
 
 def _attach(fd: int, target: str) -> None:
@@ -191,11 +193,65 @@ def _private_proc() -> bool:
     return True
 
 
-def prepare_runner(workdir: str, size_mb: int, got: set[str]) -> set[str]:
+def _related(path: str, keep: list[str]) -> bool:
+    """Whether ``path`` is, holds, or lies below one of ``keep``."""
+    return any(k == path or k.startswith(path.rstrip("/") + "/") or path.startswith(k + "/")
+               for k in keep)
+
+
+def hide_paths(hidden: list[str], keep: list[str]) -> list[str]:
+    """Make each of ``hidden`` (run folders, secrets' folders) absent from this mount
+    namespace: its parent folder is covered by an empty tmpfs where only the entries on the
+    way to ``keep`` (what the runner may read or reach: its code view, its working directory,
+    the devices) are bound back, or made again as links. A lookup of a hidden path then fails
+    with ENOENT, exactly as for a name that never existed, and the parent's link count and
+    listing no longer count it. Returns the folders covered.
+
+    Why: Landlock refuses to open a hidden path but not to ``stat`` it; its size, times and
+    existence (the size of ``.task_secret``, of ``programs.jsonl``) were readable."""
+    by_parent: dict[str, set[str]] = {}
+    for path in hidden:
+        if os.path.lexists(path) and os.path.dirname(path) != path:
+            by_parent.setdefault(os.path.dirname(path), set()).add(path)
+    covered: list[str] = []
+    for parent in sorted(by_parent, key=lambda p: (p.count("/"), p)):
+        try:
+            names = sorted(os.listdir(parent))
+        except OSError:  # a folder the runner could not pass either
+            continue
+        links: dict[str, str] = {}
+        clones: dict[str, tuple[int, bool]] = {}
+        try:
+            for name in names:
+                path = os.path.join(parent, name)
+                if path in by_parent[parent] or not _related(path, keep):
+                    continue
+                if os.path.islink(path):
+                    links[path] = os.readlink(path)
+                else:
+                    clones[path] = (_clone_tree(path, recursive=True), os.path.isdir(path))
+            _mount("atlas-hide", parent, "tmpfs", _MS_NOSUID | _MS_NODEV,
+                   "size=64k,nr_inodes=1024,mode=0755")
+            for path in list(clones):
+                fd, is_dir = clones.pop(path)
+                _placeholder(path, is_dir)
+                _attach(fd, path)
+            for path, text in links.items():
+                os.symlink(text, path)
+        finally:
+            for fd, _ in clones.values():
+                os.close(fd)
+        covered.append(parent)
+    return covered
+
+
+def prepare_runner(workdir: str, size_mb: int, got: set[str], hide: list[str] | None = None,
+                   keep: list[str] | None = None) -> set[str]:
     """In the runner, right after ``own_process_tree``: its own session, a read-only view of
     the host, a fresh tmpfs on ``workdir`` and a /proc of its own; then (not root on the
     host) a user namespace of its own and no capability. Returns ``got`` plus what was set
-    up (``"readonly"``, ``"scratch"``, ``"proc"``, ``"nproc"``).
+    up (``"readonly"``, ``"scratch"``, ``"proc"``, ``"nproc"``, ``"hidden"``). ``hide``: paths
+    made absent (``hide_paths``), keeping the way to ``keep`` and ``workdir``.
 
     Why each: the session makes ``kill(0)`` reach nobody else; read-only mounts stop file
     access times on the host (a channel) from moving; the tmpfs vanishes whole with the
@@ -220,6 +276,9 @@ def prepare_runner(workdir: str, size_mb: int, got: set[str]) -> set[str]:
         _prctl(_PR_SET_DUMPABLE, 1)
     if "mount" in got:
         _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+        if hide is not None:  # before the scratch exists: no clone of it is counted twice
+            hide_paths(list(hide), [*(keep or ()), workdir])
+            got.add("hidden")
         if _set_attr("/", _MOUNT_ATTR_RDONLY):
             got.add("readonly")
         _mount(SCRATCH_SOURCE, workdir, "tmpfs", _MS_NOSUID | _MS_NODEV,

@@ -211,7 +211,10 @@ def runner_main(spec: dict[str, Any], read_fd: int, write_fd: int, out_fd: int,
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         if spec.get("workdir"):  # a fresh filesystem for this one candidate
-            got = prepare_runner(spec["workdir"], int(spec["memory_mb"]), got)
+            got = prepare_runner(spec["workdir"], int(spec["memory_mb"]), got,
+                                 hide=spec.get("hide") or [],
+                                 keep=[*(spec.get("readable") or ["/"]),
+                                       *(spec.get("listable") or ())])
         reset_process_state(spec["state"])
         if spec.get("workdir") and drop_root(spec["workdir"]) is not None:
             got.add("nproc")  # before the task's code: a runner never holds root
