@@ -66,6 +66,19 @@ class Unmeasurable(RuntimeError):
     """The watchdog cannot count a runner's memory: the runner hid its scratch from it."""
 
 
+def _in_own_pid_namespace(pid: int) -> bool:
+    """Whether live process ``pid`` is a runner (pid 1 of a pid namespace below ours): what
+    runs a candidate; not the short-lived process that took the namespaces and forked it,
+    which shares the runner's mounts but is not dumpable."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            line = next((x for x in fh if x.startswith("NSpid:")), "")
+    except OSError:
+        return False
+    ids = line.split()[1:]  # its pid in each namespace, ours first, its own last
+    return len(ids) > 1 and ids[-1] == "1"
+
+
 def _scratch_bytes(pid: int) -> int:
     """Bytes in the private scratch tmpfs of runner ``pid``, with what its inodes cost the
     kernel (0 if it has none). ``Unmeasurable`` where its scratch exists but cannot be read
@@ -81,10 +94,11 @@ def _scratch_bytes(pid: int) -> int:
         try:
             st = os.statvfs(f"/proc/{pid}/root{point}")
         except PermissionError as exc:
-            if os.path.exists(f"/proc/{pid}/status"):
+            if _in_own_pid_namespace(pid):
                 raise Unmeasurable(f"its scratch {point} is unreadable to the watchdog "
                                    f"({exc.strerror})") from None
-            continue
+            continue  # the process that forked the runner, on its way out: not dumpable
+
         except OSError:
             continue
         total += (st.f_blocks - st.f_bfree) * st.f_frsize + (st.f_files - st.f_ffree) * INODE_BYTES
