@@ -25,6 +25,7 @@ import pytest
 from atlas.supporters import make_supporters
 from atlas.supporters.config import role_configs
 from atlas.supporters.health import check_supporters, found_down, probe
+from tests.conftest import QUICK_BANDIT
 from tests.test_supporters import ScriptedServer, _strat_req
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +131,10 @@ def test_fallback_runs_on_the_rules_and_counts_the_calls(tmp_path):
                                      "supporters.breaker_cooldown_s=86400"),
                   "explore.rounds=2", "explore.phase_every=1",
                   "method.skip_without_improvement=false",
-                  "supporters.exploration.as_preferences=false", timeout=600)
+                  "supporters.exploration.as_preferences=false",
+                  # no score matters here: the quick bandit, and room for a loaded machine
+                  # (at load ~14 on 2 cores the default bandit's seed took more than 12 s)
+                  *QUICK_BANDIT, "task.timeout_s=60", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
