@@ -23,7 +23,7 @@ from atlas.config import validate
 from atlas.dpo.batching import encode_texts
 from atlas.dpo.logprobs import completion_logits
 from atlas.loop import EvolutionLoop
-from tests.conftest import compose_cfg
+from tests.conftest import compose_cfg, pin_secret
 
 OVERRIDES = ["experiment=test", "method=atlas", "progress=false", "explore.rounds=2",
              "explore.phase_every=1", "task.env_seeds=[0]", "task.T=500",
@@ -48,6 +48,9 @@ def peft_token_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, EvolutionLoop, dict]:
     run_dir = tmp_path_factory.mktemp("take_away")
+    # a phase that trains may still be vetoed by the inspector, which compares the programs
+    # each policy prefers on this secret's environments: a fixed secret, a fixed outcome
+    pin_secret(run_dir)
     cfg = compose_cfg(OVERRIDES, run_dir=run_dir)
     loop = EvolutionLoop(validate(cfg), OmegaConf.to_container(cfg, resolve=True), run_dir)
     try:

@@ -20,6 +20,7 @@ new merged weights into them, so a captured graph replays with the new policy.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterator
@@ -142,17 +143,33 @@ def pick_tokens(logits: torch.Tensor, scale: torch.Tensor, greedy: torch.Tensor,
     return torch.where(greedy, logits.argmax(dim=-1), picked)
 
 
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    """The sizes a ``DecodeStep`` allocates once: one value per buffer dimension, so a
+    step (and a CUDA graph captured from it) is reused exactly when its shape is equal.
+
+    ``layers_kv``: per layer, (KV heads, value head size, key head size)."""
+
+    rows: int
+    capacity: int  # cache slots: the prompts' width plus the new tokens (rounded up on CUDA)
+    steps: int  # new tokens per call
+    layers_kv: tuple[tuple[int, int, int], ...]
+    kv_dtype: torch.dtype
+    vocab: int
+
+
 class DecodeStep:
     """Every tensor one decode step reads or writes, and the step itself (``__call__``).
 
-    Shapes are fixed at construction (rows, cache capacity, steps); ``load`` fills them for a
-    call, so one instance (and a CUDA graph captured from it) serves every call of that shape.
+    Shapes are fixed at construction (``StepShape``); ``load`` fills them for a call, so one
+    instance (and a CUDA graph captured from it) serves every call of that shape.
     """
 
-    def __init__(self, parts: dict[str, Any], rows: int, capacity: int, steps: int,
-                 layers_kv: list[tuple[int, int, int]], kv_dtype: torch.dtype,
-                 vocab: int, eos: list[int], top_p: float, device: torch.device,
-                 attention: str | None = None) -> None:
+    def __init__(self, parts: dict[str, Any], shape: StepShape, eos: list[int], top_p: float,
+                 device: torch.device, attention: str | None = None) -> None:
+        rows, capacity, steps = shape.rows, shape.capacity, shape.steps
+        layers_kv, kv_dtype, vocab = shape.layers_kv, shape.kv_dtype, shape.vocab
+        self.shape = shape
         self.parts, self.top_p = parts, float(top_p)
         wanted = attention or STEP_ATTENTION
         if wanted not in ("grouped", "layer"):

@@ -23,7 +23,7 @@ import torch
 from atlas.agent import graph_step
 from atlas.agent.decode import THREAD_POLL, DecodeState
 from atlas.agent.draws import live_uniforms, next_tokens
-from atlas.agent.graph_step import CHECK_EVERY, DecodeStep
+from atlas.agent.graph_step import CHECK_EVERY, DecodeStep, StepShape
 from atlas.agent.kv_cache import BufferLayer, Prefilled, RaggedLayer, buffer_cache
 from atlas.agent.lookup import Drafts
 
@@ -269,9 +269,10 @@ class GraphStep:
         t0 = time.perf_counter()
         entry = held.get(key)
         if entry is None:
-            step = DecodeStep(parts, total, capacity, b.max_new_tokens, shapes,
-                              pre.keys[0].dtype, pre.logits.shape[-1], b.eos_ids, b.top_p,
-                              device)
+            shape = StepShape(rows=total, capacity=capacity, steps=b.max_new_tokens,
+                              layers_kv=tuple(shapes), kv_dtype=pre.keys[0].dtype,
+                              vocab=pre.logits.shape[-1])
+            step = DecodeStep(parts, shape, b.eos_ids, b.top_p, device)
             entry = {"step": step, "graph": None, "error": ""}
             held.clear()  # one shape held at a time: its KV buffers are the big part
             if cuda:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from statistics import mean
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from atlas.knobs import INTEGER_KNOBS
 from atlas.supporters.patching import normalise
@@ -27,17 +27,11 @@ from atlas.supporters.schemas import (
     ScoreStats,
     StrategistRequest,
 )
+from atlas.tasks.base import QualityMetric
 from atlas.types import GateDecision, GateItem, PhaseRecord, Program, ProgramSource
 
 if TYPE_CHECKING:
     from atlas.dpo.config import DPOConfig, GateConfig
-
-
-def _get(obj: Any, key: str, default: Any = None) -> Any:
-    """A task declaration's field, whether it declares a mapping or an object."""
-    if isinstance(obj, Mapping):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
 
 
 def _finite(v: Any) -> float | None:
@@ -138,23 +132,45 @@ def _resolve(preferred: Sequence[Any], items: Sequence[GateItem]) -> list[str]:
     return out
 
 
-def quality_views(declared: Any) -> list[QualityMetricView]:
+#: one declared metric: the task's own (``Task.quality_metrics``), a view already built, or
+#: a mapping with name / direction / description (validated as a view)
+QualityMetricLike: TypeAlias = "QualityMetric | QualityMetricView | Mapping[str, Any]"
+#: a task's declaration: its metrics, or ``{name: direction}`` (``Task.metric_directions()``)
+QualityDeclaration: TypeAlias = ("Sequence[QualityMetricLike] | "
+                                 "Mapping[str, Literal['max', 'min']]")
+
+
+def quality_view(metric: QualityMetricLike) -> QualityMetricView:
+    """One declared metric as the inspector's view; a type it cannot be is a ``TypeError``
+    (a silent ``None`` name would compare nothing)."""
+    if isinstance(metric, QualityMetricView):
+        return metric
+    if isinstance(metric, QualityMetric):
+        return QualityMetricView(name=metric.name, direction=metric.direction,
+                                 description=metric.description or "")
+    if isinstance(metric, Mapping):
+        return QualityMetricView.model_validate(
+            {**metric, "description": metric.get("description") or ""})
+    raise TypeError(f"a quality metric is a QualityMetric, a QualityMetricView or a mapping "
+                    f"with name and direction, not {type(metric).__name__}")
+
+
+def quality_views(declared: QualityDeclaration | None) -> list[QualityMetricView]:
     """The task's declared quality metrics as views: a sequence of ``QualityMetric`` (or of
-    mappings with name/direction/description), or a ``{name: direction}`` mapping."""
+    views, or of mappings with name/direction/description), or a ``{name: direction}``
+    mapping."""
     if not declared:
         return []
     if isinstance(declared, Mapping):
         return [QualityMetricView(name=str(n), direction=d) for n, d in declared.items()]
-    return [QualityMetricView(name=str(_get(m, "name")), direction=_get(m, "direction"),
-                              description=str(_get(m, "description", "") or ""))
-            for m in declared]
+    return [quality_view(m) for m in declared]
 
 
 def inspector_request(phase: int, decision: GateDecision, items: Sequence[GateItem],
                       programs: Sequence[Program],
                       candidate_preferred: Sequence[str] | None = None,
                       reference_preferred: Sequence[str] | None = None,
-                      quality_metrics: Any = None) -> InspectorRequest:
+                      quality_metrics: QualityDeclaration | None = None) -> InspectorRequest:
     """The gate's decision as it recorded it (its numbers, epsilon and delta, verdict and
     reason) and the declared quality metrics of the programs each policy prefers.
 
