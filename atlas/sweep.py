@@ -140,17 +140,25 @@ def slurm_reach_problem() -> str | None:
                         f"{'is' if len(missing) == 1 else 'are'} not on PATH)")
     if shutil.which("sinfo") is None:
         return None  # sbatch --test-only asks the controller instead
+    said = _ask(["sinfo", "-h", "-o", "%P"], "the SLURM controller did not answer sinfo")
+    if said is None:
+        return None
+    return _refusal(said if not said.startswith("sinfo: ")
+                    else f"the SLURM controller does not answer ({said})")
+
+
+def _ask(cmd: list[str], silent: str) -> str | None:
+    """Run a SLURM command: None when it succeeds, else why in words: ``silent`` plus the
+    timeout when it got no answer, "<tool> could not run (...)", or "<tool>: <its first line>"."""
+    tool = cmd[0]
     try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True,
-                             timeout=SINFO_TIMEOUT_S)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=SINFO_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return _refusal(f"the SLURM controller did not answer sinfo within {SINFO_TIMEOUT_S:g} s "
-                        f"(is slurmctld running?)")
+        return f"{silent} within {SINFO_TIMEOUT_S:g} s (is slurmctld running?)"
     except OSError as exc:
-        return _refusal(f"sinfo could not run ({exc.strerror or exc})")
+        return f"{tool} could not run ({exc.strerror or exc})"
     if out.returncode != 0:
-        said = _first_line(out.stderr + out.stdout).removeprefix("sinfo: ")
-        return _refusal(f"the SLURM controller does not answer (sinfo: {said})")
+        return f"{tool}: " + _first_line(out.stderr + out.stdout).removeprefix(f"{tool}: ")
     return None
 
 
@@ -169,18 +177,13 @@ def sbatch_problem(launcher: Any) -> str | None:
             cmd.append(f"--{key}")
         elif value not in (False, None):
             cmd.append(f"--{key}={value}")
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=SINFO_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return _refusal(f"sbatch got no answer from the SLURM controller within "
-                        f"{SINFO_TIMEOUT_S:g} s (is slurmctld running?)")
-    except OSError as exc:
-        return _refusal(f"sbatch could not run ({exc.strerror or exc})")
-    if out.returncode != 0:
-        said = _first_line(out.stderr + out.stdout).removeprefix("sbatch: ")
-        return _refusal(f"sbatch refuses the jobs' request (sbatch: {said})",
-                        "fix the hydra.launcher field it names (docs/cli.md, 'Sweeps and SLURM'), ")
-    return None
+    said = _ask(cmd, "sbatch got no answer from the SLURM controller")
+    if said is None:
+        return None
+    if not said.startswith("sbatch: "):
+        return _refusal(said)
+    return _refusal(f"sbatch refuses the jobs' request ({said})",
+                    "fix the hydra.launcher field it names (docs/cli.md, 'Sweeps and SLURM'), ")
 
 
 def _size_problem(launcher: Any, nodes: list[tuple[int, float]]) -> str | None:
