@@ -554,8 +554,8 @@ def test_dpo_benchmark_compares_the_paths_on_recorded_pairs(tmp_path):
 
     from atlas.bench.dpo import DATA, recorded_pairs
 
-    pairs = recorded_pairs(DATA, 2, 24, 4, 0)
-    assert len(pairs) == 17 and len({p.prompt for p in pairs}) == 3  # what docs/results.md quotes
+    pairs = recorded_pairs(DATA, 1, 24, 4, 0)
+    assert len(pairs) == 24 and len({p.prompt for p in pairs}) == 2  # what the --phase help quotes
     out = tmp_path / "dpo.json"
     proc = subprocess.run([sys.executable, "-m", "atlas.bench", "dpo", "--model", "tiny",
                            "--pairs", "4", "--max-length", "4096", "--dtypes", "float32", "--no-floor",
@@ -657,7 +657,7 @@ def test_a_phase_starts_at_log_2_on_smollm2_in_the_run_s_precision(padded):
     from atlas.schema import ModelConfig
 
     agent = ResearchAgent(ModelConfig.from_cfg(bench_model_cfg("smollm2")), device="cpu", seed=0)
-    pairs = recorded_pairs(DATA, 2, 24, 4, 0)[:4]  # a step's batch holds 2 of the table's 4
+    pairs = recorded_pairs(DATA, 1, 24, 4, 0)[:4]  # a step's batch holds 2 of the table's 4
     cfg = DPOConfig(batch_size=2, max_pairs=4, epochs=1, checkpoints=0, padded=padded)
     res = train_phase(agent.model, agent.tokenizer, pairs, cfg, "adaptive", seed=0)
     assert res.history[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)

@@ -30,31 +30,45 @@ def _cli(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.Compl
 
 # -- the probe line ---------------------------------------------------------------------------
 
-def _probe(valid: tuple[float, float, float], score: tuple[float, float, float]) -> dict[str, Any]:
+def _probe(valid: tuple[float, float, float], score: tuple[float, float, float],
+           **extra: Any) -> dict[str, Any]:
     return {"prompts": 2, "samples": 3, "valid_before": 0.5, "valid_after": 0.5 + valid[0],
             "valid_change": dict(zip(("mean", "t_lo", "t_hi"), valid)),
             "score_change": dict(zip(("mean", "t_lo", "t_hi"), score)),
             "kl_base": 0.0292, "kl_reference": 0.0187, "heldout_pairs": 5,
-            "heldout_accuracy": 0.8, "seconds": 18.0, "share_of_phase": 0.17}
+            "heldout_accuracy": 0.8, "seconds": 18.0, "share_of_phase": 0.17, **extra}
 
 
 def test_the_probe_line_reads_in_plain_words_with_units_intervals_and_a_verdict() -> None:
     line = probe_text(_probe((0.33, -0.21, 0.88), (0.22, 0.06, 0.5)))
-    assert line.startswith("learning probe, 6 new programs on prompts this phase did not "
-                           "train on: valid rate 0.50 before -> 0.83 after")
-    # an interval that includes 0 is no evidence; one above 0 is a rise
-    assert "change +0.33 (95 % CI -0.21 to +0.88: no evidence of change)" in line
+    # six binary slots read as counts, not as a rate with a t interval
+    assert line.startswith("learning probe, 6 programs on prompts this phase did not "
+                           "train on: valid 3/6 before -> 5/6 after;"), line
+    assert "t_lo" not in line and "0.33" not in line
+    # a score interval above 0 is a rise
     assert "mean score change +0.22 (95 % CI +0.06 to +0.5: rose)" in line
     assert "2.92e-02 nats/token from the base model, 1.87e-02 from the reference" in line
-    assert "preferred the better program in 0.80 of 5 held-out pairs (0.5 = chance)" in line
+    # five held-out pairs are too few for an accuracy
+    assert "held-out preference accuracy: too few pairs (5)" in line
+    assert "18 s (17% of the phase)" in line
     assert "D_k" not in line
-    fell = probe_text(_probe((-0.5, -0.9, -0.1), (0.0, 0.0, 0.0)))
-    assert "change -0.50 (95 % CI -0.90 to -0.10: fell)" in fell
-    alone = probe_text({**_probe((0.0, 0.0, 0.0), (0.0, 0.0, 0.0)),
-                        "valid_change": {"mean": 0.0, "t_lo": None, "t_hi": None},
-                        "heldout_pairs": 0})
-    assert "change +0.00 (too few programs for a 95 % CI)" in alone
-    assert "no held-out pairs" in alone
+    signed = probe_text(_probe(
+        (0.33, None, None), (-0.3, -0.5, -0.1), heldout_pairs=12, heldout_accuracy=0.75,
+        heldout_p=0.15, copies_before=1, copies_after=4, new_valid_before=2,
+        new_valid_after=1, valid_change={"mean": 0.33, "fail_to_pass": 2, "pass_to_fail": 0,
+                                         "p": 0.5}))
+    assert "valid 3/6 before -> 5/6 after (2 fail->pass, 0 pass->fail, sign test p 0.50)" \
+        in signed
+    assert "copies of earlier programs 1 -> 4, new & valid 2 -> 1" in signed
+    assert "mean score change -0.3 (95 % CI -0.5 to -0.1: fell)" in signed
+    assert ("it preferred the better program in 0.75 of 12 held-out pairs "
+            "(0.5 = chance, binomial p 0.15)") in signed
+    alone = probe_text({**_probe((0.0, 0.0, 0.0), (0.0, None, None)), "heldout_pairs": 0})
+    assert "mean score change +0 (too few programs for a 95 % CI)" in alone
+    assert "too few pairs (0)" in alone
+    nothing = probe_text({**_probe((0.0, 0.0, 0.0), (None, None, None)),
+                          "valid_before": None})
+    assert "valid n/a before" in nothing and "mean score change n/a" in nothing
 
 
 # -- the smoke run ----------------------------------------------------------------------------
@@ -75,7 +89,7 @@ def test_the_smoke_run_trains_meets_the_gate_probes_and_keeps_its_summary(tmp_pa
     assert results["phases_trained"] >= 1, kept
     phases = [ln for ln in kept.splitlines() if ln.startswith("  phase ")]
     assert any("trained;" in p and ("promoted" in p or "rejected" in p) for p in phases), kept
-    assert "learning probe, 6 new programs" in kept and "95 % CI" in kept
+    assert "learning probe, 6 programs" in kept and "nats/token" in kept
     # the agent's own best is not the supporter's: the tiny model writes no valid program
     assert results["candidates_by_source"]["supporter"] > 0
     print(f"\nsmoke run: wall {results['wall_seconds']:.0f} s in the loop")

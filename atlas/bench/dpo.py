@@ -2,9 +2,9 @@
 the per-row path against the shared-prompt path, side by side in one run.
 
 Pairs: D_k rebuilt exactly as the loop builds it (``build_pairs``, the run's settings) from a
-real run's ``programs.jsonl`` (default: phase 2 of the main command (docs/results.md), seed 0, shipped
-in ``atlas/bench/data``; ``--programs`` takes any run's file), so prompts are shared only as
-often as a real phase shares them.
+real run's ``programs.jsonl`` (default: phase 1 of the README's main command, seed 0, under
+the novelty rules (copies are never chosen), shipped in ``atlas/bench/data``; ``--programs``
+takes any run's file), so prompts are shared only as often as a real phase shares them.
 
 Settings (each in a fresh child process, since peak resident memory is per process):
 - ``per-row``: what a phase did before: every (prompt, completion) row in full, the
@@ -52,7 +52,9 @@ from atlas.bench.machine import (
 )
 from atlas.types import Program
 
-DATA = Path(__file__).with_name("data") / "bandit_cpu_programs.jsonl"
+#: the main command, seed 0 (docs/runs/novelty/bandit_atlas_s0): phase 1 gives 24 pairs on 2
+#: prompts, phase 2 gives 3 pairs on 2 prompts
+DATA = Path(__file__).with_name("data") / "bandit_main_s0_programs.jsonl"
 SETTINGS = {"per-row": {"shared_prompt": False, "gradient_checkpointing": True},
             "shared": {"shared_prompt": True, "gradient_checkpointing": "auto", "padded": False},
             "padded": {"shared_prompt": True, "gradient_checkpointing": "auto", "padded": True},
@@ -162,9 +164,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--no-floor", dest="floor", action="store_false",
                     help="skip the profiled second phase that measures the floor")
     ap.add_argument("--programs", default=str(DATA), help="a run's programs.jsonl")
-    ap.add_argument("--phase", type=int, default=2,
+    ap.add_argument("--phase", type=int, default=1,
                     help="which phase's D_k to rebuild (shipped run: phase 1 has 24 pairs on "
-                         "1 prompt, phase 2 has 17 pairs on 3 prompts)")
+                         "2 prompts, phase 2 has 3 pairs on 2 prompts)")
     ap.add_argument("--pairs", type=int, default=24, help="cap on |D_k| (dpo.max_pairs)")
     ap.add_argument("--batch-size", type=int, default=2, help="pairs per optimiser step")
     ap.add_argument("--max-length", type=int, default=768, help="tokens per sequence")
