@@ -120,12 +120,12 @@ def launcher_problem(job: Sequence[str]) -> str | None:
     return sbatch_problem(launcher)
 
 
-def _refusal(cause: str, fix: str = "") -> str:
+def refusal(cause: str, fix: str = "") -> str:
     return (f"hydra/launcher=slurm cannot submit here: {cause}; {fix}{SLURM_WAYS_OUT}; nothing "
             f"was submitted")
 
 
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     errors = [ln for ln in lines if "error" in ln.lower()]
     return (errors or lines or ["no message"])[0]
@@ -136,14 +136,14 @@ def slurm_reach_problem() -> str | None:
     within ``SINFO_TIMEOUT_S``; None when both tools are there and ``sinfo`` answers."""
     missing = [t for t in ("sbatch", "srun") if shutil.which(t) is None]
     if missing:
-        return _refusal(f"no SLURM on this machine ({' and '.join(missing)} "
+        return refusal(f"no SLURM on this machine ({' and '.join(missing)} "
                         f"{'is' if len(missing) == 1 else 'are'} not on PATH)")
     if shutil.which("sinfo") is None:
         return None  # sbatch --test-only asks the controller instead
     said = _ask(["sinfo", "-h", "-o", "%P"], "the SLURM controller did not answer sinfo")
     if said is None:
         return None
-    return _refusal(said if not said.startswith("sinfo: ")
+    return refusal(said if not said.startswith("sinfo: ")
                     else f"the SLURM controller does not answer ({said})")
 
 
@@ -158,7 +158,7 @@ def _ask(cmd: list[str], silent: str) -> str | None:
     except OSError as exc:
         return f"{tool} could not run ({exc.strerror or exc})"
     if out.returncode != 0:
-        return f"{tool}: " + _first_line(out.stderr + out.stdout).removeprefix(f"{tool}: ")
+        return f"{tool}: " + first_line(out.stderr + out.stdout).removeprefix(f"{tool}: ")
     return None
 
 
@@ -181,8 +181,8 @@ def sbatch_problem(launcher: Any) -> str | None:
     if said is None:
         return None
     if not said.startswith("sbatch: "):
-        return _refusal(said)
-    return _refusal(f"sbatch refuses the jobs' request ({said})",
+        return refusal(said)
+    return refusal(f"sbatch refuses the jobs' request ({said})",
                     "fix the hydra.launcher field it names (docs/cli.md, 'Sweeps and SLURM'), ")
 
 

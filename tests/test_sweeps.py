@@ -518,3 +518,31 @@ def test_a_slurm_sweep_that_cannot_be_submitted_stops_in_one_line(case: str,
         assert way in lines[0]
     assert lines[0].endswith("nothing was submitted")
     assert list(work.iterdir()) == []  # no multirun/, no .submitit/
+
+
+def test_a_submission_refused_after_the_test_passes_stops_in_one_line(tmp_path: Path) -> None:
+    """A limit that only the real submission counts (an array above MaxArraySize): a fake
+    sbatch accepts ``--test-only`` and refuses the job array. One line with status 2 naming
+    sbatch's reason and the ways out; the .submitit/ and sweep folders it wrote are gone."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    said = "sbatch: error: Batch job submission failed: Invalid job array specification"
+    tools = {"srun": "exit 0", "sinfo": "exit 0",
+             "sbatch": ('case "$*" in *--test-only*) echo "sbatch: Job 1 to start at now" >&2; '
+                        f'exit 0;; esac\necho \'{said}\' >&2\nexit 1')}
+    for tool, body in tools.items():
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / tool).chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "atlas.train", "-m", "experiment=test",
+                           "seed=0,1", "hydra/launcher=slurm"], cwd=work,
+                          env={**_env(), "PATH": f"{bin_dir}:/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=180)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("hydra/launcher=slurm cannot submit here: sbatch refused the "
+                               f"submission ({said}); fix the hydra.launcher field it names")
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert lines[0].endswith("nothing was submitted")
+    assert list(work.iterdir()) == []  # no multirun/, no .submitit/
