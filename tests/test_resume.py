@@ -39,6 +39,7 @@ import pytest
 import torch
 
 from atlas import checkpoint
+from tests.conftest import PINNED_SECRET
 
 ROOT = Path(__file__).resolve().parents[1]
 VOLATILE = frozenset({"seconds", "wall_seconds", "seconds_dpo", "seconds_gate", "seconds_gate_parts",
@@ -170,6 +171,11 @@ def fast_runs() -> Iterator[dict[str, Any]]:
 
 def _fast_runs(base: Path) -> dict[str, Any]:
     clean_dir, killed_dir, marker = base / "clean", base / "killed", base / "killed.marker"
+    # the runs share base/task.secret (``_driver_cmd``); written here, not drawn, so that
+    # which phases find pairs and which promote (the tests below count them) is the same
+    # every session
+    (base / "task.secret").write_text(PINNED_SECRET + "\n")
+    (base / "task.secret").chmod(0o600)
     t0 = time.perf_counter()
     _assert_ok(_run(_driver_cmd(clean_dir, FAST), _env(), timeout=600))
     t_clean = time.perf_counter() - t0
