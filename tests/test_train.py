@@ -220,7 +220,9 @@ def test_two_commands_into_one_folder_do_not_double_the_records(tmp_path: Path) 
         other_sweep = subprocess.run([*CLI, "-m", *LONG, "seed=0", f"hydra.sweep.dir={sweep}"],
                                      cwd=ROOT, env=_env(), capture_output=True, text=True,
                                      timeout=120)
-        out, err = first.communicate(timeout=600)
+        # 100 rounds keep it running while the others are refused; the bound catches a
+        # hang (at a load average of 10-19 on 2 cores the run took over 600 s)
+        out, err = first.communicate(timeout=1500)
     finally:
         if first.poll() is None:
             first.kill()
