@@ -7,5 +7,5 @@ bash scripts/setup.sh test
 if [ "$(id -u)" = 0 ]; then
   bash scripts/slurm_local.sh start || echo "[test] local SLURM cluster did not start: slurm tests will skip"
 fi
-.venv/bin/python -m ruff check atlas tests
+.venv/bin/python -m ruff check atlas hydra_plugins tests
 .venv/bin/python -m pytest -q --durations=15 "$@"
