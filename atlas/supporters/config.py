@@ -87,9 +87,11 @@ class RoleConfig(BaseModel):
 class ExplorationConfig(RoleConfig):
     max_patches: int = Field(2, ge=0, le=8)
     #: file a patch as a completion of the prompt the island was last served with, so it
-    #: enters D_k as chosen (pair kind supporter_vs_agent); false: the ablation, patches are
-    #: scored candidates only and the agent never learns from them
-    as_preferences: bool = True
+    #: enters D_k as chosen (pair kind supporter_vs_agent; the paper's literal reading); false:
+    #: patches are scored candidates and parents only, and the agent learns from its own
+    #: programs (after phase 1 it copied less and wrote as many new valid programs as before;
+    #: with them, half as many: docs/results.md, "Novelty")
+    as_preferences: bool = False
     critique_chars: int = Field(400, ge=40, le=4000)
     #: the island's best programs shown to the exploration supporter (best first)
     programs_in_prompt: int = Field(3, ge=1, le=10)
