@@ -212,7 +212,8 @@ def probe_line(event: dict[str, Any]) -> dict[str, Any] | None:
             "kl_base": probe.get("kl_base"), "kl_reference": probe.get("kl_reference"),
             "heldout_pairs": held.get("pairs"), "heldout_accuracy": held.get("accuracy"),
             "heldout_margin": held.get("margin"), "seconds": seconds,
-            "share_of_phase": (seconds / phase_seconds
+            # the phase event's seconds leave the probe out: its share of phase and probe
+            "share_of_phase": (seconds / (phase_seconds + seconds)
                                if seconds is not None and phase_seconds else None)}
 
 
