@@ -493,23 +493,33 @@ EXPECTED_CAUSE = {
 }
 
 
+def _slurm_sweep(tmp_path: Path, tools: dict[str, str], system_path: bool = False
+                 ) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The README's SLURM sweep run in an empty folder with only ``tools`` (name: shell body)
+    on PATH (and the system's folders when ``system_path``, for submitit's own commands)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, body in tools.items():
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / tool).chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    path = f"{bin_dir}:/usr/bin:/bin" if system_path else str(bin_dir)
+    proc = subprocess.run([sys.executable, "-m", "atlas.train", "-m", "experiment=test",
+                           "seed=0,1", "hydra/launcher=slurm"], cwd=work,
+                          env={**_env(), "PATH": path}, capture_output=True, text=True,
+                          timeout=180)
+    return work, proc
+
+
 @pytest.mark.parametrize("case", list(FAKE_SLURM))
 def test_a_slurm_sweep_that_cannot_be_submitted_stops_in_one_line(case: str,
                                                                   tmp_path: Path) -> None:
     """`-m ... hydra/launcher=slurm` as the README writes it, where SLURM cannot take the jobs:
     fake sinfo/sbatch/srun on PATH (or none at all). One line with status 2 naming the cause
     and the ways out, before Hydra announces a job, and no multirun/ or .submitit/ left."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool, (said, status) in FAKE_SLURM[case].items():
-        (bin_dir / tool).write_text(f"#!/bin/sh\necho '{said}' >&2\nexit {status}\n")
-        (bin_dir / tool).chmod(0o755)
-    work = tmp_path / "work"
-    work.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "atlas.train", "-m", "experiment=test",
-                           "seed=0,1", "hydra/launcher=slurm"], cwd=work,
-                          env={**_env(), "PATH": str(bin_dir)}, capture_output=True, text=True,
-                          timeout=120)
+    work, proc = _slurm_sweep(tmp_path, {tool: f"echo '{said}' >&2\nexit {status}"
+                                         for tool, (said, status) in FAKE_SLURM[case].items()})
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and not proc.stdout, proc.stderr[-3000:]
     assert lines[0].startswith(f"hydra/launcher=slurm cannot submit here: {EXPECTED_CAUSE[case]}")
@@ -524,21 +534,11 @@ def test_a_submission_refused_after_the_test_passes_stops_in_one_line(tmp_path: 
     """A limit that only the real submission counts (an array above MaxArraySize): a fake
     sbatch accepts ``--test-only`` and refuses the job array. One line with status 2 naming
     sbatch's reason and the ways out; the .submitit/ and sweep folders it wrote are gone."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     said = "sbatch: error: Batch job submission failed: Invalid job array specification"
-    tools = {"srun": "exit 0", "sinfo": "exit 0",
-             "sbatch": ('case "$*" in *--test-only*) echo "sbatch: Job 1 to start at now" >&2; '
-                        f'exit 0;; esac\necho \'{said}\' >&2\nexit 1')}
-    for tool, body in tools.items():
-        (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
-        (bin_dir / tool).chmod(0o755)
-    work = tmp_path / "work"
-    work.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "atlas.train", "-m", "experiment=test",
-                           "seed=0,1", "hydra/launcher=slurm"], cwd=work,
-                          env={**_env(), "PATH": f"{bin_dir}:/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=180)
+    work, proc = _slurm_sweep(tmp_path, {
+        "srun": "exit 0", "sinfo": "exit 0",
+        "sbatch": ('case "$*" in *--test-only*) echo "sbatch: Job 1 to start at now" >&2; '
+                   f'exit 0;; esac\necho \'{said}\' >&2\nexit 1')}, system_path=True)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     assert lines[0].startswith("hydra/launcher=slurm cannot submit here: sbatch refused the "
