@@ -137,14 +137,14 @@ def slurm_reach_problem() -> str | None:
     missing = [t for t in ("sbatch", "srun") if shutil.which(t) is None]
     if missing:
         return refusal(f"no SLURM on this machine ({' and '.join(missing)} "
-                        f"{'is' if len(missing) == 1 else 'are'} not on PATH)")
+                       f"{'is' if len(missing) == 1 else 'are'} not on PATH)")
     if shutil.which("sinfo") is None:
         return None  # sbatch --test-only asks the controller instead
     said = _ask(["sinfo", "-h", "-o", "%P"], "the SLURM controller did not answer sinfo")
     if said is None:
         return None
     return refusal(said if not said.startswith("sinfo: ")
-                    else f"the SLURM controller does not answer ({said})")
+                   else f"the SLURM controller does not answer ({said})")
 
 
 def _ask(cmd: list[str], silent: str) -> str | None:
@@ -183,7 +183,7 @@ def sbatch_problem(launcher: Any) -> str | None:
     if not said.startswith("sbatch: "):
         return refusal(said)
     return refusal(f"sbatch refuses the jobs' request ({said})",
-                    "fix the hydra.launcher field it names (docs/cli.md, 'Sweeps and SLURM'), ")
+                   "fix the hydra.launcher field it names (docs/cli.md, 'Sweeps and SLURM'), ")
 
 
 def _size_problem(launcher: Any, nodes: list[tuple[int, float]]) -> str | None:
