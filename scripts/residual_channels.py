@@ -308,17 +308,30 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bits", type=int, default=256, help="message bits per channel")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default="", help="also write the figures to this file")
+    ap.add_argument("--cpu-only", type=int, default=0, metavar="N",
+                    help="measure only CPU contention at 10 ms slots, N times")
+    ap.add_argument("--unbound", action="store_true",
+                    help="runners share the cores (no isolation.core_sets): the channel as "
+                         "it was before concurrent runners had cores of their own")
     args = ap.parse_args(argv)
     from atlas.agent.precision import cpu_model
-    from atlas.sandbox import Confinement, Resources, Sandbox, TaskSpec
+    from atlas.sandbox import Confinement, Resources, Sandbox, TaskSpec, pool
     from atlas.sandbox.testing import TOY_RUNNER, TOY_SCORER
 
+    if args.unbound:
+        pool.core_sets = lambda workers, threads: (None, None)  # type: ignore[assignment]
     rng = random.Random(args.seed)
-    out: dict[str, Any] = {"cpu": cpu_model(), "kernel": platform.release(), "mode": args.mode}
+    out: dict[str, Any] = {"cpu": cpu_model(), "kernel": platform.release(), "mode": args.mode,
+                           "bound": not args.unbound}
     with Sandbox(TaskSpec(TOY_SCORER, {"steps": 2}, TOY_RUNNER, timeout_s=120),
                  resources=Resources(workers=2, memory_mb=1024),
                  confinement=Confinement(isolation=args.mode)) as sb:
         out["isolation"] = sb.isolation
+        if args.cpu_only:
+            out["cpu_0.01"] = [concurrent(sb, rng, args.bits, 0.01, SENDER_CPU, RECEIVER_CPU)
+                               for _ in range(args.cpu_only)]
+            print(json.dumps(out, indent=1))
+            return
         out["page_cache"] = page_cache(sb, rng, args.bits)
         out["dentry"] = dentry(sb, rng, args.bits)
         for slot in (0.05, 0.01):

@@ -689,10 +689,10 @@ def test_zygote_and_scorer_keep_their_limits_and_scheduling(mode):
 
 
 def test_the_filter_lets_calls_name_only_their_own_process():
-    """In a child with the filter (errno mode): prlimit64, setpriority, sched_setaffinity,
+    """In a child with the filter (errno mode): prlimit64, setpriority, sched_getaffinity,
     sched_setscheduler, ioprio_set and kill work on pid 0 or its own and fail with EPERM on
-    its parent; process-wide calls (PRIO_USER), file locks, memfd_create and an unlisted call
-    fail."""
+    its parent; process-wide calls (PRIO_USER), file locks, memfd_create, an unlisted call
+    and sched_setaffinity even on itself (it would leave its worker's cores) fail."""
     import ctypes
     import errno
     import json
@@ -738,6 +738,7 @@ def test_the_filter_lets_calls_name_only_their_own_process():
             out["setpriority_user"] = call("setpriority", 2, 0, nice)
             out["memfd_create"] = call("memfd_create", b"x", 0)
             out["acct"] = call("acct", None)
+            out["sched_setaffinity_self"] = call("sched_setaffinity", 0, 8, ctypes.byref(mask))
         except Exception as exc:  # noqa: BLE001
             out["error"] = repr(exc)
         os.write(w, json.dumps(out).encode())
@@ -755,6 +756,7 @@ def test_the_filter_lets_calls_name_only_their_own_process():
         assert out[f"{name}_zero"] == 0 and out[f"{name}_self"] == 0, (name, out)
         assert out[f"{name}_parent"] == errno.EPERM, (name, out)
     assert out["setpriority_user"] == out["memfd_create"] == out["acct"] == errno.EPERM, out
+    assert out["sched_setaffinity_self"] == errno.EPERM, out
     # file locks on shared host files: a channel to a concurrent candidate
     assert out["fcntl_getfl"] == 0 and out["fcntl_setlk"] == out["flock"] == errno.EPERM, out
 

@@ -212,6 +212,45 @@ def test_kernel_objects_a_candidate_can_make_are_bounded(mode, memory_bound):
     assert got["pipe2"] == -1 and got["setpipe_sz"] == -1, got
 
 
+CORES = '''import json
+import os
+import time
+
+
+def policy(contexts, history, t, state):
+    if t == 0:
+        out = {"cores": sorted(os.sched_getaffinity(0))}
+        time.sleep(0.5)  # both candidates run at once
+        try:
+            os.sched_setaffinity(0, range(os.cpu_count()))
+            out["widened"] = True
+        except OSError as exc:
+            out["widened"] = exc.errno
+        print("REPORT " + json.dumps(out), flush=True)
+    return 0
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_concurrent_runners_have_cores_of_their_own(mode):
+    """Two workers on a machine with two cores or more: each worker's runners are bound to
+    their own cores (so one candidate's load cannot slow a concurrent one through the
+    scheduler, the contention channel of docs/sandbox.md), and a candidate cannot widen its
+    set (``sched_setaffinity`` is refused, named: ``blocked``). The isolation line says so."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: the sandbox shares it and says so (test_sandbox)")
+    with _toy(mode, workers=2, timeout_s=60) as sb:
+        evs = sb.evaluate_many([CORES, CORES], {})
+        line = sb.isolation_line
+    assert all(ev.failure_kind == FailureKind.BLOCKED.value for ev in evs), evs
+    assert all("sched_setaffinity" in ev.message for ev in evs), evs
+    got = [_report(ev) for ev in evs]
+    assert sorted(tuple(g["cores"]) for g in got) == sorted(sb.cores), (got, sb.cores)
+    assert not set(got[0]["cores"]) & set(got[1]["cores"]), got
+    assert all(g["widened"] == 1 for g in got), got  # EPERM
+    assert "cores: " + " | ".join(",".join(map(str, c)) for c in sb.cores) in line, line
+
+
 COMBINED = '''import json
 import os
 import sys

@@ -551,6 +551,24 @@ def test_audit_lists_the_runners_calls_and_task_syscalls_extend_the_list(capsys)
     assert allowed.passed, allowed
 
 
+def test_workers_get_cores_of_their_own_where_there_are_enough(monkeypatch):
+    """Each worker's runners get ``threads_per_worker`` cores no other worker has; with more
+    workers x threads than cores (or one worker) there is no binding, and the first case is
+    a named gap of the isolation line."""
+    monkeypatch.setattr(isolation.os, "sched_getaffinity", lambda pid: {0, 1, 2, 5})
+    assert isolation.core_sets(2, 1) == ([(0,), (1,)], None)
+    assert isolation.core_sets(2, 2) == ([(0, 1), (2, 5)], None)
+    assert isolation.core_sets(1, 4) == (None, None)
+    assert isolation.core_sets(3, 2) == (None, "3 workers x 2 threads > 4 cores")
+    monkeypatch.setattr(isolation.os, "sched_getaffinity", lambda pid: {0})
+    with Sandbox(TaskSpec(TOY_SCORER, {"steps": 1}, TOY_RUNNER),
+                 resources=Resources(workers=2)) as sb:
+        assert sb.cores is None
+        assert "cores: shared" in sb.isolation_line
+        assert "a core per concurrent runner (2 workers x 1 threads > 1 cores)" in sb.isolation_line
+        assert sb.evaluate("def policy(c, h, t, s):\n    return 0\n", {}).passed
+
+
 def test_the_isolation_line_names_each_missing_part(monkeypatch):
     """A runner without a part (Landlock on an old kernel, a pid namespace...) is named at
     start with what it leaves open, each part in its own words; where the kernel has

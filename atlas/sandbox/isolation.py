@@ -276,6 +276,23 @@ def isolation_gaps(mode: str, no_cgroup: str | None = None) -> list[str]:
     return gaps + ([MEMORY_GAP.format(why=no_cgroup)] if no_cgroup is not None else [])
 
 
+CORES_GAP = ("a core per concurrent runner ({why}): concurrent candidates share cores, so CPU "
+             "contention between them is a channel of a few kilobits a second")
+
+
+def core_sets(workers: int, threads: int) -> tuple[list[tuple[int, ...]] | None, str | None]:
+    """Cores of its own for each worker and its runners, so that no two concurrent candidates
+    share a core: then one candidate's load cannot slow the other through the scheduler (a
+    channel of kilobits a second on a loaded machine, docs/sandbox.md). None and why where the
+    cores this process may use are too few; one worker needs none (nothing runs beside it)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if workers == 1:
+        return None, None
+    if workers * threads > len(cpus):
+        return None, f"{workers} workers x {threads} threads > {len(cpus)} cores"
+    return [tuple(cpus[i * threads:(i + 1) * threads]) for i in range(workers)], None
+
+
 def runner_identity(mode: str) -> str:
     """Which uid a runner of ``mode`` runs as here, for the isolation line."""
     if "fresh-uid" in runner_features(mode):

@@ -33,7 +33,9 @@ import psutil
 from atlas.sandbox import cgroup, protocol
 from atlas.sandbox.isolation import (
     BWRAP,
+    CORES_GAP,
     bwrap_args,
+    core_sets,
     find_bwrap,
     isolation_gaps,
     resolve_isolation,
@@ -177,6 +179,8 @@ class _Slot:
                "--resp-fd", str(resp_w)]
         if sb.fork_safe:  # the zygote imports the runner's module once, before any fork
             cmd += ["--preload", sb.runner_factory.split(":")[0]]
+        if sb.cores:  # bound before the zygote forks: every runner inherits the set
+            cmd += ["--cores", ",".join(map(str, sb.cores[self.index]))]
         env = sandbox_env(thread_limits(sb.threads_per_worker))
         group = self.cgroup_dir()
         if sb.isolation == BWRAP:
@@ -484,11 +488,16 @@ class Sandbox:
         self.cgroup, no_cgroup = cgroup.make_base(workers)
         #: what this environment's runners lack, each with what it leaves open
         self.isolation_gaps = isolation_gaps(self.isolation, None if self.cgroup else no_cgroup)
+        #: the cores each worker's runners are bound to (None: they share the machine's)
+        self.cores, no_cores = core_sets(workers, threads_per_worker)
+        if no_cores is not None:
+            self.isolation_gaps.append(CORES_GAP.format(why=no_cores))
         #: the isolation line: the mode, the runners' uid, what bounds memory, what is missing
         self.isolation_line = (
             f"sandbox isolation {self.isolation}: runners run as "
             f"{runner_identity(self.isolation)}; memory: "
             f"{self.cgroup.describe() if self.cgroup else 'watchdog, scratch inode limit, RLIMIT_NOFILE, no pipes'}"
+            f"; cores: {' | '.join(','.join(map(str, c)) for c in self.cores) if self.cores else 'shared'}"
             f"; lacks: {'; '.join(self.isolation_gaps) or 'nothing'}")
         log.log(logging.WARNING if self.isolation_gaps else logging.INFO, "%s",
                 self.isolation_line)

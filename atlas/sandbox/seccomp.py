@@ -106,7 +106,6 @@ PID_CHECKED: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
     "getpriority": ((0, (0,)), (1, (0, SELF))),  # PRIO_PROCESS only
     "setpriority": ((0, (0,)), (1, (0, SELF))),
     "sched_getaffinity": ((0, (0, SELF)),),
-    "sched_setaffinity": ((0, (0, SELF)),),
     "sched_getscheduler": ((0, (0, SELF)),),
     "sched_setscheduler": ((0, (0, SELF)),),
     "sched_getparam": ((0, (0, SELF)),),
@@ -146,8 +145,11 @@ CMD_REFUSED: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
 }
 
 #: calls no task may add to its list: they start or reach other processes, leave the
-#: namespaces and mounts, or create kernel objects that outlive the runner
+#: namespaces and mounts, or create kernel objects that outlive the runner;
+#: ``sched_setaffinity`` would move a runner off its worker's cores onto a concurrent
+#: candidate's (``isolation.core_sets``), and the filter cannot read the mask it passes
 NEVER = frozenset({
+    "sched_setaffinity",
     "fork", "vfork", "execve", "execveat", "ptrace", "process_vm_readv",
     "process_vm_writev", "process_madvise", "process_mrelease", "pidfd_open",
     "pidfd_getfd", "pidfd_send_signal", "tkill", "kcmp", "unshare", "setns", "mount",

@@ -385,7 +385,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preload", action="append", default=[])
     parser.add_argument("--view", default="", help="JSON {readable, masks}: the host view "
                         "of a worker of the rlimits mode running as root (namespaces.host_view)")
+    parser.add_argument("--cores", default="", help="the cores this worker and its runners "
+                        "are bound to (Sandbox.cores), comma-separated")
     args = parser.parse_args(argv)
+    if args.cores:
+        os.sched_setaffinity(0, [int(c) for c in args.cores.split(",")])
     harden_worker()
     if args.view:  # before the zygote, which its runners fork from
         view = json.loads(args.view)
