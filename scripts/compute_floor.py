@@ -29,42 +29,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
-#: SmolLM2-135M's shape (its config.json; a test checks them against the shipped model)
-SMOLLM2 = {"hidden": 576, "intermediate": 1536, "layers": 30, "kv": 192, "vocab": 49152}
-
-
-def _rate(dtype: str, dims: dict[str, int] = SMOLLM2) -> float:
-    """Multiply-adds a second of one linear layer: per shape of SmolLM2's and 150- and
-    600-row inputs (a completion and a prompt), the best of 5 timings of 10 calls (the
-    machine's rate, not its noise); the median over the shapes."""
-    import torch
-
-    dt = getattr(torch, dtype)
-    rates = []
-    h, i = dims["hidden"], dims["intermediate"]
-    for rows in (150, 600):
-        for k, n in ((h, h), (h, i), (i, h), (h, dims["vocab"])):
-            x, w = torch.randn(rows, k, dtype=dt), torch.randn(n, k, dtype=dt)
-            for _ in range(3):
-                torch.nn.functional.linear(x, w)
-            best = float("inf")
-            for _ in range(5):
-                t = time.perf_counter()
-                for _ in range(10):
-                    torch.nn.functional.linear(x, w)
-                best = min(best, time.perf_counter() - t)
-            rates.append(10 * rows * k * n / best)
-    return sorted(rates)[len(rates) // 2]
-
-
-def per_token(dims: dict[str, int]) -> tuple[int, int]:
-    """Multiply-adds of one token through the decoder layers' linear maps, and through the
-    LM head."""
-    h, i = dims["hidden"], dims["intermediate"]
-    return dims["layers"] * (2 * h * h + 2 * h * dims["kv"] + 3 * h * i), h * dims["vocab"]
+from atlas.bench.floor import SMOLLM2, linear_rate, macs_per_token
 
 
 def parts(run: Path, tokenizer, dims: dict[str, int] = SMOLLM2, max_length: int = 768
@@ -72,7 +39,7 @@ def parts(run: Path, tokenizer, dims: dict[str, int] = SMOLLM2, max_length: int 
     """(part, least multiply-adds, measured seconds) for each part of a run."""
     from atlas.dpo.prefix import encode_group
 
-    body, head = per_token(dims)
+    body, head = macs_per_token(dims)
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     programs = {r["id"]: r for r in map(json.loads, (run / "programs.jsonl").open())}
     rounds = [e for e in events if e["event"] == "round"]
@@ -114,7 +81,7 @@ def main() -> None:
 
     torch.set_num_threads(2)
     tok = shipped_tokenizer(ModelConfig.from_cfg(bench_model_cfg("smollm2")))
-    rate = _rate(args.dtype)
+    rate = linear_rate(args.dtype)
     print(f"{torch.backends.cpu.get_cpu_capability()} kernels, {args.dtype}, 2 threads: "
           f"{2 * rate / 1e9:.0f} GFLOP/s (median over SmolLM2's linear shapes)")
     rows = parts(args.run, tok, max_length=args.max_length)

@@ -31,17 +31,21 @@ def agent():
 
 
 def test_its_shape_is_the_shipped_models_linear_layers(agent):
-    floor = _script()
-    body, head = floor.per_token(floor.SMOLLM2)
+    from atlas.bench.floor import SMOLLM2, macs_per_token, model_dims
+
+    body, head = macs_per_token(SMOLLM2)
     base = agent.model.get_base_model()
+    assert model_dims(base.config) == SMOLLM2
     layers = sum(m.weight.numel() for name, m in base.model.layers.named_modules()
                  if isinstance(m, torch.nn.Linear) and "lora" not in name)
     assert (layers, base.lm_head.weight.numel()) == (body, head)
 
 
 def test_each_part_is_counted_from_the_runs_own_records(agent):
+    from atlas.bench.floor import SMOLLM2, macs_per_token
+
     floor = _script()
-    body, head = floor.per_token(floor.SMOLLM2)
+    body, head = macs_per_token(SMOLLM2)
     rows = floor.parts(RUN, agent.tokenizer)
     events = [json.loads(line) for line in (RUN / "events.jsonl").read_text().splitlines()]
     phases = [e for e in events if e["event"] == "phase"]

@@ -50,6 +50,7 @@ from atlas.bench.machine import (
     model_label,
     resolve_bench_device,
 )
+from atlas.bench.parts import print_parts
 from atlas.types import Program
 
 #: the main command, seed 0 (docs/runs/novelty/bandit_atlas_s0): phase 1 gives 24 pairs on 2
@@ -136,13 +137,14 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     after = str(next(agent.model.parameters()).device)
     gate_s = gate_seconds()
+    parts = _parts(args, agent, pairs, cfg, res.metrics, gate_s) if args.parts else None
     floor: dict[str, Any] = {}
     if args.floor:
         t1 = time.perf_counter()
         _, busy = profile_busy(phase, agent.device)
         floor = {"floor_s": busy.seconds, "floor_kind": busy.kind,
                  "profiled_s": time.perf_counter() - t1}
-    return {"setting": args.setting, "dtype": args.dtype, "seconds": seconds,
+    return {"setting": args.setting, "dtype": args.dtype, "isa": _isa(), "seconds": seconds,
             "pairs": len(pairs), "per_pair_s": seconds / len(pairs),
             "prompts": len({p.prompt for p in pairs}),
             "tokens": res.metrics["tokens"], "tokens_per_s": res.metrics["tokens"] / seconds,
@@ -151,8 +153,46 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
             "reference_table_s": res.metrics["reference_table_seconds"],
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
             "peak_gpu_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
-            "device_after_phase": after, "gate_pass_s": gate_s, **floor,
+            "device_after_phase": after, "gate_pass_s": gate_s, **floor, "parts": parts,
             "losses": [h["loss"] for h in res.history]}
+
+
+def _parts(args: argparse.Namespace, agent: Any, pairs: list, cfg: Any,
+           metrics: dict[str, float], gate_s: float | None) -> dict[str, Any]:
+    """The phase's parts against their arithmetic floors (``atlas.bench.parts``), at the
+    rate this process measures for the model's shapes and dtype."""
+    from atlas.bench.floor import linear_rate, model_dims
+    from atlas.bench.parts import dpo_parts, gate_part, head_seconds
+    from atlas.dpo.batching import SharedPromptCollator
+    from atlas.dpo.phase import select_pairs
+    from atlas.dpo.prefix import encode_group
+
+    dims = model_dims(agent.model.get_base_model().config)
+    rate = linear_rate(args.dtype, dims, agent.device)
+    chosen = select_pairs(pairs, cfg.max_pairs)
+    encoded = [encode_group(agent.tokenizer, p.prompt, [p.chosen, p.rejected], cfg.max_length)
+               for p in chosen]
+    table = SharedPromptCollator(encoded)(range(len(encoded)))["groups"]
+    lengths = [len(c) for g in table for c in g.completions]
+    # the forward's LM head and log-probs, timed on the phase's distinct completions and
+    # scaled to the completion tokens its steps scored
+    head_s = head_seconds(agent.model, lengths) * metrics["scored_tokens"] / sum(lengths)
+    parts = dpo_parts(metrics, table, dims, head_s)
+    if gate_s is not None:  # the bench's gate: the phase's prompts, two candidates + reference
+        parts.append(gate_part(gate_s, table, 3, dims))
+    total = metrics["seconds"] + (gate_s or 0.0)
+    return {"rate_macs_per_s": rate, "rows": [p.row(rate, total) for p in parts]}
+
+
+def _isa() -> str:
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
+#: environment that caps torch's, oneDNN's and MKL's kernels at AVX2 (a CPU without AVX-512)
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -176,6 +216,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                          "on CUDA")
     ap.add_argument("--settings", default="per-row,shared,padded", help="paths to measure")
     ap.add_argument("--json", default="", help="also write the results to this file")
+    ap.add_argument("--parts", action="store_true",
+                    help="print each part of the phase (forward, LM head and log-probs, "
+                         "backward, optimiser, reference table, the gate's pass) against its "
+                         "arithmetic floor, at the rate measured in the same process")
+    ap.add_argument("--avx2", action="store_true",
+                    help="also run float32 with the kernels capped at AVX2 (on a CPU with "
+                         "AVX-512: what an AVX2-only machine runs)")
     ap.add_argument("--setting", choices=tuple(SETTINGS), help=argparse.SUPPRESS)
     ap.add_argument("--dtype", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -203,7 +250,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         dtypes = ["float32", "bfloat16"] if args.device == "cpu" else ["bfloat16"]
     rows: list[dict] = []
     failed: list[str] = []
-    for dtype in dtypes:
+    runs = [(dtype, {}) for dtype in dtypes]
+    if args.avx2 and args.device == "cpu":
+        runs.append(("float32", AVX2_ENV))
+    for dtype, cap in runs:
         for setting in [s for s in args.settings.split(",") if s]:
             cmd = [sys.executable, "-m", "atlas.bench", "dpo", "--setting", setting, "--dtype",
                    dtype, "--model", args.model, "--programs", args.programs, "--phase",
@@ -211,9 +261,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                    str(args.batch_size), "--max-length", str(args.max_length),
                    "--threads", str(args.threads), "--device", args.device,
                    "--hidden", str(args.hidden), "--layers", str(args.layers)]
-            cmd += [] if args.floor else ["--no-floor"]
+            cmd += ([] if args.floor else ["--no-floor"]) + (["--parts"] if args.parts else [])
             proc = subprocess.run(cmd, capture_output=True, text=True,
-                                  env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+                                  env={**os.environ, **cap, "OMP_NUM_THREADS": str(args.threads)})
             line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
             if proc.returncode != 0 or not line:  # the others still count (a path that runs
                 # out of device memory must not take the measured ones with it)
@@ -223,12 +273,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 continue
             rows.append(json.loads(line[0][len("RESULT "):]))
             r = rows[-1]
+            r["precision"] = dtype + (" (AVX2 cap)" if cap else "")
             print(f"  {dtype} {setting}: {r['seconds']:.1f} s ({r['per_pair_s']:.2f} s/pair, "
                   f"{r['tokens_per_s']:.0f} tok/s; model on {r['device_after_phase']} after the "
                   f"phase)", flush=True)
             if "floor_s" in r:
                 print(f"    phase {ratio_text(r['seconds'], r['floor_s'], r['floor_kind'])}",
                       flush=True)
+            if r.get("parts"):
+                p = r["parts"]
+                print_parts(p["rows"], f"{dtype} {setting}, {r['isa']} kernels: arithmetic "
+                            f"floor at {2 * p['rate_macs_per_s'] / 1e9:.0f} GFLOP/s (linear "
+                            f"layers at the model's shapes, measured in the same process)")
     if not rows:
         sys.exit("every DPO run failed:\n" + "\n".join(failed))
     r0 = rows[0]
@@ -246,11 +302,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                                                            f" (step estimate {gb:.1f} GB)")
         ratio = (f"{r['seconds'] / r['floor_s']:.2f}x" if r.get("floor_s") else "n/a")
         peak = r["peak_gpu_gb"] if r.get("peak_gpu_gb") is not None else r["peak_rss_gb"]
-        print(f"| {r['dtype']} | {r['setting']} | {r['seconds']:.1f} | {r['per_pair_s']:.2f} | "
+        print(f"| {r['precision']} | {r['setting']} | {r['seconds']:.1f} | {r['per_pair_s']:.2f} | "
               f"{r['tokens']:.0f} | {r['tokens_per_s']:.0f} | {ratio} | {recompute} | "
               f"{peak:.2f} | {losses} |")
-    by = {(r["dtype"], r["setting"]): r for r in rows}
-    for dtype in {r["dtype"] for r in rows}:
+    by = {(r["precision"], r["setting"]): r for r in rows}
+    for dtype in {r["precision"] for r in rows}:
         old, new = by.get((dtype, "per-row")), by.get((dtype, "shared"))
         if old and new:
             worst = max(abs(a - b) for a, b in zip(old["losses"], new["losses"]))

@@ -1,4 +1,9 @@
-"""The floor a bench compares its speed with: the time the device is busy computing.
+"""The floors a bench compares its speed with.
+
+The *arithmetic floor* of a part is its least multiply-adds (``macs_per_token``) at the
+machine's matrix-multiply rate at the model's layer shapes (``linear_rate``): no
+implementation on this machine does the part's work in less. The *busy floor* is the time
+the device is busy computing:
 
 On CUDA: the summed time of the GPU kernels and copies the torch profiler records (what the
 kernels alone would take if the GPU never waited for the host). On the CPU there is no such
@@ -14,6 +19,56 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+#: SmolLM2-135M's shape (its config.json; a test checks them against the shipped model)
+SMOLLM2 = {"hidden": 576, "intermediate": 1536, "layers": 30, "kv": 192, "vocab": 49152}
+
+
+def model_dims(config: Any) -> dict[str, int]:
+    """The shape ``macs_per_token`` counts, from a transformers Llama-style config."""
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    return {"hidden": config.hidden_size, "intermediate": config.intermediate_size,
+            "layers": config.num_hidden_layers,
+            "kv": config.hidden_size // heads * kv_heads, "vocab": config.vocab_size}
+
+
+def macs_per_token(dims: dict[str, int]) -> tuple[int, int]:
+    """Multiply-adds of one token through the decoder layers' linear maps, and through the
+    LM head (attention's own products are not counted: a lower bound)."""
+    h, i = dims["hidden"], dims["intermediate"]
+    return dims["layers"] * (2 * h * h + 2 * h * dims["kv"] + 3 * h * i), h * dims["vocab"]
+
+
+def linear_rate(dtype: str, dims: dict[str, int] = SMOLLM2, device: str = "cpu") -> float:
+    """Multiply-adds a second of one linear layer on ``device``: per shape of the model's and
+    150- and 600-row inputs (a completion and a prompt), the best of 5 timings of 10 calls
+    (the machine's rate, not its noise); the median over the shapes."""
+    import time
+
+    import torch
+
+    dt = getattr(torch, dtype)
+    cuda = device.startswith("cuda")
+    rates = []
+    h, i = dims["hidden"], dims["intermediate"]
+    for rows in (150, 600):
+        for k, n in ((h, h), (h, i), (i, h), (h, dims["vocab"])):
+            x = torch.randn(rows, k, dtype=dt, device=device)
+            w = torch.randn(n, k, dtype=dt, device=device)
+            for _ in range(3):
+                torch.nn.functional.linear(x, w)
+            best = float("inf")
+            for _ in range(5):
+                if cuda:
+                    torch.cuda.synchronize()
+                t = time.perf_counter()
+                for _ in range(10):
+                    torch.nn.functional.linear(x, w)
+                if cuda:
+                    torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - t)
+            rates.append(10 * rows * k * n / best)
+    return sorted(rates)[len(rates) // 2]
 CUDA_KIND = "CUDA kernel time (torch.profiler)"
 CPU_KIND = "self CPU time of aten:: ops (torch.profiler)"
 

@@ -115,7 +115,8 @@ class SharedPromptCollator:
     phase. Pairs of a batch whose cut prompts are identical are merged into one group, so
     their prompt runs once (and a completion repeated across pairs, once). The batch holds ``groups``, ``slots`` (B, 2): each pair's chosen
     and rejected row in the concatenation of the groups' completions, ``index`` (B,): the
-    pairs' positions in the phase (for the reference table) and ``tokens``: tokens run.
+    pairs' positions in the phase (for the reference table), ``tokens``: tokens run, and
+    ``scored``: those of them that are completion tokens (scored through the LM head).
     """
 
     def __init__(self, encoded: Sequence[PromptGroup]) -> None:
@@ -136,10 +137,11 @@ class SharedPromptCollator:
             groups.append(PromptGroup(prompt, tuple(rows)))
             offset += len(rows)
         flat = [(starts[p] + c, starts[p] + r) for p, c, r in slots]
-        tokens = sum(len(g.prompt) + sum(len(c) for c in g.completions) for g in groups)
+        scored = sum(len(c) for g in groups for c in g.completions)
+        tokens = scored + sum(len(g.prompt) for g in groups)
         return {"groups": groups, "slots": torch.tensor(flat, dtype=torch.long),
                 "index": torch.tensor([int(i) for i in indices], dtype=torch.long),
-                "tokens": tokens}
+                "tokens": tokens, "scored": scored}
 
 
 class PromptBatches:

@@ -44,6 +44,17 @@ class DPOModule(pl.LightningModule):
         self.history: list[dict[str, float]] = []
         self._last_grad_norm = float("nan")
         self._t0 = time.perf_counter()
+        #: seconds of the fit's steps by part: the forward (policy, LM head, log-probs, loss,
+        #: the padded path's reference), the backward, the optimiser (clipping, AdamW);
+        #: where a phase's time goes (``python -m atlas.bench dpo --parts``)
+        self.part_seconds = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+        self._mark = 0.0
+
+    def _clock(self) -> float:
+        """Now, after the device finished what was queued (CUDA runs asynchronously)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     # -- training ---------------------------------------------------------------------------
     def policy_parameters(self) -> list[torch.nn.Parameter]:
@@ -70,7 +81,26 @@ class DPOModule(pl.LightningModule):
             self.ref_seconds = time.perf_counter() - t0
         self._t0 = time.perf_counter()
 
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any,
+                       optimizer_closure: Any = None) -> None:
+        start = self._clock()
+        before = self.part_seconds["forward"] + self.part_seconds["backward"]
+        optimizer.step(closure=optimizer_closure)  # the closure runs the forward and backward
+        inside = self.part_seconds["forward"] + self.part_seconds["backward"] - before
+        self.part_seconds["optimizer"] += self._clock() - start - inside
+
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        now = self._clock()
+        self.part_seconds["forward"] += now - self._mark
+        self._mark = now
+
+    def on_after_backward(self) -> None:
+        now = self._clock()
+        self.part_seconds["backward"] += now - self._mark
+        self._mark = now
+
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        self._mark = self._clock()
         if "groups" in batch:  # shared-prompt path
             with adapter(self.model, POLICY):
                 flat = torch.cat(grouped_logps(self.model, batch["groups"], "sum",
@@ -79,12 +109,13 @@ class DPOModule(pl.LightningModule):
             policy = flat[batch["slots"].to(flat.device)]
             ref = self._reference(batch)
             terms = dpo_loss(policy[:, 0], policy[:, 1], ref[:, 0], ref[:, 1], self.cfg.beta)
-            tokens = int(batch["tokens"])
+            tokens, scored = int(batch["tokens"]), int(batch["scored"])
         else:
             terms = dpo_terms(self.model, batch, self.cfg.beta, self.reference)
             tokens = int(batch["attention_mask"].sum())
+            scored = int(batch["completion_mask"].sum())
         record: dict[str, Any] = {"step": self.global_step + 1, "epoch": self.current_epoch,
-                                  **terms.stats(), "tokens": tokens}
+                                  **terms.stats(), "tokens": tokens, "scored_tokens": scored}
         self.history.append(record)
         self.log("dpo/loss", record["loss"], on_step=True, batch_size=len(terms.losses))
         return terms.loss

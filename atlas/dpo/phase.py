@@ -109,7 +109,8 @@ def _summary(history: list[dict], steps: int, seconds: float, n_pairs: int) -> d
         out[f"{key}_first"] = vals[0] if vals else math.nan
         out[f"{key}_last"] = vals[-1] if vals else math.nan
     out.update(steps=float(steps), seconds=seconds, pairs=float(n_pairs),
-               tokens=float(sum(r.get("tokens", 0) for r in history)))
+               tokens=float(sum(r.get("tokens", 0) for r in history)),
+               scored_tokens=float(sum(r.get("scored_tokens", 0) for r in history)))
     return out
 
 
@@ -160,7 +161,8 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     metrics.update(shared_prompt=float(cfg.shared_prompt), padded=float(padded),
                    gate_padded=float(gate_padded), recompute=float(recompute),
                    step_gb_estimate=step_gb, memory_budget_gb=budget_gb,
-                   reference_table_seconds=module.ref_seconds)
+                   reference_table_seconds=module.ref_seconds,
+                   **{f"{part}_seconds": v for part, v in module.part_seconds.items()})
     opt_state = _cpu_state(trainer.optimizers[0].state_dict()) if trainer.optimizers else None
     return PhaseResult(candidates=candidates, metrics=metrics, history=history,
                        optimizer_state=opt_state, reference=outcome)
