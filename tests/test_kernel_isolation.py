@@ -54,7 +54,8 @@ def memory_bound(request, monkeypatch):
 
 def _toy(mode: str, *, timeout_s: float = 30.0, **resources: int) -> Sandbox:
     return Sandbox(TaskSpec(TOY_SCORER, {"steps": 3}, TOY_RUNNER, timeout_s=timeout_s),
-                   resources=Resources(**resources), confinement=Confinement(isolation=mode))
+                   resources=Resources(**resources),
+                   confinement=Confinement(isolation=mode, score_once=False))
 
 
 def _report(ev) -> dict:

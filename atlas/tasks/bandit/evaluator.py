@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from atlas.sandbox.candidate import CandidateError, load_candidate
+from atlas.sandbox.inputs import inputs_key
 from atlas.sandbox.link import Link
 from atlas.sandbox.secret import derive_seed
 from atlas.tasks.bandit.env import BanditConfig, BanditEnv, make_env
@@ -161,34 +162,54 @@ def check_env_seeds(seeds: Any) -> list[int]:
     return [int(s) for s in seeds]
 
 
-def build_envs(config: dict[str, Any], secret: str | None = None) -> list[BanditEnv]:
+def build_envs(config: dict[str, Any], secret: str | None = None,
+               program: str | None = None) -> list[BanditEnv]:
     """The evaluation environments named by ``config['env_seeds']``.
 
     With the run's ``secret`` each public seed only indexes a hidden seed derived from it; the
-    environment keeps the public seed as its label (``nmr_seed<k>`` metrics).
+    environment keeps the public seed as its label (``nmr_seed<k>`` metrics). With a
+    ``program`` key (``atlas.sandbox.inputs.program_key``) the hidden seed depends on the
+    program too: what one program learns of its environments is worth nothing to another.
     """
     seeds = check_env_seeds(config.get("env_seeds"))
     cfg = BanditConfig.from_mapping(config)
     if secret is None:
         return [make_env(cfg, s) for s in seeds]
-    return [replace(make_env(cfg, derive_seed(secret, "bandit-env", s)), seed=s) for s in seeds]
+    labels: tuple[object, ...] = () if program is None else (program,)
+    return [replace(make_env(cfg, derive_seed(secret, "bandit-env", s, *labels)), seed=s)
+            for s in seeds]
 
 
 class BanditScorer:
     """Trusted half: holds the hidden environments, sends contexts and rewards, counts regret."""
 
     def __init__(self, config: dict[str, Any], secret: str | None = None) -> None:
-        self.envs = build_envs(dict(config), secret)
+        self.config, self.secret = dict(config), secret
+        self.envs = build_envs(self.config, secret)
         self.cfg = BanditConfig.from_mapping(config)
+        self._by_program: dict[str, list[BanditEnv]] = {}
+
+    def envs_for(self, code: str, context: dict[str, Any]) -> list[BanditEnv]:
+        """The program's own hidden environments (``atlas.sandbox.inputs``): drawn from the
+        secret and its program key, so a relay from an earlier candidate, which faced other
+        environments, carries nothing about them. Without a secret, the public ones."""
+        if self.secret is None:
+            return self.envs
+        key = inputs_key(code, context)
+        if key not in self._by_program:
+            if len(self._by_program) >= 4:  # a few: a fresh audit or a resend reuses them
+                self._by_program.pop(next(iter(self._by_program)))
+            self._by_program[key] = build_envs(self.config, self.secret, key)
+        return self._by_program[key]
 
     def public_config(self) -> dict[str, Any]:
         """What the runner may know: the shapes of the problem, nothing hidden."""
         return {"K": self.cfg.K, "d": self.cfg.d, "T": self.cfg.T}
 
-    def _play(self, link: Link) -> np.ndarray:
+    def _play(self, link: Link, envs: list[BanditEnv]) -> np.ndarray:
         """All environments in lockstep: one round trip per step carries every episode's
         contexts and last rewards (a round trip costs a scheduler wake-up on a busy machine)."""
-        envs, K = self.envs, self.cfg.K
+        K = self.cfg.K
         T, E = envs[0].horizon, len(envs)
         arms = _empty((E, T), dtype=_INT64)
         for t in range(T):
@@ -208,9 +229,10 @@ class BanditScorer:
 
     def score(self, code: str, context: dict[str, Any], link: Link) -> Evaluation:
         start = time.perf_counter()
-        arms = self._play(link)
+        envs = self.envs_for(code, context)
+        arms = self._play(link, envs)
         link.send({"done": True})
-        score, metrics = score_arms(list(zip(self.envs, arms)))
+        score, metrics = score_arms(list(zip(envs, arms)))
         require_finite("NMR score", score)
         for key, value in metrics.items():
             require_finite(f"metric {key}", value)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from atlas.sandbox.candidate import CandidateError, load_candidate
+from atlas.sandbox.inputs import inputs_key
 from atlas.sandbox.link import Link
 from atlas.sandbox.secret import derive_seed
 from atlas.tasks.binpacking.instances import (
@@ -168,16 +169,19 @@ def metrics_of(instances: Sequence[Instance], used: Sequence[int]) -> dict[str, 
     return out
 
 
-def load_instances(config: dict[str, Any], secret: str | None = None) -> list[Instance]:
+def load_instances(config: dict[str, Any], secret: str | None = None,
+                   program: str | None = None) -> list[Instance]:
     """The instance set the host task put into the evaluator config, checked again; generated
     Weibull sets (``config["weibull"]``) are drawn here from the run secret, which the scorer
-    needs for them: without it the set would be the public draw a program can rebuild."""
+    needs for them: without it the set would be the public draw a program can rebuild; a
+    ``program`` key draws the program's own set (``weibull_instances``). A listed set is
+    public (a program can rebuild it): it is the same for every program."""
     if "weibull" in config:
         if not secret:
             raise ValueError("binpacking scorer: generated Weibull instances are drawn from the "
                              "run secret and none was given (build the sandbox with "
                              "Sandbox.for_task(task, secret=...))")
-        return weibull_instances(**config["weibull"], secret=secret)
+        return weibull_instances(**config["weibull"], secret=secret, program=program)
     data = config.get("instances")
     if not isinstance(data, list) or not data:
         raise ValueError("binpacking evaluator config needs 'instances': a non-empty list "
@@ -189,9 +193,24 @@ class BinPackingScorer:
     """Trusted half: sends items, replays and counts the returned packing, audits choices."""
 
     def __init__(self, config: dict[str, Any], secret: str | None = None) -> None:
+        self.config = dict(config)
         self.instances = load_instances(config, secret)
         self.audit_steps = int(config.get("audit_steps", 0))
         self.secret = secret
+        self._by_program: dict[str, list[Instance]] = {}
+
+    def instances_for(self, code: str, context: dict[str, Any]) -> list[Instance]:
+        """The program's own hidden instances (``atlas.sandbox.inputs``): items an earlier
+        candidate saw and relayed are not this program's. A listed (public) set, or no
+        secret: the same set for every program."""
+        if "weibull" not in self.config or not self.secret:
+            return self.instances
+        key = inputs_key(code, context)
+        if key not in self._by_program:
+            if len(self._by_program) >= 4:
+                self._by_program.pop(next(iter(self._by_program)))
+            self._by_program[key] = load_instances(self.config, self.secret, key)
+        return self._by_program[key]
 
     def public_config(self) -> dict[str, Any]:
         return {}  # the runner learns the instances from the scorer's messages
@@ -211,11 +230,12 @@ class BinPackingScorer:
         only answer from the state it is shown, as an online priority must.
         """
         start = time.perf_counter()
-        plan = audit_plan(self.instances, self.audit_steps, self._audit_seed(code))
+        instances = self.instances_for(code, context)
+        plan = audit_plan(instances, self.audit_steps, self._audit_seed(code))
         used: list[int] = []
         assigns: list[list[int]] = []
         questions: list[dict[str, Any]] = []
-        for k, inst in enumerate(self.instances):
+        for k, inst in enumerate(instances):
             link.send({"pack": k, **inst.to_json()})
             assign = link.recv().get("assign")
             steps = frozenset(i for kk, i in plan if kk == k)
@@ -243,12 +263,12 @@ class BinPackingScorer:
                 if not 0 <= c < len(q["_valid"]) or q["_valid"][c] != assigns[q["k"]][q["i"]]:
                     raise CandidateError(
                         FailureKind.WRONG_RETURN,
-                        f"instance {self.instances[q['k']].name}, item {q['i']}: priority "
+                        f"instance {instances[q['k']].name}, item {q['i']}: priority "
                         f"called again on the same (item, bins) picks another bin than the "
                         f"packing did; priority must be a pure function of its arguments (no "
                         f"random numbers, globals or call counters)")
         link.send({"done": True})
-        metrics = metrics_of(self.instances, used)
+        metrics = metrics_of(instances, used)
         metrics["audited_steps"] = float(len(questions))
         return Evaluation(score=-metrics["excess_pct"], passed=True, metrics=metrics,
                           seconds=time.perf_counter() - start)

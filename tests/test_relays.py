@@ -1,0 +1,277 @@
+"""Issue 56: a relay between candidates through the kernel's caches forges no score.
+
+The kernel's caches (names looked up that do not exist, pages read) are shared by every
+process, so one candidate can leave marks there that the next one reads back by timing
+(docs/sandbox.md, "Known residual channels"). These tests run such relays as attacks that
+must fail: each program faces hidden inputs of its own (``atlas.sandbox.inputs``), so what a
+sender learnt in hindsight about its inputs is worth nothing to a receiver facing other
+ones, and a program is scored once, so it cannot relay to a later run of itself. Each test
+first shows, in the same sandbox, that the relay does carry its message (a sender and a
+receiver made to face the same inputs, as every candidate did before): an attack that could
+not try would pass for the wrong reason.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+import pytest
+
+from atlas.sandbox import Confinement, Resources, Sandbox
+from atlas.sandbox.inputs import INPUTS_OF, program_key
+from atlas.sandbox.isolation import probe_bwrap
+from atlas.tasks.bandit import BanditTask
+from atlas.tasks.bandit.evaluator import build_envs
+from atlas.tasks.binpacking.evaluator import load_instances
+
+MODES = ["rlimits", pytest.param("bwrap", marks=pytest.mark.skipif(
+    not probe_bwrap()[0], reason="bubblewrap unusable here"))]
+SECRET = "5e" * 32
+ARM0 = "def policy(contexts, history, t, state):\n    return 0\n"
+#: a small bandit whose drifting parameter a sender can estimate well in hindsight
+TASK = dict(T=200, K=5, d=5, env_seeds=[0, 1], noise_sigma=0.05, drift_budget=2.0)
+PILOT = [1, 0] * 8
+
+#: plays uniformly at random (for a good regression), then at its last step estimates each
+#: environment's drifting parameter in hindsight (ridge regression on a window around every
+#: step, future steps included), turns it into the best arm of every step and sends those
+#: arms, 3 bits each after the pilot bits, as missing names looked up in the standard
+#: library's folder
+SENDER = '''import os
+
+import numpy as np
+
+NAMES = [os.path.join(FOLDER, "atlas-relay-" + NONCE + "-" + str(i)) for i in range(N_NAMES)]
+PILOT = [1, 0] * 8
+SEEN = []
+
+
+def _send(bits):
+    for name, bit in zip(NAMES, PILOT + bits):
+        if bit:
+            try:
+                os.stat(name)
+            except OSError:
+                pass
+
+
+def _best_arms(state):
+    X, r, C = np.array(state["x"]), np.array(state["r"]), state["contexts"]
+    arms = []
+    for t in range(len(C)):
+        lo, hi = max(0, t - 15), min(len(r), t + 16)
+        A = X[lo:hi].T @ X[lo:hi] + 1e-3 * np.eye(X.shape[1])
+        theta = np.linalg.solve(A, X[lo:hi].T @ r[lo:hi])
+        arms.append(int(np.argmax(C[t] @ theta)))
+    return arms
+
+
+def policy(contexts, history, t, state):
+    if t == 0:
+        SEEN.append(state)
+        state.update(x=[], r=[], contexts=[], rng=np.random.default_rng(len(SEEN)))
+    if history:
+        arm, x, reward = history[-1]
+        state["x"].append(np.asarray(x))
+        state["r"].append(float(reward))
+    state["contexts"].append(np.array(contexts))
+    arm = int(state["rng"].integers(contexts.shape[0]))
+    if t == HORIZON - 1 and state is SEEN[-1]:  # the last call of the episode: send
+        bits = []
+        for s in SEEN:
+            for a in _best_arms(s):
+                bits += [(a >> 2) & 1, (a >> 1) & 1, a & 1]
+        _send(bits)
+    return arm
+'''
+
+#: times its lookup of each name, decodes the arms with a threshold learnt from the pilot
+#: bits and plays them; where the pilot bits do not decode (nothing was sent), arm 0
+RECEIVER = '''import math
+import os
+import time
+
+NAMES = [os.path.join(FOLDER, "atlas-relay-" + NONCE + "-" + str(i)) for i in range(N_NAMES)]
+PILOT = [1, 0] * 8
+RELAY = []
+ENVS = []
+
+
+def _receive():
+    times = []
+    for name in NAMES:
+        t0 = time.perf_counter()
+        try:
+            os.stat(name)
+        except OSError:
+            pass
+        times.append(math.log(max(time.perf_counter() - t0, 1e-9)))
+    ones = sorted(x for x, b in zip(times, PILOT) if b)[4]
+    zeros = sorted(x for x, b in zip(times, PILOT) if not b)[4]
+    cut = (ones + zeros) / 2
+    bits = [int((x > cut) == (ones > zeros)) for x in times]
+    if sum(a != b for a, b in zip(bits, PILOT)) > 2 or ones >= zeros:
+        return []
+    body = bits[len(PILOT):]
+    return [body[i] * 4 + body[i + 1] * 2 + body[i + 2] for i in range(0, len(body) - 2, 3)]
+
+
+def policy(contexts, history, t, state):
+    if not RELAY:
+        RELAY.append(_receive())
+    if t == 0:  # the environments begin in order, each with a state of its own
+        state["env"] = len(ENVS)
+        ENVS.append(state)
+    arms, i = RELAY[0], state["env"] * HORIZON + t
+    if i < len(arms) and arms[i] < contexts.shape[0]:
+        return arms[i]
+    return 0
+'''
+
+
+def _programs(nonce: str) -> tuple[str, str]:
+    n = len(PILOT) + 3 * TASK["T"] * len(TASK["env_seeds"])
+    fill = {"FOLDER": repr(os.path.dirname(os.__file__)), "NONCE": repr(nonce),
+            "N_NAMES": str(n), "HORIZON": str(TASK["T"])}
+    out = []
+    for template in (SENDER, RECEIVER):
+        for key, value in fill.items():
+            template = template.replace(key, value)
+        out.append(template)
+    return out[0], out[1]
+
+
+def _sandbox(mode: str, **confinement: object) -> Sandbox:
+    return Sandbox.for_task(BanditTask(**TASK), secret=SECRET,
+                            resources=Resources(workers=1, memory_mb=1024),
+                            confinement=Confinement(isolation=mode, **confinement))
+
+
+def test_a_program_key_ignores_comments_layout_and_docstrings_only():
+    """The same program with other comments, blank lines or docstrings faces the same inputs;
+    any change of its code, a no-op statement included, faces others."""
+    base = "def policy(c, h, t, s):\n    return 0\n"
+    same = ['"""A policy."""\n# arm 0\n\n\ndef policy(c, h, t, s):\n    """Doc."""\n'
+            '    return 0  # always\n', "def policy(c,h,t,s): return 0\n"]
+    other = [base + "_x = 1\n", base.replace("0", "1"), base.replace("s)", "state)")]
+    assert all(program_key(code) == program_key(base) for code in same)
+    assert len({program_key(code) for code in [base, *other]}) == 1 + len(other)
+    assert program_key("def (") != program_key("def )")  # unparsable: by its text
+
+
+def test_each_program_faces_hidden_inputs_of_its_own():
+    """Bandit environments and bin-packing Weibull instances follow the secret and the
+    program key: the same key, the same inputs; another key or secret, others. Without a key
+    (baselines, the public draw) nothing changes."""
+    config = BanditTask(**TASK).evaluator_config()
+    a, b = program_key(ARM0), program_key(ARM0 + "_x = 1\n")
+
+    def thetas(secret, key):
+        return [env.thetas.tolist() for env in build_envs(config, secret, key)]
+
+    assert thetas(SECRET, a) == thetas(SECRET, a)
+    assert thetas(SECRET, a) != thetas(SECRET, b) != thetas(SECRET, None)
+    assert thetas(SECRET, a) != thetas("6f" * 32, a)
+    assert thetas(None, a) == thetas(None, None)  # no secret: the public environments
+    bp = {"weibull": {"count": 2, "n_items": 50, "seed": 0}}
+    items = [[i.items for i in load_instances(bp, SECRET, k)] for k in (a, a, b)]
+    assert items[0] == items[1] != items[2]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_hindsight_relay_through_missing_names_forges_no_score(mode):
+    """Issue 56's bandit attack: a sender estimates its environments' drifting parameter in
+    hindsight and sends every step's best arm (1,200 bits) through missing-name lookups; the
+    next candidate plays them. Made to face the sender's inputs (``INPUTS_OF``, the old
+    design), the receiver scores far above its honest arm-0 fallback: the relay works here.
+    Facing its own inputs, as every program does, it gains nothing over that fallback."""
+    nonce = os.urandom(6).hex()
+    with _sandbox(mode) as sb:
+        sender, receiver = _programs("shared-" + nonce)
+        shared = {"round": 1, INPUTS_OF: program_key(receiver)}
+        sent = sb.evaluate(sender, shared)
+        relayed = sb.evaluate(receiver, {"round": 1})
+        fallback = sb.evaluate(ARM0, shared)
+        sender, receiver = _programs("own-" + nonce)
+        sent_own = sb.evaluate(sender, {"round": 1})
+        got = sb.evaluate(receiver, {"round": 1})
+        honest = sb.evaluate(ARM0, {"round": 1, INPUTS_OF: program_key(receiver)})
+    for ev in (sent, relayed, fallback, sent_own, got, honest):
+        assert ev.passed, ev
+    gain_shared = relayed.score - fallback.score
+    gain_own = got.score - honest.score
+    assert gain_shared > 0.2, (relayed.score, fallback.score)  # the relay carried the arms
+    assert gain_own < gain_shared / 4, (got.score, honest.score, gain_shared)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_program_cannot_relay_to_a_later_run_of_itself(mode):
+    """A program that looks a fresh missing name up and plays arm 1 where the lookup was
+    already cached (a run of it before looked it up) scores the same every time: the sandbox
+    scores a program once per context, and a copy with other comments is the same program.
+    With ``score_once=False`` the second run does play arm 1: the relay would work."""
+    stem = os.path.join(os.path.dirname(os.__file__), f"atlas-self-{os.urandom(6).hex()}")
+    code = f'''import os
+import statistics
+import time
+
+NAMES = [{stem!r} + "-" + str(i) for i in range(32)]
+
+
+def _lookup_us(name):
+    t0 = time.perf_counter()
+    try:
+        os.stat(name)
+    except OSError:
+        pass
+    return (time.perf_counter() - t0) * 1e6
+
+
+def _cached_before():
+    ratios = []
+    for name in NAMES:
+        probe = [_lookup_us(name) for _ in range(4)]
+        ratios.append(probe[0] / min(probe[1:]))
+    return statistics.median(ratios) < 1.5
+
+
+def policy(contexts, history, t, state):
+    if t == 0:
+        state["again"] = _cached_before()
+    return 1 if state["again"] else 0
+'''
+    with _sandbox(mode) as sb:
+        first = sb.evaluate(code, {"round": 1})
+        again = sb.evaluate(code, {"round": 1})
+        commented = sb.evaluate("# the same, once more\n" + code, {"round": 1})
+    assert first.passed and first.to_dict() == again.to_dict() == commented.to_dict(), \
+        (first, again, commented)
+    with _sandbox(mode, score_once=False) as sb:
+        runs = [sb.evaluate(code.replace(stem, stem + "-control"), {"round": 1})
+                for _ in range(2)]
+    assert runs[0].passed and runs[1].passed and runs[0].score != runs[1].score, runs
+
+
+def test_the_variance_a_programs_own_inputs_add_is_measured():
+    """What a program's own inputs cost: its score now varies with its key as it varied
+    with the secret before (the same spread), and two programs no longer share inputs. The
+    seed policy's scores over 12 keys (no-op variants) on the default task's scale, in
+    process: their spread is what ``docs/sandbox.md`` reports, and it is below the gap
+    between the seed and arm 0 (a comparison of methods can bear it)."""
+    from atlas.sandbox.candidate import load_candidate
+    from atlas.tasks.bandit.evaluator import score_policy
+
+    task = BanditTask(T=400, env_seeds=[0, 1, 2, 3])
+    config = task.evaluator_config()
+    seed = load_candidate(task.seed_program(), "policy")
+    arm0 = load_candidate(ARM0, "policy")
+    seeds, zeros = [], []
+    for i in range(12):
+        key = program_key(task.seed_program() + f"\n_variant = {i}\n")
+        envs = build_envs(config, SECRET, key)
+        seeds.append(score_policy(lambda env: seed, envs)[0])
+        zeros.append(score_policy(lambda env: arm0, envs)[0])
+    spread = statistics.stdev(seeds)
+    gap = statistics.mean(seeds) - statistics.mean(zeros)
+    assert 0 < spread < gap / 2, (spread, gap, seeds)
