@@ -275,3 +275,101 @@ def test_the_variance_a_programs_own_inputs_add_is_measured():
     spread = statistics.stdev(seeds)
     gap = statistics.mean(seeds) - statistics.mean(zeros)
     assert 0 < spread < gap / 2, (spread, gap, seeds)
+
+
+#: bin packing: the sender records the first ``N_ITEMS`` items it is given and sends them, 7
+#: bits each, through missing names, a pair of names a bit (it looks up the first of the pair
+#: for a 1, the second for a 0; the receiver compares the two, which needs no threshold); the
+#: receiver decodes them, and where they are the items it is given too (32 of 40 suffice: a
+#: slow lookup flips a bit now and then), packs worst fit
+#: instead of best fit (its score then differs from the honest one). Issue 56's version
+#: relayed whole instances and packed them offline
+BP_SENDER = '''import os
+
+NAMES = [os.path.join(FOLDER, "atlas-bp-" + NONCE + "-" + str(i)) for i in range(N_NAMES)]
+SEEN = []
+
+
+def priority(item, bins):
+    if len(SEEN) < N_ITEMS:
+        SEEN.append(int(item))
+        if len(SEEN) == N_ITEMS:
+            bits = [(x >> k) & 1 for x in SEEN for k in range(7)]
+            for i, bit in enumerate(bits):
+                try:
+                    os.stat(NAMES[2 * i + (0 if bit else 1)])
+                except OSError:
+                    pass
+    return -(bins - item)
+'''
+
+BP_RECEIVER = '''import os
+import time
+
+NAMES = [os.path.join(FOLDER, "atlas-bp-" + NONCE + "-" + str(i)) for i in range(N_NAMES)]
+RELAY = []
+SEEN = []
+
+
+def _receive():
+    times = []
+    for name in NAMES:
+        t0 = time.perf_counter()
+        try:
+            os.stat(name)
+        except OSError:
+            pass
+        times.append(time.perf_counter() - t0)
+    bits = [int(times[2 * i] < times[2 * i + 1]) for i in range(len(NAMES) // 2)]
+    return [sum(bits[i * 7 + k] << k for k in range(7)) for i in range(N_ITEMS)]
+
+
+def priority(item, bins):
+    if not RELAY:
+        RELAY.append(_receive())
+    if len(SEEN) < N_ITEMS:
+        SEEN.append(int(item))
+    same = sum(a == b for a, b in zip(SEEN, RELAY[0]))
+    if len(SEEN) == N_ITEMS and same >= N_ITEMS - 8:  # they are its own items: act on them
+        return bins - item
+    return -(bins - item)
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_relay_of_bin_packing_items_reaches_no_later_program(mode):
+    """Issue 56's bin-packing relay, scaled down: the sender sends the first 40 items it was
+    given; the receiver packs otherwise where they are its own items. Made to face the
+    sender's instances (``INPUTS_OF``) the receiver does pack otherwise: the relay works.
+    Facing its own, it scores exactly best fit's score on its instances (the seed's, there)."""
+    from atlas.tasks.binpacking import BinPackingTask
+
+    task = BinPackingTask(weibull_count=2, weibull_items=300, audit_steps=0)
+    n_items = 40
+    nonce = os.urandom(6).hex()
+
+    def programs(tag: str) -> tuple[str, str]:
+        fill = {"FOLDER": repr(os.path.dirname(os.__file__)), "NONCE": repr(tag + nonce),
+                "N_NAMES": str(2 * 7 * n_items), "N_ITEMS": str(n_items)}
+        out = []
+        for template in (BP_SENDER, BP_RECEIVER):
+            for key, value in fill.items():
+                template = template.replace(key, value)
+            out.append(template)
+        return out[0], out[1]
+
+    with Sandbox.for_task(task, secret=SECRET, resources=Resources(workers=1),
+                          confinement=Confinement(isolation=mode)) as sb:
+        sender, receiver = programs("shared-")
+        shared = {**task.context(1), INPUTS_OF: program_key(receiver)}
+        sb.evaluate(sender, shared)
+        relayed = sb.evaluate(receiver, task.context(1))
+        fallback = sb.evaluate(task.seed_program(), shared)
+        sender, receiver = programs("own-")
+        sent = sb.evaluate(sender, task.context(1))
+        got = sb.evaluate(receiver, task.context(1))
+        honest = sb.evaluate(task.seed_program(),
+                             {**task.context(1), INPUTS_OF: program_key(receiver)})
+    assert sent.passed and fallback.passed and honest.passed, (sent, fallback, honest)
+    assert relayed.passed and relayed.score < fallback.score, (relayed, fallback)
+    assert got.passed and got.score == honest.score, (got, honest)
