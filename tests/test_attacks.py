@@ -472,7 +472,7 @@ from atlas.sandbox import Confinement, Resources, Sandbox
 from atlas.sandbox.secret import run_secret
 from atlas.tasks.bandit import BanditTask
 
-mode, run_dir, attack, sibling_attack = sys.argv[1:5]
+mode, run_dir, *attacks = sys.argv[1:]
 secret = run_secret(run_dir)
 task = BanditTask(T=60, env_seeds=[0, 1])
 arm0 = "def policy(contexts, history, t, state):\\n    return 0\\n"
@@ -481,10 +481,9 @@ with Sandbox.for_task(task, secret=secret, resources=Resources(workers=1),
     out = {"atlas": atlas.__file__, "hide": sb.hide, "isolation": sb.isolation}
     out["seed"] = [sb.evaluate(task.seed_program(), {"round": 1, "inputs_of": "attack-suite"}).score]
     out["arm0"] = sb.evaluate(arm0, {"round": 1, "inputs_of": "attack-suite"}).score
-    attack = Path(attack).read_text().replace("SECRET_VALUE", secret)
-    sibling = Path(sibling_attack).read_text()
+    codes = [Path(a).read_text().replace("SECRET_VALUE", secret) for a in attacks]
     out["attacks"] = [sb.evaluate(code, {"round": 1, "inputs_of": "attack-suite"}).to_dict()
-                      for code in (attack, attack, sibling, sibling)]
+                      for code in codes for _ in range(2)]
     out["seed"].append(sb.evaluate(task.seed_program(), {"round": 1, "inputs_of": "attack-suite"}).score)
 print("RESULT", json.dumps(out))
 '''
@@ -493,7 +492,8 @@ print("RESULT", json.dumps(out))
 @pytest.mark.parametrize("mode", MODES)
 def test_the_mask_holds_with_the_clone_and_the_run_folder_under_tmp(mode, tmp_path):
     """A clone under /tmp is bound back into the private /tmp; its output trees (this run and
-    a sibling sweep job) must stay masked: the masks come after that bind."""
+    a sibling sweep job) must stay masked: the masks come after that bind. Masked also means
+    absent: neither run folder can be told to exist (``masked_metadata``)."""
     import json
     import shutil
     import subprocess
@@ -514,9 +514,15 @@ def test_the_mask_holds_with_the_clone_and_the_run_folder_under_tmp(mode, tmp_pa
     sibling_attack = tmp_path / "sibling.py"
     sibling_attack.write_text((ATTACKS / "bandit" / "sibling_records_mountinfo.py").read_text()
                               .replace("SIBLING_DIR", str(sibling)))
+    masked = []  # the run folder below outputs/ and the sibling below multirun/ look absent
+    for target in (run_dir / SECRET_FILE, sibling / SECRET_FILE):
+        masked.append(tmp_path / f"masked_{len(masked)}.py")
+        masked[-1].write_text((ATTACKS / "bandit" / "masked_metadata.py").read_text()
+                              .replace("SECRET_PATH", str(target)))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([sys.executable, "-c", CLONE_SCRIPT, mode, str(run_dir), str(attack),
-                           str(sibling_attack)], cwd=clone, env={**env, "PYTHONPATH": str(clone)},
+                           str(sibling_attack), *map(str, masked)], cwd=clone,
+                          env={**env, "PYTHONPATH": str(clone)},
                           capture_output=True, text=True, timeout=300)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line, proc.stderr[-3000:]
