@@ -373,3 +373,139 @@ def test_a_relay_of_bin_packing_items_reaches_no_later_program(mode):
     assert sent.passed and fallback.passed and honest.passed, (sent, fallback, honest)
     assert relayed.passed and relayed.score < fallback.score, (relayed, fallback)
     assert got.passed and got.score == honest.score, (got, honest)
+
+
+#: bin packing's packing runner and its own audit runner: the packing runner finds its whole
+#: instance in its caller's frame and steers every item into an offline first-fit-decreasing
+#: plan (as ``tests/attacks/binpacking/lookahead_memo.py``), and, at its last item, sends every
+#: instance's items through missing names (a pair of names a bit, each bit three times); the
+#: fresh audit runner, the same program, decodes them, replays the same plan and answers each
+#: audited step as the packing did
+AUDIT_RELAY = '''import os
+import sys
+import time
+
+import numpy as np
+
+BASE = os.path.join(FOLDER, "atlas-audit-" + NONCE + "-")
+COUNTS, CAP, REP = N_PER_INSTANCE, CAPACITY, 3
+_plan, _memo, _seen = {}, {}, []
+
+
+def _ffd(items, cap):
+    label, rem = [0] * len(items), []
+    for i in sorted(range(len(items)), key=lambda i: -items[i]):
+        for b, r in enumerate(rem):
+            if r >= items[i]:
+                rem[b] = r - items[i]
+                label[i] = b
+                break
+        else:
+            rem.append(cap - items[i])
+            label[i] = len(rem) - 1
+    return label
+
+
+def _one_hot(n, c):
+    p = np.zeros(n)
+    p[c] = 1.0
+    return p
+
+
+def _replay(items):
+    """The packing's states and answers under the plan, as online_pack meets them."""
+    n, plan, where = len(items), _ffd(items, float(CAP)), {}
+    bins, hi = np.full(n, float(CAP)), 0
+    for i, item in enumerate(items):
+        idx = np.flatnonzero(bins[:hi] >= item)
+        view = np.concatenate([bins[:hi][idx], np.full(n - hi, float(CAP))])
+        if plan[i] in where:
+            c = int(np.searchsorted(idx, where[plan[i]]))
+        else:
+            where[plan[i]], c = hi, len(idx)
+        _memo[(float(item), view.tobytes())] = c
+        j = int(idx[c]) if c < len(idx) else hi + c - len(idx)
+        bins[j] -= item
+        hi = max(hi, j + 1)
+
+
+def _bits(instances):
+    return [(int(x) >> k) & 1 for items in instances for x in items for k in range(7)]
+
+
+def _send(instances):
+    for i, bit in enumerate(_bits(instances)):
+        for r in range(REP):
+            try:
+                os.stat(BASE + str(2 * (i * REP + r) + (0 if bit else 1)))
+            except OSError:
+                pass
+
+
+def _receive():
+    n_bits = 7 * sum(COUNTS)
+    times = []
+    for k in range(2 * REP * n_bits):
+        t0 = time.perf_counter()
+        try:
+            os.stat(BASE + str(k))
+        except OSError:
+            pass
+        times.append(time.perf_counter() - t0)
+    bits = [int(sum(times[2 * (i * REP + r)] < times[2 * (i * REP + r) + 1]
+                    for r in range(REP)) >= 2) for i in range(n_bits)]
+    items, at = [], 0
+    for count in COUNTS:
+        items.append([float(sum(bits[(at + t) * 7 + k] << k for k in range(7)))
+                      for t in range(count)])
+        at += count
+    return items
+
+
+def priority(item, bins):
+    f = sys._getframe(1)
+    while f is not None and not {"items", "hi", "idx", "cap"} <= f.f_locals.keys():
+        f = f.f_back
+    if f is not None:  # packing: the future in view
+        loc = f.f_locals
+        items, i = loc["items"], loc["i"]
+        if i == 0:
+            _seen.append(list(items))
+            _replay(list(items))
+        if len(_seen) == len(COUNTS) and i == len(items) - 1:
+            _send(_seen)
+        return _one_hot(len(bins), _memo[(float(item), bins.tobytes())])
+    if not _memo:  # the fresh audit runner: what the packing runner sent
+        for items in _receive():
+            _replay(items)
+    c = _memo.get((float(item), bins.tobytes()))
+    return _one_hot(len(bins), c) if c is not None else -(bins - item)
+'''
+
+
+@pytest.mark.xfail(strict=False, reason="known hole (docs/sandbox.md, known channels): bin "
+                   "packing's packing runner can relay its own instance to its fresh audit "
+                   "runner, the same program on the same inputs")
+@pytest.mark.parametrize("mode", MODES)
+def test_bin_packing_s_audit_runner_hears_nothing_from_its_packing_runner(mode):
+    """The packing runner packs offline (first fit decreasing, the future read from its
+    caller's frame) and relays its instances (2 x 300 items, 25,200 names) to its own fresh
+    audit runner, which then answers the 16 audited steps as the packing did. Must fail: not
+    passed, or not better than best fit on its instances. It gets through (xfail): the
+    measured size of the hole is its score against best fit's, in the failure message."""
+    from atlas.tasks.binpacking import BinPackingTask
+
+    task = BinPackingTask(weibull_count=2, weibull_items=300, audit_steps=16)
+    fill = {"FOLDER": repr(os.path.dirname(os.__file__)), "NONCE": repr(os.urandom(6).hex()),
+            "N_PER_INSTANCE": "[300, 300]", "CAPACITY": "100"}
+    code = AUDIT_RELAY
+    for key, value in fill.items():
+        code = code.replace(key, value)
+    with Sandbox.for_task(task, secret=SECRET, resources=Resources(workers=1),
+                          confinement=Confinement(isolation=mode)) as sb:
+        ev = sb.evaluate(code, task.context(1))
+        honest = sb.evaluate(task.seed_program(),
+                             {**task.context(1), INPUTS_OF: program_key(code)})
+    assert honest.passed, honest
+    assert not ev.passed or ev.score <= honest.score, \
+        f"got through: {ev.score:.3f} against best fit's {honest.score:.3f} ({ev.metrics})"
