@@ -209,7 +209,8 @@ def test_a_hindsight_relay_through_missing_names_forges_no_score(mode):
 def test_a_program_cannot_relay_to_a_later_run_of_itself(mode):
     """A program that looks a fresh missing name up and plays arm 1 where the lookup was
     already cached (a run of it before looked it up) scores the same every time: the sandbox
-    scores a program once per context, and a copy with other comments is the same program.
+    scores a program once per regime (a later round included), and a copy with other
+    comments is the same program.
     With ``score_once=False`` the second run does play arm 1: the relay would work."""
     stem = os.path.join(os.path.dirname(os.__file__), f"atlas-self-{os.urandom(6).hex()}")
     code = f'''import os
@@ -245,8 +246,9 @@ def policy(contexts, history, t, state):
         first = sb.evaluate(code, {"round": 1})
         again = sb.evaluate(code, {"round": 1})
         commented = sb.evaluate("# the same, once more\n" + code, {"round": 1})
-    assert first.passed and first.to_dict() == again.to_dict() == commented.to_dict(), \
-        (first, again, commented)
+        later = sb.evaluate(code, {"round": 7})
+    assert first.passed and first.to_dict() == again.to_dict() == commented.to_dict() \
+        == later.to_dict(), (first, again, commented, later)
     with _sandbox(mode, score_once=False) as sb:
         runs = [sb.evaluate(code.replace(stem, stem + "-control"), {"round": 1})
                 for _ in range(2)]

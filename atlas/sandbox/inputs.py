@@ -12,8 +12,8 @@ inputs, and is worth nothing there.
 The key is the hash of the program's syntax tree with docstrings dropped: the same program
 with other comments, blank lines or docstrings faces the same inputs (an optimiser cannot
 keep the luckiest of copies that differ only in a comment), and ``Sandbox`` scores a program
-at most once per context (its first ``Evaluation`` is returned again), so a program cannot
-relay to a later run of itself either.
+at most once per regime (the context without its round; its first ``Evaluation`` is returned
+again), so a program cannot relay to a later run of itself either.
 
 ``INPUTS_OF`` is a context key only the trusted caller sets (tests, measurements): it makes a
 program face the inputs of another program key, e.g. to score an honest fallback on an
@@ -60,5 +60,9 @@ def inputs_key(code: str, context: dict[str, Any]) -> str:
 
 
 def evaluation_key(code: str, context: dict[str, Any]) -> str:
-    """What ``Sandbox`` scores at most once: the program key and the whole context."""
-    return program_key(code) + ":" + json.dumps(context, sort_keys=True, default=str)
+    """What ``Sandbox`` scores at most once: the program key and the regime, the context
+    without its round (``atlas.evolution.evaluation.regime_key``: a score depends on the
+    regime, never on the round; a program's inputs do not change between rounds, so a later
+    round's run of it could read what an earlier one relayed)."""
+    regime = {k: v for k, v in context.items() if k != "round"}
+    return program_key(code) + ":" + json.dumps(regime, sort_keys=True, default=str)

@@ -448,7 +448,7 @@ class Sandbox:
         memory_mb, max_output_bytes = resources.memory_mb, resources.max_output_bytes
         recycle_every = resources.recycle_every
         isolation, hide, audit = confinement.isolation, list(confinement.hide), confinement.audit
-        #: program key and context -> the future of its one evaluation (``score_once``)
+        #: program key and regime -> the future of its one evaluation (``score_once``)
         self._scored: dict[str, concurrent.futures.Future[Evaluation]] | None = (
             {} if confinement.score_once and not confinement.audit else None)
         if not isinstance(evaluator_factory, str) or evaluator_factory.count(":") != 1 \

@@ -61,7 +61,7 @@ class Confinement:
     masks (the run folder and the secret file, widened to whole output trees), ``audit``
     (record every syscall a runner makes instead of refusing; ``python -m atlas.sandbox
     audit``, never for scoring) and ``score_once`` (a program is run at most once per
-    context, its first evaluation returned again: no later run of it can receive what an
+    regime, the context without its round, its first evaluation returned again: no later run of it can receive what an
     earlier one relayed through the kernel's caches; ``atlas.sandbox.inputs``). Turn it
     off only to run the same program again on purpose (the sandbox's own tests)."""
 
