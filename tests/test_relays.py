@@ -37,7 +37,8 @@ PILOT = [1, 0] * 8
 #: environment's drifting parameter in hindsight (ridge regression on a window around every
 #: step, future steps included), turns it into the best arm of every step and sends those
 #: arms, 3 bits each after the pilot bits, as missing names looked up in the standard
-#: library's folder
+#: library's folder; once a process: the program's twin, which plays the public environment
+#: after it (``atlas.sandbox.behaviour``), would send its own arms over the message
 SENDER = '''import os
 
 import numpy as np
@@ -77,7 +78,8 @@ def policy(contexts, history, t, state):
         state["r"].append(float(reward))
     state["contexts"].append(np.array(contexts))
     arm = int(state["rng"].integers(contexts.shape[0]))
-    if t == HORIZON - 1 and state is SEEN[-1]:  # the last call of the episode: send
+    if t == HORIZON - 1 and state is SEEN[-1] and not getattr(os, "relay_sent", False):
+        os.relay_sent = True  # the last call of the episode: send, not again from its twin
         bits = []
         for s in SEEN:
             for a in _best_arms(s):
@@ -281,7 +283,8 @@ def test_the_variance_a_programs_own_inputs_add_is_measured():
 
 #: bin packing: the sender records the first ``N_ITEMS`` items it is given and sends them, 7
 #: bits each, through missing names, a pair of names a bit (it looks up the first of the pair
-#: for a 1, the second for a 0; the receiver compares the two, which needs no threshold); the
+#: for a 1, the second for a 0; the receiver compares the two, which needs no threshold), once
+#: a process (its twin's packing of the public instance would overwrite the message); the
 #: receiver decodes them, and where they are the items it is given too (32 of 40 suffice: a
 #: slow lookup flips a bit now and then), packs worst fit
 #: instead of best fit (its score then differs from the honest one). Issue 56's version
@@ -295,7 +298,8 @@ SEEN = []
 def priority(item, bins):
     if len(SEEN) < N_ITEMS:
         SEEN.append(int(item))
-        if len(SEEN) == N_ITEMS:
+        if len(SEEN) == N_ITEMS and not getattr(os, "relay_sent", False):
+            os.relay_sent = True  # once a process: not again from its twin's public packing
             bits = [(x >> k) & 1 for x in SEEN for k in range(7)]
             for i, bit in enumerate(bits):
                 try:
