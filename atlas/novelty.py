@@ -8,8 +8,13 @@ output"). A copy costs a sandbox run and teaches nothing, so every proposal is l
   parents, an earlier proposal of the round). "The same" is the syntax tree of what can run:
   comments, docstrings and top-level definitions the entry point never reaches are dropped,
   so a supporter's patch with an unused ``policy_v3`` appended is still that patch.
-- ``same_behaviour``: new code whose score equals a program's already filed on the same
-  equation (regime): a rename, a reordering, code that changes nothing the evaluator sees.
+- ``same_behaviour``: new code that behaves as a program already filed on the same equation
+  (regime): a rename, a reordering, code that changes nothing the evaluator sees. Where
+  both programs have a behaviour fingerprint (``Evaluation.behaviour``: their play on the
+  task's public input, ``atlas.sandbox.behaviour``; bandit and bin packing), the
+  fingerprints are compared: each program faces hidden inputs of its own, so equal behaviour
+  no longer gives equal scores. Where either has none (PINN, records written before), the
+  scores are: on the same hidden inputs an equal score means the same play.
 - ``constants_only``: new code that differs from a parent in its prompt only in numeric
   literals: the blind tuning EvoReplay finds behind much of the field's gains.
 - ``new``: anything else.
@@ -148,6 +153,10 @@ class NoveltyIndex:
     entry_point: str | None
     keys: dict[str, int] = field(default_factory=dict)  # program key -> first id
     scores: dict[str, set[float]] = field(default_factory=dict)  # regime -> passed scores
+    #: regime -> scores of the passed programs without a behaviour fingerprint
+    blind_scores: dict[str, set[float]] = field(default_factory=dict)
+    #: regime -> behaviour fingerprints of the passed programs
+    behaviours: dict[str, set[str]] = field(default_factory=dict)
     _shapes: dict[int, str | None] = field(default_factory=dict)
 
     def key(self, code: str) -> str:
@@ -166,13 +175,25 @@ class NoveltyIndex:
                 return int(p.id)
         return None
 
+    def same_behaviour(self, score: float | None, regime: str,
+                       behaviour: str | None = None) -> bool:
+        """Whether a passed program behaves as one already indexed on ``regime``: its
+        fingerprint against theirs, its score against those of programs that have none;
+        without a fingerprint, its score against every one (module docstring)."""
+        if score is None or not math.isfinite(score):
+            return False
+        if behaviour is None:
+            return score in self.scores.get(regime, ())
+        return (behaviour in self.behaviours.get(regime, ())
+                or score in self.blind_scores.get(regime, ()))
+
     def label(self, code: str | None, score: float | None, regime: str,
-              parents: Sequence[Any] = ()) -> str:
+              parents: Sequence[Any] = (), behaviour: str | None = None) -> str:
         """The label of a program not yet added (module docstring); ``score`` None when it
-        failed or was not evaluated."""
+        failed or was not evaluated, ``behaviour`` its fingerprint where it has one."""
         if self.copy_of(code, parents) is not None:
             return COPY
-        if score is not None and math.isfinite(score) and score in self.scores.get(regime, ()):
+        if self.same_behaviour(score, regime, behaviour):
             return SAME_BEHAVIOUR
         if code:
             shape = shape_key(code, self.entry_point)
@@ -186,15 +207,22 @@ class NoveltyIndex:
             self._shapes[pid] = shape_key(p.code, self.entry_point)
         return self._shapes[pid]
 
-    def add(self, pid: int, code: str | None, score: float | None, regime: str) -> None:
+    def add(self, pid: int, code: str | None, score: float | None, regime: str,
+            behaviour: str | None = None) -> None:
         if code:
             self.keys.setdefault(self.key(code), int(pid))
         if score is not None and math.isfinite(score):
             self.scores.setdefault(regime, set()).add(float(score))
+            if behaviour is None:
+                self.blind_scores.setdefault(regime, set()).add(float(score))
+            else:
+                self.behaviours.setdefault(regime, set()).add(behaviour)
 
     def add_program(self, p: Any) -> None:
-        """Index a filed ``Program`` (its score only if it passed)."""
-        self.add(p.id, p.code, p.score if p.passed else None, p.regime)
+        """Index a filed ``Program`` (its score and fingerprint only if it passed)."""
+        passed = p.passed
+        self.add(p.id, p.code, p.score if passed else None, p.regime,
+                 p.evaluation.behaviour if passed else None)
 
 
 def beats_parents(score: float | None, regime: str, parents: Sequence[Any]) -> bool | None:
@@ -246,12 +274,14 @@ def labelled(programs: Sequence[dict[str, Any]], entry_point: str | None
         ev = rec.get("evaluation") or {}
         passed = bool(ev.get("passed")) and ev.get("score") is not None
         score = float(ev["score"]) if passed else None
+        behaviour = ev.get("behaviour") if passed and isinstance(ev.get("behaviour"), str) \
+            else None
         view = _View(int(rec["id"]), rec.get("code") or "", score, rec.get("regime", ""))
         if rec.get("source", "agent") in ("agent", "supporter") and not rec.get("novelty"):
             parents = [by_id[int(i)] for i in rec.get("parents") or [] if int(i) in by_id]
-            rec["novelty"] = index.label(view.code, score, view.regime, parents)
+            rec["novelty"] = index.label(view.code, score, view.regime, parents, behaviour)
             rec["beats_parents"] = beats_parents(score, view.regime, parents)
-        index.add(view.id, view.code, score, view.regime)
+        index.add(view.id, view.code, score, view.regime, behaviour)
         by_id[view.id] = view
         out.append(rec)
     return out

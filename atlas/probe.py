@@ -270,8 +270,10 @@ class LearningProbe:
         for prompt, row in zip(self.prompts, side.attempts):
             for a in row:
                 score = a.evaluation.score if _passed(a) else None
+                behaviour = a.evaluation.behaviour if _passed(a) else None
                 regime = regime_key(self.context)
-                records.append({"novelty": db.novelty.label(a.code, score, regime, prompt.parents),
+                records.append({"novelty": db.novelty.label(a.code, score, regime, prompt.parents,
+                                                             behaviour),
                                 "beats_parents": beats_parents(score, regime, prompt.parents),
                                 "evaluation": {"passed": _passed(a)}})
         return tally(records)

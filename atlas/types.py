@@ -95,6 +95,9 @@ class Evaluation:
 
     ``score`` is always "higher is better" (bandit: negative mean regret; PINN: negative
     validation loss). A failed candidate has ``passed=False`` and ``score=-inf``.
+    ``behaviour``: the fingerprint of the program's play on its task's public input
+    (``atlas.sandbox.behaviour``), which ``atlas.novelty`` compares instead of the score;
+    None where the task has none (PINN) or the program failed.
     """
 
     score: float
@@ -103,6 +106,7 @@ class Evaluation:
     message: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    behaviour: str | None = None
 
     def __post_init__(self) -> None:
         self.failure_kind = FailureKind(self.failure_kind)
@@ -125,7 +129,8 @@ class Evaluation:
         return cls(score=-math.inf if score is None else float(score), passed=bool(d["passed"]),
                    failure_kind=FailureKind(d.get("failure_kind", FailureKind.OK)),
                    message=d.get("message", ""), metrics=dict(d.get("metrics") or {}),
-                   seconds=float(d.get("seconds", 0.0)))
+                   seconds=float(d.get("seconds", 0.0)),
+                   behaviour=d.get("behaviour") if isinstance(d.get("behaviour"), str) else None)
 
 
 @dataclass

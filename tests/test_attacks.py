@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from atlas.sandbox import Confinement, Resources, Sandbox, TaskSpec
+from atlas.sandbox.inputs import INPUTS_OF
 from atlas.sandbox.isolation import probe_bwrap
 from atlas.sandbox.secret import SECRET_FILE, run_secret
 from atlas.tasks.bandit import BanditTask
@@ -33,6 +34,11 @@ BANDIT_ATTACKS = sorted((ATTACKS / "bandit").glob("*.py"))
 #: every attack falls back to playing arm 0 when its trick fails: its honest score is exactly
 #: that of this program (the oracle scores 0, an attack that reached the environment more)
 ARM0 = "def policy(contexts, history, t, state):\n    return 0\n"
+#: every program here faces the same hidden inputs (``INPUTS_OF``), as all did before each
+#: program got its own (``atlas.sandbox.inputs``), so an attack is judged against its honest
+#: fallback's score on exactly its inputs, and runs again on purpose (``score_once=False``);
+#: a program's own inputs and the relays they defeat are tested in ``test_relays.py``
+CTX = {"round": 1, INPUTS_OF: "attack-suite"}
 
 PROBE = '''import os
 import tempfile
@@ -102,9 +108,9 @@ def bandit(request, tmp_path_factory):
     task = BanditTask(T=200, env_seeds=[0, 1])
     with _planted() as planted, Sandbox.for_task(
             task, secret=secret, resources=Resources(workers=1),
-            confinement=Confinement(isolation=request.param, hide=(str(run_dir),))) as sb:
-        seed = sb.evaluate(task.seed_program(), {"round": 1})
-        arm0 = sb.evaluate(ARM0, {"round": 1})
+            confinement=Confinement(score_once=False, isolation=request.param, hide=(str(run_dir),))) as sb:
+        seed = sb.evaluate(task.seed_program(), CTX)
+        arm0 = sb.evaluate(ARM0, CTX)
         # the secret is drawn fresh (the real path), so the hidden environments differ per run:
         # "always arm 0" can beat the seed on T=200 (CI saw -0.547 vs -0.604); what the attack
         # checks need is two honest scores that differ, so an attack answering with the seed's
@@ -123,13 +129,13 @@ def test_bandit_attack_gets_a_failure_or_an_honest_score(bandit, path):
     sb, task, seed_score, honest, secret_path, secret = bandit
     code = fill(path.read_text(), **sb.attack_fill)
     for run in range(2):  # the second run would find whatever the first left for it
-        ev = sb.evaluate(code, {"round": 1})
+        ev = sb.evaluate(code, CTX)
         why = verdict(path, ev, honest)
         assert why is None, f"run {run}: {why}"
         assert ev.failure_kind != FailureKind.OK.value or ev.passed
-    after = sb.evaluate(task.seed_program(), {"round": 1})
+    after = sb.evaluate(task.seed_program(), CTX)
     assert after.passed and after.score == seed_score, (path.stem, after)
-    probe = sb.evaluate(PROBE, {"round": 1})
+    probe = sb.evaluate(PROBE, CTX)
     assert probe.passed, (path.stem, probe.message)
 
 
@@ -152,9 +158,9 @@ def test_hidden_paths_stay_unreadable_when_permissions_allow(mode):
                                                                           secret)
     try:
         with Sandbox.for_task(task, secret=secret, resources=Resources(workers=1),
-                              confinement=Confinement(isolation=mode, hide=(str(run_dir),))) as sb:
-            arm0 = sb.evaluate(ARM0, {"round": 1})
-            ev = sb.evaluate(code, {"round": 1})
+                              confinement=Confinement(score_once=False, isolation=mode, hide=(str(run_dir),))) as sb:
+            arm0 = sb.evaluate(ARM0, CTX)
+            ev = sb.evaluate(code, CTX)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     assert arm0.passed and ev.passed and ev.score == arm0.score, ev
@@ -162,7 +168,7 @@ def test_hidden_paths_stay_unreadable_when_permissions_allow(mode):
 
 def test_exotic_returns_are_classified(bandit):
     sb = bandit[0]
-    kinds = {p.stem: sb.evaluate(p.read_text(), {"round": 1}).failure_kind
+    kinds = {p.stem: sb.evaluate(p.read_text(), CTX).failure_kind
              for p in BANDIT_ATTACKS if p.stem in (
                  "nan_return", "huge_int", "bool_return", "exotic_int_subclass",
                  "exotic_index_eq", "exotic_numpy_subclass")}
@@ -176,7 +182,7 @@ def test_exotic_returns_are_classified(bandit):
                                   "error_kind_unhashable", "nan_infinity_tokens"])
 def test_malformed_frames_are_tampered_not_a_scorer_crash(bandit, name):
     sb = bandit[0]
-    ev = sb.evaluate((ATTACKS / "bandit" / f"{name}.py").read_text(), {"round": 1})
+    ev = sb.evaluate((ATTACKS / "bandit" / f"{name}.py").read_text(), CTX)
     assert ev.failure_kind == FailureKind.TAMPERED.value, ev
 
 
@@ -195,9 +201,9 @@ def binpacking(request, tmp_path_factory):
     secret = run_secret(run_dir)
     task = BinPackingTask(weibull_count=2, weibull_items=300, audit_steps=16)
     with Sandbox.for_task(task, secret=secret, resources=Resources(workers=1),
-                          confinement=Confinement(isolation=request.param,
+                          confinement=Confinement(score_once=False, isolation=request.param,
                                                   hide=(str(run_dir),))) as sb:
-        seed = sb.evaluate(task.seed_program(), task.context(1))
+        seed = sb.evaluate(task.seed_program(), {**task.context(1), INPUTS_OF: "attack-suite"})
         assert seed.passed and seed.score < 0, seed
         yield sb, task, seed.score
 
@@ -210,11 +216,11 @@ def test_binpacking_attack_gets_a_failure_or_an_honest_score(binpacking, path):
     sb, task, seed_score = binpacking
     code = path.read_text()
     for run in range(2):
-        ev = sb.evaluate(code, task.context(1))
+        ev = sb.evaluate(code, {**task.context(1), INPUTS_OF: "attack-suite"})
         why = verdict(path, ev, seed_score)
         assert why is None, f"run {run}: {why}"
         assert ev.failure_kind != FailureKind.OK.value or ev.passed
-    after = sb.evaluate(task.seed_program(), task.context(1))
+    after = sb.evaluate(task.seed_program(), {**task.context(1), INPUTS_OF: "attack-suite"})
     assert after.passed and after.score == seed_score, (path.stem, after)
 
 
@@ -258,7 +264,7 @@ def test_a_program_that_patches_numpy_scores_what_it_honestly_plays():
     code = (ATTACKS / "patch_numpy_mean.py").read_text()
     honest = toy_in_process({"steps": 10}, {}, ARM0).score
     with Sandbox(TaskSpec(TOY_SCORER, {"steps": 10}, TOY_RUNNER, score_range=(-math.inf, 0.0)),
-                 resources=Resources(workers=1), confinement=Confinement(isolation="rlimits")) as sb:
+                 resources=Resources(workers=1), confinement=Confinement(score_once=False, isolation="rlimits")) as sb:
         for _ in range(2):
             ev = sb.evaluate(code, {})
             assert ev.passed and ev.score == honest and honest < 0, ev
@@ -282,7 +288,7 @@ def test_pinn_attacks_get_a_failure_or_an_honest_score_and_leave_the_seed_alone(
     ctx = task.context(2)
     mode = "bwrap" if probe_bwrap()[0] else "rlimits"
     with Sandbox.for_task(task, resources=Resources(workers=1, memory_mb=3072),
-                          confinement=Confinement(isolation=mode)) as sb:
+                          confinement=Confinement(score_once=False, isolation=mode)) as sb:
         seed = sb.evaluate(task.seed_program(), ctx)
         assert seed.passed and seed.score <= 0, seed
         for path in PINN_ATTACKS:
@@ -316,10 +322,10 @@ def test_metadata_relay_reaches_no_later_candidate(bandit):
     with it, the rest is denied by seccomp, and the attempt fails as ``blocked``)."""
     sb, task, seed_score, honest, _, _ = bandit
     code = (ATTACKS / "bandit" / "metadata_relay.py").read_text()
-    scores = [sb.evaluate(code, {"round": 1}) for _ in range(3)]
+    scores = [sb.evaluate(code, CTX) for _ in range(3)]
     assert all(ev.failure_kind == FailureKind.BLOCKED.value or (ev.passed and ev.score == honest)
                for ev in scores), scores
-    after = sb.evaluate(task.seed_program(), {"round": 1})
+    after = sb.evaluate(task.seed_program(), CTX)
     assert after.passed and after.score == seed_score, after
 
 
@@ -332,14 +338,14 @@ def test_page_cache_probes_fail_though_ctypes_is_reachable(bandit):
     reach = ("import sys\n\ndef policy(contexts, history, t, state):\n"
              "    c = sys.modules.get('ctypes')\n"
              "    return 1 if c is not None and c.CDLL(None).getpid() > 0 else 0\n")
-    arm1 = sb.evaluate(ARM1, {"round": 1})
-    reached = sb.evaluate(reach, {"round": 1})
+    arm1 = sb.evaluate(ARM1, CTX)
+    reached = sb.evaluate(reach, CTX)
     assert arm1.passed and reached.passed and reached.score == arm1.score != honest, reached
     for _ in range(2):  # the probes fail, and the attempt is named
-        ev = sb.evaluate((ATTACKS / "bandit" / "page_cache_probe.py").read_text(), {"round": 1})
+        ev = sb.evaluate((ATTACKS / "bandit" / "page_cache_probe.py").read_text(), CTX)
         assert ev.failure_kind == FailureKind.BLOCKED.value, ev
         assert "mincore" in ev.message and "readahead" in ev.message, ev.message
-    after = sb.evaluate(task.seed_program(), {"round": 1})
+    after = sb.evaluate(task.seed_program(), CTX)
     assert after.passed and after.score == seed_score, after
 
 
@@ -347,9 +353,9 @@ def test_chmod_of_the_scratch_does_not_kill_the_next_candidate(bandit):
     sb, task, seed_score, honest, _, _ = bandit
     code = (ATTACKS / "bandit" / "chmod_scratch.py").read_text()
     for _ in range(2):
-        ev = sb.evaluate(code, {"round": 1})
+        ev = sb.evaluate(code, CTX)
         assert not ev.passed or ev.score == honest, ev
-        after = sb.evaluate(task.seed_program(), {"round": 1})
+        after = sb.evaluate(task.seed_program(), CTX)
         assert after.passed and after.score == seed_score, after
 
 
@@ -399,10 +405,10 @@ def sweep(request, tmp_path_factory):
     task = BanditTask(T=100, env_seeds=[0, 1])
     try:
         with Sandbox.for_task(task, secret=secret, resources=Resources(workers=1),
-                              confinement=Confinement(isolation=mode, hide=(
+                              confinement=Confinement(score_once=False, isolation=mode, hide=(
                                   str(paths["job_a"]), str(paths["shared"])))) as sb:
-            seed = sb.evaluate(task.seed_program(), {"round": 1})
-            arm0 = sb.evaluate(ARM0, {"round": 1})
+            seed = sb.evaluate(task.seed_program(), CTX)
+            arm0 = sb.evaluate(ARM0, CTX)
             assert seed.passed and arm0.passed and seed.score != arm0.score, (seed, arm0)
             yield sb, task, seed.score, arm0.score, paths
     finally:
@@ -420,9 +426,9 @@ def test_no_run_secret_is_readable_from_a_sweep_job(sweep, target):
     code = code.replace("SECRET_PATH", str(path)).replace("SECRET_VALUE",
                                                            path.read_text().strip())
     for run in range(2):
-        ev = sb.evaluate(code, {"round": 1})
+        ev = sb.evaluate(code, CTX)
         assert ev.passed and ev.score == honest, (target, run, ev)
-    after = sb.evaluate(task.seed_program(), {"round": 1})
+    after = sb.evaluate(task.seed_program(), CTX)
     assert after.passed and after.score == seed_score, (target, after)
 
 
@@ -436,14 +442,14 @@ def test_no_masked_path_can_be_told_to_exist(sweep, target):
     path = paths[target] if target == "shared" else paths[target] / SECRET_FILE
     code = (ATTACKS / "bandit" / "masked_metadata.py").read_text().replace("SECRET_PATH",
                                                                            str(path))
-    ev = sb.evaluate(code, {"round": 1})
+    ev = sb.evaluate(code, CTX)
     assert ev.passed and ev.score == honest, (target, ev)
     # the attack can tell where there is something to tell: a file of the code view is seen
     import atlas
 
     visible = (ATTACKS / "bandit" / "masked_metadata.py").read_text().replace(
         "SECRET_PATH", os.path.join(os.path.dirname(atlas.__file__), "__init__.py"))
-    seen = sb.evaluate(visible, {"round": 1})
+    seen = sb.evaluate(visible, CTX)
     assert seen.passed and seen.score != honest, seen
 
 
@@ -452,9 +458,9 @@ def test_no_sibling_records_are_found_through_mountinfo(sweep):
     code = (ATTACKS / "bandit" / "sibling_records_mountinfo.py").read_text()
     code = code.replace("SIBLING_DIR", str(paths["job_b"]))
     for run in range(2):
-        ev = sb.evaluate(code, {"round": 1})
+        ev = sb.evaluate(code, CTX)
         assert ev.passed and ev.score == honest, (run, ev)
-    after = sb.evaluate(task.seed_program(), {"round": 1})
+    after = sb.evaluate(task.seed_program(), CTX)
     assert after.passed and after.score == seed_score, after
 
 
@@ -466,20 +472,19 @@ from atlas.sandbox import Confinement, Resources, Sandbox
 from atlas.sandbox.secret import run_secret
 from atlas.tasks.bandit import BanditTask
 
-mode, run_dir, attack, sibling_attack = sys.argv[1:5]
+mode, run_dir, *attacks = sys.argv[1:]
 secret = run_secret(run_dir)
 task = BanditTask(T=60, env_seeds=[0, 1])
 arm0 = "def policy(contexts, history, t, state):\\n    return 0\\n"
 with Sandbox.for_task(task, secret=secret, resources=Resources(workers=1),
-                      confinement=Confinement(isolation=mode, hide=(run_dir,))) as sb:
+                      confinement=Confinement(score_once=False, isolation=mode, hide=(run_dir,))) as sb:
     out = {"atlas": atlas.__file__, "hide": sb.hide, "isolation": sb.isolation}
-    out["seed"] = [sb.evaluate(task.seed_program(), {"round": 1}).score]
-    out["arm0"] = sb.evaluate(arm0, {"round": 1}).score
-    attack = Path(attack).read_text().replace("SECRET_VALUE", secret)
-    sibling = Path(sibling_attack).read_text()
-    out["attacks"] = [sb.evaluate(code, {"round": 1}).to_dict()
-                      for code in (attack, attack, sibling, sibling)]
-    out["seed"].append(sb.evaluate(task.seed_program(), {"round": 1}).score)
+    out["seed"] = [sb.evaluate(task.seed_program(), {"round": 1, "inputs_of": "attack-suite"}).score]
+    out["arm0"] = sb.evaluate(arm0, {"round": 1, "inputs_of": "attack-suite"}).score
+    codes = [Path(a).read_text().replace("SECRET_VALUE", secret) for a in attacks]
+    out["attacks"] = [sb.evaluate(code, {"round": 1, "inputs_of": "attack-suite"}).to_dict()
+                      for code in codes for _ in range(2)]
+    out["seed"].append(sb.evaluate(task.seed_program(), {"round": 1, "inputs_of": "attack-suite"}).score)
 print("RESULT", json.dumps(out))
 '''
 
@@ -487,7 +492,8 @@ print("RESULT", json.dumps(out))
 @pytest.mark.parametrize("mode", MODES)
 def test_the_mask_holds_with_the_clone_and_the_run_folder_under_tmp(mode, tmp_path):
     """A clone under /tmp is bound back into the private /tmp; its output trees (this run and
-    a sibling sweep job) must stay masked: the masks come after that bind."""
+    a sibling sweep job) must stay masked: the masks come after that bind. Masked also means
+    absent: neither run folder can be told to exist (``masked_metadata``)."""
     import json
     import shutil
     import subprocess
@@ -508,9 +514,15 @@ def test_the_mask_holds_with_the_clone_and_the_run_folder_under_tmp(mode, tmp_pa
     sibling_attack = tmp_path / "sibling.py"
     sibling_attack.write_text((ATTACKS / "bandit" / "sibling_records_mountinfo.py").read_text()
                               .replace("SIBLING_DIR", str(sibling)))
+    masked = []  # the run folder below outputs/ and the sibling below multirun/ look absent
+    for target in (run_dir / SECRET_FILE, sibling / SECRET_FILE):
+        masked.append(tmp_path / f"masked_{len(masked)}.py")
+        masked[-1].write_text((ATTACKS / "bandit" / "masked_metadata.py").read_text()
+                              .replace("SECRET_PATH", str(target)))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([sys.executable, "-c", CLONE_SCRIPT, mode, str(run_dir), str(attack),
-                           str(sibling_attack)], cwd=clone, env={**env, "PYTHONPATH": str(clone)},
+                           str(sibling_attack), *map(str, masked)], cwd=clone,
+                          env={**env, "PYTHONPATH": str(clone)},
                           capture_output=True, text=True, timeout=300)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line, proc.stderr[-3000:]
@@ -544,11 +556,11 @@ def test_pinn_seed_with_a_comment_scores_identically():
     from atlas.tasks.pinn import PinnTask
 
     task = PinnTask(**PINN_SMALL)
-    ctx = task.context(1)
+    ctx = {**task.context(1), INPUTS_OF: "attack-suite"}
     seed = task.seed_program()
     mode = "bwrap" if probe_bwrap()[0] else "rlimits"
     with Sandbox.for_task(task, resources=Resources(workers=1, memory_mb=3072),
-                          confinement=Confinement(isolation=mode)) as sb:
+                          confinement=Confinement(score_once=False, isolation=mode)) as sb:
         evs = [sb.evaluate(code, ctx) for code in (seed, seed + "\n# tuned by hand\n",
                                                    "# another comment\n" + seed)]
     assert all(ev.passed for ev in evs), evs
@@ -589,7 +601,7 @@ def test_a_random_policy_with_a_comment_scores_identically(bandit):
     sb = bandit[0]
     code = ("import random\nimport numpy as np\n\n\ndef policy(contexts, history, t, state):\n"
             "    return int(np.random.randint(len(contexts))) if random.random() < 0.9 else 0\n")
-    evs = [sb.evaluate(c, {"round": 1}) for c in (code, code + "# tuned\n", "# v2\n" + code)]
+    evs = [sb.evaluate(c, CTX) for c in (code, code + "# tuned\n", "# v2\n" + code)]
     assert all(ev.passed for ev in evs) and len({ev.score for ev in evs}) == 1, evs
 
 
@@ -613,7 +625,7 @@ def _toy(mode: str, *, timeout_s: float = 30.0, **resources: int) -> Sandbox:
     from atlas.sandbox.testing import TOY_RUNNER, TOY_SCORER
 
     return Sandbox(TaskSpec(TOY_SCORER, {"steps": 10}, TOY_RUNNER, timeout_s=timeout_s),
-                   resources=Resources(**resources), confinement=Confinement(isolation=mode))
+                   resources=Resources(**resources), confinement=Confinement(score_once=False, isolation=mode))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -845,10 +857,10 @@ def test_a_secret_file_masks_its_whole_folder(mode):
                 "        return 0\n    return 1\n").replace("OTHER", repr(str(other)))
         task = BanditTask(T=50, env_seeds=[0, 1])
         with Sandbox.for_task(task, secret=secret, resources=Resources(workers=1),
-                              confinement=Confinement(isolation=mode, hide=(
+                              confinement=Confinement(score_once=False, isolation=mode, hide=(
                                   str(folder / "run"), str(ours)))) as sb:
-            arm0 = sb.evaluate(ARM0, {"round": 1})
-            ev = sb.evaluate(read, {"round": 1})
+            arm0 = sb.evaluate(ARM0, CTX)
+            ev = sb.evaluate(read, CTX)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     assert arm0.passed and (not ev.passed or ev.score == arm0.score), ev

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from atlas.sandbox.candidate import CandidateError, load_candidate
+from atlas.sandbox.inputs import program_key
 from atlas.tasks import make_task
 from atlas.tasks.bandit import DEFAULTS, BanditTask
 from atlas.tasks.bandit.baselines import (
@@ -318,12 +319,12 @@ def test_the_sandbox_scores_a_program_as_the_in_process_evaluator_does(task: Ban
                       "    return int(np.argmax(contexts.sum(axis=1)))")
     codes = [task.seed_program(), unfreeze, _const("return int(np.argmax(contexts[:, 0]))")]
     secret = "5e" * 32
-    envs = build_envs(config, secret)
     with Sandbox(TaskSpec("atlas.tasks.bandit.evaluator:make_scorer", config,
                           "atlas.tasks.bandit.evaluator:make_runner", timeout_s=60.0),
                  resources=Resources(workers=1), secret=secret) as sb:
         for code in codes:
             piped = sb.evaluate(code, {})
             policy = load_candidate(code, "policy")
+            envs = build_envs(config, secret, program_key(code))  # the program's own
             assert piped.passed, piped
             assert (piped.score, piped.metrics) == score_policy(lambda env, p=policy: p, envs)

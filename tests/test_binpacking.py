@@ -7,6 +7,7 @@ import pytest
 
 from atlas.sandbox import Resources, Sandbox
 from atlas.sandbox.candidate import CandidateError
+from atlas.sandbox.inputs import program_key
 from atlas.tasks import make_task
 from atlas.tasks.binpacking import BinPackingTask
 from atlas.tasks.binpacking.baselines import (
@@ -138,7 +139,9 @@ def test_sandbox_scores_checks_and_audits() -> None:
         seed, rnd, nan, scalar = sb.evaluate_many(
             [task.seed_program(), RANDOM, NAN, SCALAR], task.context(0))
     assert seed.passed, seed.message
-    expected, metrics = score_priority(best_fit, task.scored_instances(SECRET))
+    # the seed's own instances (drawn from the secret and its program key)
+    expected, metrics = score_priority(
+        best_fit, task.scored_instances(SECRET, program_key(task.seed_program())))
     assert seed.score == pytest.approx(expected, abs=1e-12) and seed.score < 0
     assert seed.metrics["bins_used"] == metrics["bins_used"]
     assert seed.metrics["audited_steps"] == 8

@@ -59,10 +59,12 @@ def _direct_score(config: dict) -> float:
 
 def toy(config: dict, *, timeout_s: float = 30.0, fork_safe: bool = True,
         syscalls: tuple[str, ...] = (), isolation: str = "auto", **resources: int) -> Sandbox:
-    """A sandbox of the toy task (atlas/sandbox/testing.py)."""
+    """A sandbox of the toy task (atlas/sandbox/testing.py) that runs a program again each
+    time it is given (these tests run the same program on purpose)."""
     return Sandbox(TaskSpec(TOY_SCORER, config, TOY_RUNNER, timeout_s=timeout_s,
                             fork_safe=fork_safe, syscalls=syscalls),
-                   resources=Resources(**resources), confinement=Confinement(isolation=isolation))
+                   resources=Resources(**resources),
+                   confinement=Confinement(isolation=isolation, score_once=False))
 
 
 @pytest.fixture(scope="module", params=["bwrap-fork", "bwrap-inline", "fallback-fork"])

@@ -170,14 +170,16 @@ def sandbox_row(samples: int = 8) -> dict[str, float] | str:
     try:
         # imported here: a sandbox that cannot import is a skipped row (the except below),
         # not a failed bench
-        from atlas.sandbox import Resources, Sandbox
+        from atlas.sandbox import Confinement, Resources, Sandbox
         from atlas.tasks import make_task
     except ImportError as err:
         return f"skipped: {err}"
     try:
         task = make_task("bandit")
         code = task.seed_program()
-        with_sb = Sandbox.for_task(task, resources=Resources(workers=2))
+        # timed: the same program runs again on purpose (a Sandbox scores a program once)
+        with_sb = Sandbox.for_task(task, resources=Resources(workers=2),
+                                   confinement=Confinement(score_once=False))
         try:
             context = task.context(0)
             with_sb.evaluate(code, context)  # warm the workers

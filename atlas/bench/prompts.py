@@ -78,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                                     context=context, adapter=POLICY)[0]:
                         score = a.evaluation.score if a.evaluation.passed else None
                         records.append({"novelty": db.novelty.label(a.code, score, parents[0].regime,
-                                                                    parents),
+                                                                    parents,
+                                                                    a.evaluation.behaviour),
                                         "evaluation": {"passed": a.evaluation.passed}})
                 row = {"task": name, "form": form, **tally(records),
                        "seconds": time.perf_counter() - t0}

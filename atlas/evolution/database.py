@@ -138,7 +138,9 @@ class ProgramDatabase:
                 and not program.novelty:
             parents = self.parents_of(program)
             score = program.score if program.passed and math.isfinite(program.score) else None
-            program.novelty = self.novelty.label(program.code, score, program.regime, parents)
+            behaviour = program.evaluation.behaviour if score is not None else None
+            program.novelty = self.novelty.label(program.code, score, program.regime, parents,
+                                                 behaviour)
             program.beats_parents = beats_parents(score, program.regime, parents)
 
     def _remember(self, program: Program, position: int) -> None:

@@ -11,6 +11,7 @@ lazily, so one bad candidate costs at most its own limit.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import itertools
 import json
 import logging
@@ -31,6 +32,7 @@ from typing import Any
 import psutil
 
 from atlas.sandbox import cgroup, protocol
+from atlas.sandbox.inputs import evaluation_key
 from atlas.sandbox.isolation import (
     BWRAP,
     CORES_GAP,
@@ -407,6 +409,24 @@ class _Slot:
         return protocol.validate_evaluation(frame.get("evaluation"))
 
 
+def _copy_of(future: concurrent.futures.Future[Evaluation]
+             ) -> concurrent.futures.Future[Evaluation]:
+    """A future of a copy of ``future``'s evaluation, so no caller's change reaches another."""
+    out: concurrent.futures.Future[Evaluation] = concurrent.futures.Future()
+
+    def done(f: concurrent.futures.Future[Evaluation]) -> None:
+        if f.cancelled():
+            out.cancel()
+        elif f.exception() is not None:
+            out.set_exception(f.exception())
+        else:
+            ev = f.result()
+            out.set_result(dataclasses.replace(ev, metrics=dict(ev.metrics)))
+
+    future.add_done_callback(done)
+    return out
+
+
 class Sandbox:
     """Runs untrusted candidate programs in isolated single-use processes, in parallel.
 
@@ -428,6 +448,9 @@ class Sandbox:
         memory_mb, max_output_bytes = resources.memory_mb, resources.max_output_bytes
         recycle_every = resources.recycle_every
         isolation, hide, audit = confinement.isolation, list(confinement.hide), confinement.audit
+        #: program key and regime -> the future of its one evaluation (``score_once``)
+        self._scored: dict[str, concurrent.futures.Future[Evaluation]] | None = (
+            {} if confinement.score_once and not confinement.audit else None)
         if not isinstance(evaluator_factory, str) or evaluator_factory.count(":") != 1 \
                 or not all(evaluator_factory.split(":")):
             raise ValueError(f"evaluator_factory={evaluator_factory!r} is invalid: use an import "
@@ -547,7 +570,26 @@ class Sandbox:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the Sandbox is closed")
-            return self._pool.submit(self._run, code, dict(context))
+            if self._scored is None:
+                return self._pool.submit(self._run, code, dict(context))
+            key = evaluation_key(code, context)
+            first = self._scored.get(key)
+            fresh = first is None
+            if first is None:
+                first = self._scored[key] = self._pool.submit(self._run, code, dict(context))
+        if fresh:  # outside the lock: a callback of a future already done runs right here
+            first.add_done_callback(lambda f, key=key: self._forget_if_not_its_own(key, f))
+        return _copy_of(first)
+
+    def _forget_if_not_its_own(self, key: str, future: concurrent.futures.Future[Evaluation]
+                               ) -> None:
+        """Run again later what did not end as the program's own result: the task's bug
+        (``task_error``) or the sandbox's own failure (an exception)."""
+        failed = future.cancelled() or future.exception() is not None
+        if failed or future.result().failure_kind == FailureKind.TASK_ERROR:
+            with self._lock:
+                if self._scored is not None and self._scored.get(key) is future:
+                    del self._scored[key]
 
     def evaluate(self, code: str, context: dict) -> Evaluation:
         """Run one candidate and wait for its ``Evaluation``."""

@@ -15,6 +15,7 @@ import os
 import struct
 from typing import Any
 
+from atlas.sandbox.behaviour import check_behaviour
 from atlas.types import Evaluation, FailureKind
 
 MAGIC = b"ATL1"
@@ -149,11 +150,15 @@ def validate_evaluation(d: Any) -> Evaluation:
     message = d.get("message", "")
     if not isinstance(message, str):
         raise ProtocolError("message must be a string")
+    try:
+        behaviour = check_behaviour(d.get("behaviour"))
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
     ev = Evaluation(score=-math.inf if score is None else float(score), passed=passed,
                     failure_kind=kind, message=message[:2000],
-                    metrics={k: float(v) for k, v in metrics.items()})
+                    metrics={k: float(v) for k, v in metrics.items()}, behaviour=behaviour)
     if ev.passed and (kind != FailureKind.OK.value or not math.isfinite(ev.score)):
         raise ProtocolError("a passed evaluation needs failure_kind 'ok' and a finite score")
     if not ev.passed:
-        ev.score = -math.inf
+        ev.score, ev.behaviour = -math.inf, None
     return ev

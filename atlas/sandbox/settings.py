@@ -58,10 +58,14 @@ class Resources:
 @dataclass(frozen=True)
 class Confinement:
     """How runners are shut in: ``isolation`` (bwrap | rlimits | auto), the paths ``hide``
-    masks (the run folder and the secret file, widened to whole output trees), and ``audit``
+    masks (the run folder and the secret file, widened to whole output trees), ``audit``
     (record every syscall a runner makes instead of refusing; ``python -m atlas.sandbox
-    audit``, never for scoring)."""
+    audit``, never for scoring) and ``score_once`` (a program is run at most once per
+    regime, the context without its round, its first evaluation returned again: no later run of it can receive what an
+    earlier one relayed through the kernel's caches; ``atlas.sandbox.inputs``). Turn it
+    off only to run the same program again on purpose (the sandbox's own tests)."""
 
     isolation: str = "auto"
     hide: tuple[str, ...] = ()
     audit: bool = False
+    score_once: bool = True

@@ -10,6 +10,11 @@ the reward of the arm it chose, over a pipe, and answers with an arm.
 (baselines, tests). The score is the negative mean (pseudo-)regret, NMR, averaged over the env seeds; the
 same ``score_policy`` function scores the baselines, so the baseline table is comparable.
 
+After the hidden environments the scorer has a twin of the program play one public
+environment (``public_env``); the arms played there become ``Evaluation.behaviour``, the
+fingerprint ``atlas.novelty`` compares (``atlas.sandbox.behaviour``). It is no part of the
+score. ``make_evaluator`` gives no fingerprint.
+
 Candidate API: ``policy(contexts, history, t, state) -> int``; ``contexts`` is a fresh read-only
 (K, d) copy, ``history`` a list of ``(arm, x, reward)`` that the evaluator appends to after each
 step (the same list object, so passing it is O(1)), ``state`` a dict private to one episode.
@@ -28,7 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from atlas.sandbox.behaviour import PUBLIC_SEED, Twin, fingerprint
 from atlas.sandbox.candidate import CandidateError, load_candidate
+from atlas.sandbox.inputs import inputs_key
 from atlas.sandbox.link import Link
 from atlas.sandbox.secret import derive_seed
 from atlas.tasks.bandit.env import BanditConfig, BanditEnv, make_env
@@ -74,7 +81,12 @@ def pack_contexts(x: np.ndarray) -> str:
 
 def unpack_contexts(text: str, n_arms: int, dim: int) -> np.ndarray:
     """``pack_contexts``' array again: a fresh, writable (K, d) float64 copy."""
-    return np.frombuffer(base64.b64decode(text), dtype=np.float64).reshape(n_arms, dim).copy()
+    return unpack_floats(text, n_arms, dim)
+
+
+def unpack_floats(text: str, *shape: int) -> np.ndarray:
+    """Any array ``pack_contexts`` packed, as a fresh, writable float64 array of ``shape``."""
+    return np.frombuffer(base64.b64decode(text), dtype=np.float64).reshape(*shape).copy()
 
 
 def run_episode(policy: Policy, env: BanditEnv) -> np.ndarray:
@@ -161,34 +173,75 @@ def check_env_seeds(seeds: Any) -> list[int]:
     return [int(s) for s in seeds]
 
 
-def build_envs(config: dict[str, Any], secret: str | None = None) -> list[BanditEnv]:
+def build_envs(config: dict[str, Any], secret: str | None = None,
+               program: str | None = None) -> list[BanditEnv]:
     """The evaluation environments named by ``config['env_seeds']``.
 
     With the run's ``secret`` each public seed only indexes a hidden seed derived from it; the
-    environment keeps the public seed as its label (``nmr_seed<k>`` metrics).
+    environment keeps the public seed as its label (``nmr_seed<k>`` metrics). With a
+    ``program`` key (``atlas.sandbox.inputs.program_key``) the hidden seed depends on the
+    program too: what one program learns of its environments is worth nothing to another.
     """
     seeds = check_env_seeds(config.get("env_seeds"))
     cfg = BanditConfig.from_mapping(config)
     if secret is None:
         return [make_env(cfg, s) for s in seeds]
-    return [replace(make_env(cfg, derive_seed(secret, "bandit-env", s)), seed=s) for s in seeds]
+    labels: tuple[object, ...] = () if program is None else (program,)
+    return [replace(make_env(cfg, derive_seed(secret, "bandit-env", s, *labels)), seed=s)
+            for s in seeds]
+
+
+def public_env(config: dict[str, Any]) -> BanditEnv | None:
+    """The public environment every program also plays, for its behaviour fingerprint
+    (``atlas.sandbox.behaviour``): the task's shape drawn from ``PUBLIC_SEED``, never from the
+    secret. None where the scorer's config says ``behaviour: false`` (a trusted caller's
+    switch: the test that it changes no score)."""
+    if not config.get("behaviour", True):
+        return None
+    return make_env(BanditConfig.from_mapping(config), PUBLIC_SEED)
+
+
+#: steps of the public environment per message (a message stays far below the frame limit)
+PUBLIC_CHUNK = 500
 
 
 class BanditScorer:
-    """Trusted half: holds the hidden environments, sends contexts and rewards, counts regret."""
+    """Trusted half: holds the hidden environments, sends contexts and rewards, counts regret.
+
+    After the hidden environments the runner plays the public environment (``public_env``)
+    with a twin of the program (``atlas.sandbox.behaviour.Twin``), ``PUBLIC_CHUNK`` steps a
+    message, contexts and rewards together (it is public: nothing to hide from the runner):
+    the arms played there are hashed into ``Evaluation.behaviour``; the score is the hidden
+    environments' alone."""
 
     def __init__(self, config: dict[str, Any], secret: str | None = None) -> None:
-        self.envs = build_envs(dict(config), secret)
+        self.config, self.secret = dict(config), secret
+        self.envs = build_envs(self.config, secret)
         self.cfg = BanditConfig.from_mapping(config)
+        self.public = public_env(self.config)
+        self._by_program: dict[str, list[BanditEnv]] = {}
+
+    def envs_for(self, code: str, context: dict[str, Any]) -> list[BanditEnv]:
+        """The program's own hidden environments (``atlas.sandbox.inputs``): drawn from the
+        secret and its program key, so a relay from an earlier candidate, which faced other
+        environments, carries nothing about them. Without a secret, the public ones."""
+        if self.secret is None:
+            return self.envs
+        key = inputs_key(code, context)
+        if key not in self._by_program:
+            if len(self._by_program) >= 4:  # a few: a fresh audit or a resend reuses them
+                self._by_program.pop(next(iter(self._by_program)))
+            self._by_program[key] = build_envs(self.config, self.secret, key)
+        return self._by_program[key]
 
     def public_config(self) -> dict[str, Any]:
         """What the runner may know: the shapes of the problem, nothing hidden."""
         return {"K": self.cfg.K, "d": self.cfg.d, "T": self.cfg.T}
 
-    def _play(self, link: Link) -> np.ndarray:
+    def _play(self, link: Link, envs: list[BanditEnv]) -> np.ndarray:
         """All environments in lockstep: one round trip per step carries every episode's
         contexts and last rewards (a round trip costs a scheduler wake-up on a busy machine)."""
-        envs, K = self.envs, self.cfg.K
+        K = self.cfg.K
         T, E = envs[0].horizon, len(envs)
         arms = _empty((E, T), dtype=_INT64)
         for t in range(T):
@@ -206,16 +259,42 @@ class BanditScorer:
             arms[:, t] = answer
         return arms
 
+    def _play_public(self, link: Link) -> str | None:
+        """The fingerprint of the twin's arms on the public environment, sent in chunks of
+        ``PUBLIC_CHUNK`` steps (``public``: the first step; ``x``, ``r``: the chunk's
+        contexts and rewards), each answered with its arms (``p``); fewer arms than steps:
+        the twin raised at the next step, and its play ends there. None without one."""
+        public, K = self.public, self.cfg.K
+        if public is None:
+            return None
+        T, played = public.horizon, []
+        for t0 in range(0, T, PUBLIC_CHUNK):
+            t1 = min(T, t0 + PUBLIC_CHUNK)
+            link.send({"public": t0, "x": pack_contexts(public.contexts[t0:t1]),
+                       "r": pack_contexts(public.rewards[t0:t1])})
+            got = link.recv().get("p")
+            if (type(got) is not list or len(got) > t1 - t0
+                    or not all(type(a) is int and 0 <= a < K for a in got)):
+                raise CandidateError(FailureKind.TAMPERED, f"the policy's process answered "
+                                     f"{repr(got)[:60]} for the public environment's steps "
+                                     f"{t0}-{t1 - 1}, not at most {t1 - t0} arms in [0, {K})")
+            played += got
+            if len(got) < t1 - t0:
+                return fingerprint("bandit", played, len(played))
+        return fingerprint("bandit", played)
+
     def score(self, code: str, context: dict[str, Any], link: Link) -> Evaluation:
         start = time.perf_counter()
-        arms = self._play(link)
+        envs = self.envs_for(code, context)
+        arms = self._play(link, envs)
+        behaviour = self._play_public(link)
         link.send({"done": True})
-        score, metrics = score_arms(list(zip(self.envs, arms)))
+        score, metrics = score_arms(list(zip(envs, arms)))
         require_finite("NMR score", score)
         for key, value in metrics.items():
             require_finite(f"metric {key}", value)
         return Evaluation(score=score, passed=True, metrics=metrics,
-                          seconds=time.perf_counter() - start)
+                          seconds=time.perf_counter() - start, behaviour=behaviour)
 
 
 def make_scorer(config: dict[str, Any], secret: str | None = None) -> BanditScorer:
@@ -228,14 +307,19 @@ def make_runner(config: dict[str, Any]) -> Callable[[str, dict[str, Any], Link],
     n_arms, dim = int(config["K"]), int(config["d"])
 
     def run(code: str, context: dict[str, Any], link: Link) -> None:
+        twin = Twin(code, ENTRY_POINT)  # first: its random streams begin as the seeded ones
         policy = load_candidate(code, ENTRY_POINT)
         histories: list[list[tuple[int, np.ndarray, float]]] = []
         states: list[dict[str, Any]] = []
         prev: list[tuple[int, np.ndarray]] = []
+        public: dict[str, Any] = {}
         while True:
             msg = link.recv()
             if msg.get("done"):
                 return
+            if "public" in msg:  # after the hidden ones: the twin's play, the fingerprint's
+                link.send({"p": _play_public(twin, public, msg, n_arms, dim)})
+                continue
             t = int(msg["t"])
             contexts = msg["x"]
             if t == 0:  # a fresh history and state per environment, as in score_policy
@@ -253,6 +337,36 @@ def make_runner(config: dict[str, Any]) -> Callable[[str, dict[str, Any], Link],
             link.send({"a": answer})
 
     return run
+
+
+def _play_public(twin: Twin, public: dict[str, Any], msg: dict[str, Any], n_arms: int,
+                 dim: int) -> list[int]:
+    """The twin's arms on one chunk of the public environment (its history and state kept
+    in ``public`` from chunk to chunk), in one ``Twin.within``; fewer than the chunk's steps
+    where it raised, none once it has: the scored play is over, and stands."""
+    t0 = int(msg["public"])
+    if t0 == 0:
+        public.update(history=[], state={}, stopped=False)
+    played: list[int] = []
+    if public.get("stopped"):
+        return played
+    contexts = unpack_floats(msg["x"], -1, n_arms, dim)
+    rewards = unpack_floats(msg["r"], -1, n_arms)
+    history, state = public["history"], public["state"]
+
+    def play(policy: Policy) -> None:
+        for i in range(len(contexts)):
+            x = contexts[i].copy()  # as in run_episode: a read-only copy per step
+            x.flags.writeable = False
+            a = check_arm(policy(x, history, t0 + i, state), n_arms, t0 + i)
+            played.append(a)
+            history.append((a, x[a], float(rewards[i, a])))
+
+    try:
+        twin.within(play)
+    except Exception:  # noqa: BLE001 - the twin's failure ends its play, not the program's
+        public["stopped"] = True
+    return played
 
 
 def make_evaluator(config: dict[str, Any]) -> Callable[[str, dict[str, Any]], Evaluation]:

@@ -76,12 +76,15 @@ class BinPackingTask(Task):
                 "shape": c["weibull_shape"], "scale": c["weibull_scale"],
                 "capacity": c["weibull_capacity"], "seed": c["weibull_seed"]}
 
-    def scored_instances(self, secret: str | None) -> list[Instance]:
+    def scored_instances(self, secret: str | None, program: str | None = None
+                         ) -> list[Instance]:
         """The instances a run with ``secret`` scores: the file's, or the Weibull sets drawn
-        from the secret (None: the public draw of the baselines command)."""
+        from the secret (None: the public draw of the baselines command) and, for a program's
+        own, its key (``atlas.sandbox.inputs.program_key``: what the scorer draws)."""
         if self.instances is not None:
             return self.instances
-        return weibull_instances(**self.weibull_params(), secret=secret)
+        return weibull_instances(**self.weibull_params(), secret=secret,
+                                 program=program if secret else None)
 
     def instance_set_label(self) -> str:
         """How reports name the instance set (e.g. 'Weibull 5 x 5000')."""

@@ -16,6 +16,9 @@ in a fresh runner that never saw an instance, sends it the state it replayed bef
 step (one at a time, in packing order) and that runner must answer the same bin by calling
 ``priority``, so an assignment that no online ``priority`` call produced (an offline packing,
 a forged one, one that peeked at future items and memorised its answers) fails. ``make_evaluator`` plays both halves in one process for trusted code (baselines).
+After the scored instances the runner's twin of the program packs a short public instance
+(``public_instance``): its bin choices become ``Evaluation.behaviour``, the fingerprint
+``atlas.novelty`` compares (``atlas.sandbox.behaviour``); it counts in no score.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from atlas.sandbox.behaviour import PUBLIC_SEED, Twin, fingerprint
 from atlas.sandbox.candidate import CandidateError, load_candidate
+from atlas.sandbox.inputs import inputs_key
 from atlas.sandbox.link import Link
 from atlas.sandbox.secret import derive_seed
 from atlas.tasks.binpacking.instances import (
@@ -45,6 +50,9 @@ ENTRY_POINT = "priority"
 # not bend the packing loop by reassigning np.argmax or np.flatnonzero
 _asarray, _flatnonzero, _full, _empty = np.asarray, np.flatnonzero, np.full, np.empty
 _float64, _int64 = np.float64, np.int64
+
+#: items of the public instance every program also packs, for its behaviour fingerprint
+PUBLIC_ITEMS = 1000
 
 
 def _at(step: int) -> str:
@@ -168,16 +176,19 @@ def metrics_of(instances: Sequence[Instance], used: Sequence[int]) -> dict[str, 
     return out
 
 
-def load_instances(config: dict[str, Any], secret: str | None = None) -> list[Instance]:
+def load_instances(config: dict[str, Any], secret: str | None = None,
+                   program: str | None = None) -> list[Instance]:
     """The instance set the host task put into the evaluator config, checked again; generated
     Weibull sets (``config["weibull"]``) are drawn here from the run secret, which the scorer
-    needs for them: without it the set would be the public draw a program can rebuild."""
+    needs for them: without it the set would be the public draw a program can rebuild; a
+    ``program`` key draws the program's own set (``weibull_instances``). A listed set is
+    public (a program can rebuild it): it is the same for every program."""
     if "weibull" in config:
         if not secret:
             raise ValueError("binpacking scorer: generated Weibull instances are drawn from the "
                              "run secret and none was given (build the sandbox with "
                              "Sandbox.for_task(task, secret=...))")
-        return weibull_instances(**config["weibull"], secret=secret)
+        return weibull_instances(**config["weibull"], secret=secret, program=program)
     data = config.get("instances")
     if not isinstance(data, list) or not data:
         raise ValueError("binpacking evaluator config needs 'instances': a non-empty list "
@@ -185,13 +196,51 @@ def load_instances(config: dict[str, Any], secret: str | None = None) -> list[In
     return [check_instance(Instance.from_json(d), "binpacking evaluator") for d in data]
 
 
+def public_instance(config: dict[str, Any]) -> Instance | None:
+    """The short public instance every program also packs, for its behaviour fingerprint
+    (``atlas.sandbox.behaviour``): ``PUBLIC_ITEMS`` items of the generated sets'
+    distribution drawn from ``PUBLIC_SEED``, never from the secret; for a listed (public)
+    set, the first ``PUBLIC_ITEMS`` items of its first instance. None where the scorer's
+    config says ``behaviour: false`` (a trusted caller's switch)."""
+    if not config.get("behaviour", True):
+        return None
+    if "weibull" in config:
+        params = {**config["weibull"], "count": 1, "seed": PUBLIC_SEED}
+        params["n_items"] = min(PUBLIC_ITEMS, int(params.get("n_items", PUBLIC_ITEMS)))
+        inst = weibull_instances(**params)[0]
+    else:
+        inst = load_instances(config)[0]
+    return Instance("public", inst.capacity, inst.items[:PUBLIC_ITEMS])
+
+
 class BinPackingScorer:
-    """Trusted half: sends items, replays and counts the returned packing, audits choices."""
+    """Trusted half: sends items, replays and counts the returned packing, audits choices.
+
+    After the scored instances the runner also packs the public instance
+    (``public_instance``) with a twin of the program (``atlas.sandbox.behaviour.Twin``):
+    the scorer replays that packing (a valid one, or ``tampered``) and hashes its bin
+    choices into ``Evaluation.behaviour``; it counts in no score and is not audited."""
 
     def __init__(self, config: dict[str, Any], secret: str | None = None) -> None:
+        self.config = dict(config)
         self.instances = load_instances(config, secret)
+        self.public = public_instance(self.config)
         self.audit_steps = int(config.get("audit_steps", 0))
         self.secret = secret
+        self._by_program: dict[str, list[Instance]] = {}
+
+    def instances_for(self, code: str, context: dict[str, Any]) -> list[Instance]:
+        """The program's own hidden instances (``atlas.sandbox.inputs``): items an earlier
+        candidate saw and relayed are not this program's. A listed (public) set, or no
+        secret: the same set for every program."""
+        if "weibull" not in self.config or not self.secret:
+            return self.instances
+        key = inputs_key(code, context)
+        if key not in self._by_program:
+            if len(self._by_program) >= 4:
+                self._by_program.pop(next(iter(self._by_program)))
+            self._by_program[key] = load_instances(self.config, self.secret, key)
+        return self._by_program[key]
 
     def public_config(self) -> dict[str, Any]:
         return {}  # the runner learns the instances from the scorer's messages
@@ -211,11 +260,12 @@ class BinPackingScorer:
         only answer from the state it is shown, as an online priority must.
         """
         start = time.perf_counter()
-        plan = audit_plan(self.instances, self.audit_steps, self._audit_seed(code))
+        instances = self.instances_for(code, context)
+        plan = audit_plan(instances, self.audit_steps, self._audit_seed(code))
         used: list[int] = []
         assigns: list[list[int]] = []
         questions: list[dict[str, Any]] = []
-        for k, inst in enumerate(self.instances):
+        for k, inst in enumerate(instances):
             link.send({"pack": k, **inst.to_json()})
             assign = link.recv().get("assign")
             steps = frozenset(i for kk, i in plan if kk == k)
@@ -228,6 +278,7 @@ class BinPackingScorer:
                 valid = [b for b in remaining if b >= item]
                 questions.append({"k": k, "i": i, "item": item, "bins": valid,
                                   "_valid": [j for j, b in enumerate(remaining) if b >= item]})
+        behaviour = None if self.public is None else self._public_packing(link)
         if questions:
             if fresh is not None:
                 link = fresh()
@@ -243,15 +294,32 @@ class BinPackingScorer:
                 if not 0 <= c < len(q["_valid"]) or q["_valid"][c] != assigns[q["k"]][q["i"]]:
                     raise CandidateError(
                         FailureKind.WRONG_RETURN,
-                        f"instance {self.instances[q['k']].name}, item {q['i']}: priority "
+                        f"instance {instances[q['k']].name}, item {q['i']}: priority "
                         f"called again on the same (item, bins) picks another bin than the "
                         f"packing did; priority must be a pure function of its arguments (no "
                         f"random numbers, globals or call counters)")
         link.send({"done": True})
-        metrics = metrics_of(self.instances, used)
+        metrics = metrics_of(instances, used)
         metrics["audited_steps"] = float(len(questions))
         return Evaluation(score=-metrics["excess_pct"], passed=True, metrics=metrics,
-                          seconds=time.perf_counter() - start)
+                          seconds=time.perf_counter() - start, behaviour=behaviour)
+
+    def _public_packing(self, link: Link) -> str:
+        """The fingerprint of the twin's packing of the public instance, checked as a
+        scored packing is; where the twin raised, of the item it raised at."""
+        inst = self.public
+        assert inst is not None
+        link.send({"public": True, **inst.to_json()})
+        got = link.recv()
+        assign = got.get("assign")
+        if assign is None:
+            stopped = got.get("stopped")
+            if type(stopped) is not int or not 0 <= stopped < len(inst.items):
+                raise CandidateError(FailureKind.TAMPERED, f"the runner answered the public "
+                                     f"instance with {repr(got)[:60]}, not a packing")
+            return fingerprint("binpacking", [], stopped)
+        replay(inst, assign)
+        return fingerprint("binpacking", assign)
 
 
 def make_scorer(config: dict[str, Any], secret: str | None = None) -> BinPackingScorer:
@@ -263,11 +331,16 @@ def make_runner(config: dict[str, Any]) -> Callable[[str, dict[str, Any], Link],
     """Factory of the untrusted half: packs what the scorer sends, answers audits."""
 
     def run(code: str, context: dict[str, Any], link: Link) -> None:
+        twin = Twin(code, ENTRY_POINT)  # first: its random streams begin as the seeded ones
         priority = load_candidate(code, ENTRY_POINT)
         while True:
             msg = link.recv()
             if msg.get("done"):
                 return
+            if "public" in msg:
+                link.send(_pack_public(twin, [float(x) for x in msg["items"]],
+                                       float(msg["capacity"])))
+                continue
             if "audit" in msg:
                 link.send({"choice": [
                     choose(priority, float(q["item"]), _asarray(q["bins"], dtype=_float64), -1)
@@ -277,6 +350,24 @@ def make_runner(config: dict[str, Any]) -> Callable[[str, dict[str, Any], Link],
             link.send({"assign": online_pack(priority, items, float(msg["capacity"])).tolist()})
 
     return run
+
+
+def _pack_public(twin: Twin, items: list[float], capacity: float) -> dict[str, Any]:
+    """The twin's packing of the public instance, or the item where it raised (the scored
+    packings stand: the twin's failure is no failure of the program's)."""
+    calls = [0]
+
+    def counted(priority: Priority) -> Callable[[float, np.ndarray], Any]:
+        def call(item: float, bins: np.ndarray) -> Any:
+            calls[0] += 1
+            return priority(item, bins)
+        return call
+
+    try:
+        return {"assign": twin.within(
+            lambda priority: online_pack(counted(priority), items, capacity)).tolist()}
+    except Exception:  # noqa: BLE001 - the twin's failure ends its packing, not the program
+        return {"assign": None, "stopped": max(calls[0] - 1, 0)}
 
 
 def score_priority(priority: Priority, instances: Sequence[Instance]

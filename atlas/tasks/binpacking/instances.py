@@ -63,16 +63,20 @@ def check_instance(inst: Instance, where: str) -> Instance:
 
 def weibull_instances(count: int = 5, n_items: int = 5000, *, shape: float = 3.0,
                       scale: float = 45.0, capacity: int = 100, seed: int = 0,
-                      secret: str | None = None) -> list[Instance]:
+                      secret: str | None = None, program: str | None = None) -> list[Instance]:
     """FunSearch's Weibull sets: sizes ~ scale * Weibull(shape), rounded, clipped to
     [1, capacity]. Without ``secret`` instance k draws from ``default_rng([seed, k])``: public
     and fixed (the baselines command, FunSearch's table). With a run's secret it draws from a
     seed derived from the secret, ``seed`` and k, so a candidate cannot regenerate the scored
-    set and carry an offline packing of it; every candidate of the run faces the same set."""
+    set and carry an offline packing of it; with a ``program`` key
+    (``atlas.sandbox.inputs.program_key``) also from the program, so items one candidate saw
+    and relayed are not the next one's."""
     out = []
     for k in range(count):
         rng = np.random.default_rng(
-            [seed, k] if secret is None else derive_seed(secret, "binpacking-weibull", seed, k))
+            [seed, k] if secret is None
+            else derive_seed(secret, "binpacking-weibull", seed, k,
+                             *(() if program is None else (program,))))
         sizes = np.clip(np.round(scale * rng.weibull(shape, n_items)), 1, capacity)
         name = f"weibull_{n_items}_{seed}_{k}" + ("" if secret is None else "_hidden")
         out.append(Instance(name, float(capacity), tuple(float(x) for x in sizes)))

@@ -1,5 +1,8 @@
-# outcome: honest
+# outcome: tampered | honest
 # Write forged protocol frames (valid magic and length) to every descriptor it can reach.
+# One reaches the scorer as an answer, which leaves it reading one answer behind: unnoticed
+# while the last hidden answer was never read (honest), found since the public
+# environment's play reads on (tampered).
 import json
 import struct
 import sys
