@@ -21,13 +21,12 @@ import pytest
 from atlas.evolution.database import ProgramDatabase
 from atlas.novelty import NEW, SAME_BEHAVIOUR, NoveltyIndex, labelled
 from atlas.sandbox import Resources, Sandbox, TaskSpec
-from atlas.sandbox.behaviour import PUBLIC_SEED, check_behaviour, fingerprint
+from atlas.sandbox.behaviour import check_behaviour, fingerprint
 from atlas.sandbox.candidate import CandidateError
 from atlas.sandbox.inputs import program_key
 from atlas.sandbox.protocol import ProtocolError, validate_evaluation
 from atlas.tasks.bandit import BanditTask
-from atlas.tasks.bandit.env import BanditConfig, make_env
-from atlas.tasks.bandit.evaluator import PUBLIC_CHUNK, BanditScorer, unpack_floats
+from atlas.tasks.bandit.evaluator import PUBLIC_STEPS, BanditScorer, public_env, unpack_floats
 from atlas.tasks.binpacking import BinPackingTask
 from atlas.tasks.binpacking.evaluator import BinPackingScorer, public_instance
 from atlas.types import Evaluation, FailureKind, Program
@@ -158,7 +157,7 @@ def test_the_public_input_changes_no_score():
     counter and draws are module-level, and a program whose twin raises on the public
     environment (its play there ends, recorded in its fingerprint; the program passes). Bin
     packing's seed likewise."""
-    public = make_env(BanditConfig.from_mapping(TASK), PUBLIC_SEED)
+    public = public_env(BanditTask(**TASK).evaluator_config())
     recogniser = RECOGNISER.replace("PUBLIC_CONTEXTS", repr(public.contexts[100].tolist()))
     codes = [BanditTask(**TASK).seed_program(), EPS, recogniser, GREEDY]
     runs = {}
@@ -193,13 +192,17 @@ class _ScriptedLink:
         return self.answer(self.last)
 
 
-def test_the_fingerprint_is_the_scorers_not_the_candidates():
+def test_the_fingerprint_is_the_scorers_not_the_candidates(monkeypatch):
     """The fingerprint is the hash the trusted scorer makes of the actions it received; a
     runner that answers the public environment with anything but its arms, or packs the
     public instance invalidly, is ``tampered``; a frame whose evaluation carries anything but
     hex digits is refused, and a failed evaluation carries none."""
-    horizon = 1200  # three messages of the public environment (PUBLIC_CHUNK steps each)
-    scorer = BanditScorer(BanditTask(**{**TASK, "T": horizon}).evaluator_config(), SECRET)
+    from atlas.tasks.bandit import evaluator
+
+    monkeypatch.setattr(evaluator, "PUBLIC_CHUNK", 200)  # three messages of the public play
+    scorer = BanditScorer(BanditTask(**{**TASK, "T": 1200}).evaluator_config(), SECRET)
+    horizon = PUBLIC_STEPS  # the public environment's, whatever the task's
+    assert scorer.public.horizon == horizon < 1200
 
     def runner(public):
         """Arm 0 on the hidden environments; ``public(steps, t0)`` on the public one."""
@@ -224,8 +227,8 @@ def test_the_fingerprint_is_the_scorers_not_the_candidates():
     assert scorer.score(ARM0, {}, link).behaviour == fingerprint("bandit", [0] * 5, 5)
     assert [m["public"] for m in link.sent if "public" in m] == [0]
     link = _ScriptedLink(runner(lambda n, t0: [1] * (n if t0 == 0 else 3)))
-    assert scorer.score(ARM0, {}, link).behaviour == fingerprint("bandit", [1] * 503, 503)
-    assert [m["public"] for m in link.sent if "public" in m] == [0, PUBLIC_CHUNK]
+    assert scorer.score(ARM0, {}, link).behaviour == fingerprint("bandit", [1] * 203, 203)
+    assert [m["public"] for m in link.sent if "public" in m] == [0, 200]
 
     task = BinPackingTask(weibull_count=1, weibull_items=50, audit_steps=0)
     bp = BinPackingScorer(task.evaluator_config(), SECRET)

@@ -198,7 +198,15 @@ def public_env(config: dict[str, Any]) -> BanditEnv | None:
     switch: the test that it changes no score)."""
     if not config.get("behaviour", True):
         return None
-    return make_env(BanditConfig.from_mapping(config), PUBLIC_SEED)
+    cfg = BanditConfig.from_mapping(config)
+    return make_env(replace(cfg, T=min(cfg.T, PUBLIC_STEPS)), PUBLIC_SEED)
+
+
+#: the public environment's horizon: a witness of behaviour at a few percent of a candidate's
+#: cost (the full horizon, 2,000 steps by default, cost 16-26 % a candidate, over the 10 % an
+#: isolation measure may cost); programs that play alike for these steps and differ only
+#: later share a fingerprint
+PUBLIC_STEPS = 500
 
 
 #: steps of the public environment per message (a message stays far below the frame limit)
