@@ -141,11 +141,16 @@ def test_gpu_accept_joins_whole_wheels_only(tmp_path: Path):
 def test_the_dpo_target_reads_the_fastest_path_and_names_each(tmp_path: Path):
     rows = [{"setting": "padded", "dtype": "bfloat16", "per_pair_s": 0.204},
             {"setting": "shared", "dtype": "bfloat16", "per_pair_s": 0.35},
-            {"setting": "unshared", "dtype": "bfloat16", "per_pair_s": 0.15}]
+            {"setting": "unshared", "dtype": "bfloat16", "per_pair_s": 0.09,
+             "parts": {"rows": [{"part": "backward", "x_floor": 1.7},
+                                {"part": "optimiser (clipping, AdamW on LoRA)", "x_floor": None}]}}]
     (tmp_path / "dpo.json").write_text(json.dumps(rows))
     values = accept.read("dpo", tmp_path, toy=False)
     target = next(t.name for t in accept.TARGETS if t.part == "dpo")
-    assert values[target] == 0.15
+    assert values[target] == 0.09
     assert values["DPO path padded (bfloat16)"] == 0.204
-    assert values["DPO path unshared (bfloat16)"] == 0.15
+    assert values["DPO path unshared (bfloat16)"] == 0.09
+    # the fastest path's parts against their floors, without a target (no floor: no row)
+    assert values["DPO unshared: backward (x floor)"] == 1.7
+    assert not any("optimiser" in k for k in values)
     assert accept._verdicts({"dpo": {"status": "ok", "values": values}})[2]["verdict"] == "pass"
