@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from atlas.bench.floor import profile_busy, ratio_text
+from atlas.bench.floor import linear_rate, model_dims, profile_busy, ratio_text
 from atlas.bench.machine import (
     add_model_args,
     bench_model_cfg,
@@ -52,7 +52,7 @@ from atlas.bench.machine import (
     model_label,
     resolve_bench_device,
 )
-from atlas.bench.parts import print_parts
+from atlas.bench.parts import dpo_parts, gate_part, head_seconds, print_parts
 from atlas.types import Program
 
 #: the main command, seed 0 (docs/runs/novelty/bandit_atlas_s0): phase 1 gives 24 pairs on 2
@@ -167,8 +167,7 @@ def _parts(args: argparse.Namespace, agent: Any, pairs: list, cfg: Any,
            metrics: dict[str, float], gate_s: float | None) -> dict[str, Any]:
     """The phase's parts against their arithmetic floors (``atlas.bench.parts``), at the
     rate this process measures for the model's shapes and dtype."""
-    from atlas.bench.floor import linear_rate, model_dims
-    from atlas.bench.parts import dpo_parts, gate_part, head_seconds
+    # deferred: atlas.dpo loads torch, transformers and lightning; --help stays fast
     from atlas.dpo.batching import SharedPromptCollator
     from atlas.dpo.phase import select_pairs
     from atlas.dpo.prefix import encode_group
