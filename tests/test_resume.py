@@ -3,7 +3,8 @@
 What is compared: ``results.json``, ``programs.jsonl`` and ``events.jsonl`` of the resumed run
 against those of an uninterrupted run with the same seed, after removing wall-clock fields
 (``VOLATILE``: ``seconds``, ``wall_seconds``, ``seconds_dpo``, ``seconds_gate`` and its parts,
-``reference_table_seconds``, ``load`` (the machine's load average), and ``agent_threads``, the thread counts generation ran with,
+``reference_table_seconds`` and the phase clock's ``{forward,backward,optimizer}_seconds``,
+``load`` (the machine's load average), and ``agent_threads``, the thread counts generation ran with,
 which follow when sandbox workers happened to be busy; they measure time and scheduling,
 which no two runs share) and the ``config`` event's ``run_dir`` (the two runs live in
 different folders). Everything else, scores, metrics, DPO losses, KL, gate decisions, every
@@ -45,6 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 VOLATILE = frozenset({"seconds", "wall_seconds", "seconds_dpo", "seconds_gate", "seconds_gate_parts",
                       "seconds_probe", "share_of_phase",
                       "reference_table_seconds", "agent_threads",
+                      # the DPO module's part clock (atlas.dpo.module)
+                      "forward_seconds", "backward_seconds", "optimizer_seconds",
                       # the round event's sampler timings
                       "setup_s", "prefill_s", "decode_s", "tok_s",
                       # results.json: the machine's load and this process tree's CPU seconds
