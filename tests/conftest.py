@@ -49,6 +49,18 @@ def pin_secret(run_dir: Path, secret: str = PINNED_SECRET) -> Path:
     return path
 
 
+def as_from_a_terminal() -> None:
+    """``preexec_fn`` of a child that a test stops with SIGINT: the child starts with SIGINT at
+    its default disposition, as a command typed in a terminal does. A suite started as a
+    background job (``cmd &`` without job control, as in scripts and CI runners) hands its
+    children SIGINT ignored, and atlas rightly leaves an ignored SIGINT alone
+    (``atlas.interrupt``): the Ctrl-C would then do nothing and the test would read a run
+    that was never stopped."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def compose_cfg(overrides: list[str] | None = None, run_dir: Path | None = None) -> DictConfig:
     """Compose conf/train.yaml with overrides; ``run_dir`` replaces Hydra's runtime folder."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):

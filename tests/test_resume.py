@@ -40,7 +40,7 @@ import pytest
 import torch
 
 from atlas import checkpoint
-from tests.conftest import PINNED_SECRET
+from tests.conftest import PINNED_SECRET, as_from_a_terminal
 
 ROOT = Path(__file__).resolve().parents[1]
 VOLATILE = frozenset({"seconds", "wall_seconds", "seconds_dpo", "seconds_gate", "seconds_gate_parts",
@@ -139,21 +139,34 @@ def _driver_cmd(run_dir: Path, overrides: list[str]) -> list[str]:
 
 
 def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=as_from_a_terminal)
 
 
 def _assert_ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
 
+def differences(a: Any, b: Any, path: str = "") -> list[str]:
+    """The dotted paths at which ``a`` and ``b`` differ, each with both values: a failed
+    comparison names its fields instead of printing two whole records."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(a.keys() | b.keys(), key=str)
+                for d in differences(a.get(k, "<absent>"), b.get(k, "<absent>"), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path or '.'}: {a!r:.200} != {b!r:.200}"]
+
+
 def _assert_equal_runs(resumed: dict[str, Any], clean: dict[str, Any]) -> None:
     assert len(resumed["programs"]) == len(clean["programs"])
     for a, b in zip(resumed["programs"], clean["programs"]):
-        assert a == b, f"program {b['id']} differs after resume"
+        assert a == b, f"program {b['id']} differs after resume: {differences(a, b)}"
     assert [e["event"] for e in resumed["events"]] == [e["event"] for e in clean["events"]]
     for a, b in zip(resumed["events"], clean["events"]):
-        assert a == b, f"{b['event']} event of round {b.get('round')} differs after resume"
-    assert resumed["results"] == clean["results"]
+        assert a == b, (f"{b['event']} event of round {b.get('round')} differs after resume: "
+                        f"{differences(a, b)}")
+    assert resumed["results"] == clean["results"], differences(resumed["results"], clean["results"])
 
 
 def _rounds_once(events: list[dict[str, Any]], rounds: int) -> None:

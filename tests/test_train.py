@@ -15,7 +15,7 @@ import pytest
 from atlas.sandbox.secret import fingerprint
 from atlas.telemetry import read_jsonl
 from atlas.train import run
-from tests.conftest import ROOT, compose_cfg
+from tests.conftest import ROOT, as_from_a_terminal, compose_cfg
 
 RESULT_KEYS = {"task", "method", "seed", "initial_score", "final_score", "improvement_pct",
                "rounds", "candidates", "valid_rate_first_round", "valid_rate_last_round",
@@ -289,7 +289,8 @@ def test_ctrl_c_in_a_round_stops_in_one_line_and_resumes(tmp_path: Path, presses
     while it stops changes nothing: one line, 130, no traceback from the shutdown."""
     cmd = [*CLI, *LONG, f"hydra.run.dir={tmp_path}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=as_from_a_terminal)
     try:
         # round 2's event comes after round 1's checkpoint (a round's event is written before
         # its checkpoint, so the first event alone can race the save): now inside round 2's
