@@ -641,21 +641,36 @@ def test_a_padded_phase_trains_as_the_row_phase_and_records_its_path():
 
 
 def test_an_eager_attention_phase_trains_as_the_sdpa_phase_and_gives_the_kernel_back():
-    """``dpo.attention=eager`` runs the phase's forwards on transformers' products and
-    softmax: the same losses and the same C_k as SDPA within float32 rounding, the kernel
-    recorded, the model's own kernel back after the phase (generation keeps it), and the
-    step's memory estimate counts the attention weights eager keeps."""
+    """``dpo.attention=eager`` runs the phase's training forwards on transformers' products
+    and softmax: the same losses and the same C_k as SDPA within float32 rounding, the kernel
+    recorded, the gate's decision taken on the model's own kernel, the model's own kernel
+    back after the phase (generation keeps it), and the step's memory estimate counts the
+    attention weights eager keeps."""
     from atlas.dpo.phase import _collation, estimate_step_gb
+    from atlas.types import GateDecision
 
     pairs = make_pairs(4)
-    runs, states = {}, {}
+    runs, states, kernels = {}, {}, {}
     for kind in ("sdpa", "eager"):
         model, tok = tiny_peft()
+        base = model.get_base_model()
+        seen = kernels[kind] = {"train": set(), "gate": []}
+        base.register_forward_pre_hook(
+            lambda mod, args, seen=seen: seen["train"].add(mod.config._attn_implementation)
+            if torch.is_grad_enabled() else None)
+
+        def decide(cands, seen=seen, base=base):
+            seen["gate"].append(base.config._attn_implementation)
+            return GateDecision(accepted=False, chosen="final")
+
         cfg = DPOConfig(lr=1e-3, epochs=2, batch_size=2, max_length=64, checkpoints=0,
                         attention=kind)
-        runs[kind] = train_phase(model, tok, pairs, cfg, "fixed", seed=1)
-        assert model.get_base_model().config._attn_implementation == "sdpa"
+        runs[kind] = train_phase(model, tok, pairs, cfg, "adaptive", seed=1,
+                                 reference_callback=_owner(tok, decide))
+        assert base.config._attn_implementation == "sdpa"
         states[kind] = runs[kind].candidates[-1].state
+    assert kernels == {"sdpa": {"train": {"sdpa"}, "gate": ["sdpa"]},
+                       "eager": {"train": {"eager"}, "gate": ["sdpa"]}}
     losses = [h["loss"] for h in runs["sdpa"].history]
     assert [h["loss"] for h in runs["eager"].history] == pytest.approx(losses, rel=1e-5, abs=1e-6)
     assert all(torch.allclose(states["eager"][k], v, atol=1e-6) for k, v in states["sdpa"].items())

@@ -17,8 +17,8 @@ Settings (each in a fresh child process, since peak resident memory is per proce
 - ``unshared``: the per-row path as a run gets it with ``dpo.shared_prompt=false`` (one
   padded batch of rows a step, recomputation by ``dpo.gradient_checkpointing=auto``): fewer,
   wider forward calls, the lead where a small model's phase is bound by kernel launches;
-- ``eager``: ``shared`` on transformers' eager attention (``dpo.attention=eager``), the
-  gate's pass too.
+- ``eager``: ``shared`` on transformers' eager attention (``dpo.attention=eager``); the
+  gate's pass runs on the model's own kernel, as in a phase (``atlas.dpo.attention``).
 A setting that fails (out of device memory, say) is named and left out; the others stand.
 The shared and padded settings also time the gate's forward pass (``gate.padded`` false and
 true) over the phase's prompts as gate items, with two candidates of C_k and the reference:
@@ -94,7 +94,6 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     # deferred: load torch, transformers, peft and lightning; --help stays fast
     from atlas.agent.research_agent import ResearchAgent
     from atlas.dpo import DPOConfig, train_phase
-    from atlas.dpo.phase import attention_kernel
     from atlas.schema import ModelConfig
 
     torch.set_num_threads(args.threads)
@@ -141,8 +140,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     after = str(next(agent.model.parameters()).device)
-    with attention_kernel(agent.model, cfg.attention):
-        gate_s = gate_seconds()
+    gate_s = gate_seconds()  # on the model's own kernel, as a phase's gate runs
     parts = _parts(args, agent, pairs, cfg, res.metrics, gate_s) if args.parts else None
     floor: dict[str, Any] = {}
     if args.floor:

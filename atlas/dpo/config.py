@@ -82,12 +82,12 @@ class DPOConfig:
     wider passes. ``auto``: padded on CUDA, rows on the CPU (``python -m atlas.bench dpo``
     measures both; docs/results.md). Each phase records the path it ran."""
     attention: Literal["sdpa", "eager"] = "sdpa"
-    """The attention kernel of the phase's forwards (the reference table, the steps, the
-    gate's pass at the fit's end): ``sdpa`` (the model's own, PyTorch's fused kernel) or
-    ``eager`` (transformers' products and softmax; keeps each layer's attention weights for
-    the backward). The same log-probs within float rounding; on the 2-core EPYC in bf16 a
-    phase took 64 s with eager against 76 s (docs/results.md, "Where a fine-tuning phase's
-    time goes"). Each phase records the kernel it ran."""
+    """The attention kernel of the phase's training forwards (the reference table and the
+    steps): ``sdpa`` (the model's own, PyTorch's fused kernel) or ``eager`` (transformers'
+    products and softmax; keeps each layer's attention weights for the backward). The same
+    log-probs within float rounding. The gate's passes are forward only and run on the
+    model's own kernel either way (``atlas.dpo.attention``). Each phase records the kernel
+    its steps ran on; docs/results.md ("Where a fine-tuning phase's time goes") times both."""
     bounds: dict[str, Any] = Field(default_factory=lambda: dict(DEFAULT_BOUNDS),
                                    validate_default=True)
     """Hard [low, high] limits that ``clamped`` applies to the named knobs."""

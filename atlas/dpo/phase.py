@@ -24,6 +24,7 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.utils.data import DataLoader
 
 from atlas.agent.adapters import POLICY, get_adapter_state
+from atlas.dpo.attention import attention_kernel
 from atlas.dpo.batching import IndexedPairCollator, PromptBatches, SharedPromptCollator
 from atlas.dpo.callbacks import PolicySnapshotCallback, snapshot_steps
 from atlas.dpo.config import DPOConfig
@@ -134,22 +135,6 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
         return _train_phase(model, tokenizer, pairs, cfg, reference, seed=seed, logger=logger,
                             optimizer_state=optimizer_state,
                             reference_callback=reference_callback)
-
-
-@contextlib.contextmanager
-def attention_kernel(model: Any, kind: str) -> Iterator[None]:
-    """Run a block on the attention kernel ``kind`` (``dpo.attention``), then put the
-    model's own back (generation keeps its kernel)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    before = base.config._attn_implementation
-    if kind == before:
-        yield
-        return
-    base.set_attn_implementation(kind)
-    try:
-        yield
-    finally:
-        base.set_attn_implementation(before)
 
 
 def _train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,

@@ -34,6 +34,7 @@ import lightning.pytorch as pl
 import torch
 
 from atlas.agent.adapters import POLICY, REF, adapter_params, get_adapter_state, promote
+from atlas.dpo.attention import own_attention_kernel
 from atlas.dpo.callbacks import PolicySnapshotCallback
 from atlas.dpo.config import GateConfig
 from atlas.dpo.gate import decide, select_and_gate
@@ -214,7 +215,9 @@ class ReferenceCallback(PolicySnapshotCallback):
                            for s, st in self.snapshots]
         self.candidates.append(PolicyCandidate(name="final", state=get_adapter_state(model, POLICY),
                                                step=trainer.global_step))
-        self.outcome = self.promoter.run(model, self.candidates, started=t0)
+        # the gate's passes are forward only: the model's own kernel (``atlas.dpo.attention``)
+        with own_attention_kernel(model):
+            self.outcome = self.promoter.run(model, self.candidates, started=t0)
 
 
 def no_decision(candidates: list[PolicyCandidate], gate: GateConfig, reason: str,

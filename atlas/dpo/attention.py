@@ -1,0 +1,51 @@
+"""The attention kernel of a phase's training forwards (``dpo.attention``), and the model's own.
+
+Why two: which kernel is faster depends on the pass. On the CPU, SDPA's flash kernel is the
+fastest forward and a slow backward (``docs/bench/attention_backward_cpu_xeon.txt``), so a
+training step may be faster on transformers' eager attention while a forward-only pass is
+faster on SDPA. The reference table runs on the steps' kernel (DPO subtracts the two, so they
+must round alike); the gate's passes compare policies among themselves and run on the
+model's own kernel (``own_attention_kernel``), as generation does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+#: where ``attention_kernel`` keeps the model's own kernel while another one is in force
+_OWN = "_atlas_own_attention"
+
+
+def _base(model: Any) -> Any:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+@contextlib.contextmanager
+def attention_kernel(model: Any, kind: str) -> Iterator[None]:
+    """Run a block on the attention kernel ``kind``, then put the one before it back."""
+    base = _base(model)
+    before = base.config._attn_implementation
+    if kind == before:
+        yield
+        return
+    own = base.__dict__.get(_OWN)
+    base.__dict__[_OWN] = before if own is None else own
+    base.set_attn_implementation(kind)
+    try:
+        yield
+    finally:
+        base.set_attn_implementation(before)
+        if own is None:
+            base.__dict__.pop(_OWN, None)
+        else:
+            base.__dict__[_OWN] = own
+
+
+@contextlib.contextmanager
+def own_attention_kernel(model: Any) -> Iterator[None]:
+    """Run a block on the model's own kernel even inside a phase on another one."""
+    own = _base(model).__dict__.get(_OWN)
+    with attention_kernel(model, own) if own is not None else contextlib.nullcontext():
+        yield
