@@ -34,9 +34,17 @@ def model_dims(config: Any) -> dict[str, int]:
 
 def macs_per_token(dims: dict[str, int]) -> tuple[int, int]:
     """Multiply-adds of one token through the decoder layers' linear maps, and through the
-    LM head (attention's own products are not counted: a lower bound)."""
+    LM head (attention's own products: ``attention_macs``)."""
     h, i = dims["hidden"], dims["intermediate"]
     return dims["layers"] * (2 * h * h + 2 * h * dims["kv"] + 3 * h * i), h * dims["vocab"]
+
+
+def attention_macs(dims: dict[str, int], attended: float) -> float:
+    """Multiply-adds of attention's two products (scores, then the weighted values) over
+    ``attended`` (query, key) pairs (``atlas.dpo.batching.attended_pairs``): per layer and
+    pair, a head-width dot product and a head-width update in every head. Causal: a key
+    after its query is never counted, whatever a kernel computes and throws away."""
+    return 2 * dims["layers"] * dims["hidden"] * attended
 
 
 def linear_rate(dtype: str, dims: dict[str, int] = SMOLLM2, device: str = "cpu") -> float:

@@ -1,14 +1,18 @@
 """Where a fine-tuning phase's time goes: each part measured, beside its arithmetic floor.
 
-A part's floor is its least multiply-adds (``atlas.bench.floor.macs_per_token``: the decoder
-layers' linear maps per token, the LM head per scored token; attention not counted) at the
-machine's matrix-multiply rate at the model's shapes (``linear_rate``, measured in the same
-process). The counts follow the work a phase must do, whatever the implementation:
+A part's floor is its least multiply-adds (``atlas.bench.floor``: the decoder layers' linear
+maps per token, the LM head per scored token, attention's two products per causal (query,
+key) pair) at the machine's matrix-multiply rate at the model's shapes (``linear_rate``,
+measured in the same process). Attention counts: a phase's prompts are several times longer
+than its completions, so its products are a fifth to a third of the layers' own work. The
+counts follow the work a phase must do, whatever the implementation:
 
 - the steps' forward: every token a step runs through the layers, every completion token
-  through the LM head;
-- their backward: the same again (the gradient to each frozen layer's input is one product
-  of the layer's size; LoRA's own gradients are a few hundredths of it, not counted);
+  through the LM head, every (query, key) pair its attention scores;
+- their backward: the linear maps again (the gradient to each frozen layer's input is one
+  product of the layer's size; LoRA's own gradients are a few hundredths of it, not
+  counted), attention's twice (the gradients to queries, keys, values and scores are four
+  products where the forward had two);
 - the optimiser: AdamW over the LoRA factors, no arithmetic worth a floor;
 - the reference's table: each distinct prompt and completion of the phase once, no grad;
 - the gate's pass: per policy, each item's prompt once and each distinct completion once,
@@ -22,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from atlas.bench.floor import macs_per_token
+from atlas.bench.floor import attention_macs, macs_per_token
 
 
 @dataclass(frozen=True)
@@ -46,32 +50,41 @@ def group_tokens(groups: Sequence[Any]) -> tuple[int, int]:
             sum(len(c) for g in groups for c in g.completions))
 
 
+def forward_macs(groups: Sequence[Any], dims: dict[str, int]) -> float:
+    """One no-grad forward over ``groups``, each prompt once and each completion after it:
+    the layers, the LM head over the completions, attention."""
+    # deferred: atlas.dpo loads torch; ``python -m atlas.bench dpo --help`` stays fast
+    from atlas.dpo.batching import attended_pairs
+
+    body, head = macs_per_token(dims)
+    prompts, comps = group_tokens(groups)
+    return (prompts + comps) * body + comps * head + attention_macs(dims, attended_pairs(groups))
+
+
 def dpo_parts(metrics: dict[str, float], table: Sequence[Any], dims: dict[str, int],
               head_s: float) -> list[Part]:
-    """A phase's parts from its ``PhaseResult.metrics`` (the module's part clock), the
-    reference table's groups (``table``: each distinct prompt with its distinct completions)
-    and ``head_s``, the measured seconds of the LM head and log-probs inside the forward."""
+    """A phase's parts from its ``PhaseResult.metrics`` (the module's part clock and its
+    work: ``tokens``, ``scored_tokens``, ``attended``), the reference table's groups
+    (``table``: each distinct prompt with its distinct completions) and ``head_s``, the
+    measured seconds of the LM head and log-probs inside the forward."""
     body, head = macs_per_token(dims)
     tokens, scored = metrics["tokens"], metrics["scored_tokens"]
-    step = tokens * body + scored * head
-    prompts, comps = group_tokens(table)
-    return [Part("forward (layers, LM head, log-probs, loss)", metrics["forward_seconds"], step),
+    attention = attention_macs(dims, metrics.get("attended", 0.0))
+    forward = tokens * body + scored * head + attention
+    backward = tokens * body + scored * head + 2 * attention
+    table_macs = forward_macs(table, dims)
+    return [Part("forward (layers, LM head, log-probs, loss)", metrics["forward_seconds"], forward),
             Part("  of it: LM head and log-probs", head_s, scored * head),
-            Part("backward", metrics["backward_seconds"], step),
+            Part("backward", metrics["backward_seconds"], backward),
             Part("optimiser (clipping, AdamW on LoRA)", metrics["optimizer_seconds"], 0.0),
-            Part("reference table (once a phase)", metrics["reference_table_seconds"],
-                 (prompts + comps) * body + comps * head),
-            Part("DPO phase, all of it", metrics["seconds"],
-                 2 * step + (prompts + comps) * body + comps * head)]
+            Part("reference table (once a phase)", metrics["reference_table_seconds"], table_macs),
+            Part("DPO phase, all of it", metrics["seconds"], forward + backward + table_macs)]
 
 
 def gate_part(seconds: float, groups: Sequence[Any], policies: int, dims: dict[str, int]
               ) -> Part:
     """The gate's pass over ``groups`` (one per item) for ``policies`` forwards each."""
-    body, head = macs_per_token(dims)
-    prompts, comps = group_tokens(groups)
-    return Part(f"gate pass ({policies} policies)", seconds,
-                policies * ((prompts + comps) * body + comps * head))
+    return Part(f"gate pass ({policies} policies)", seconds, policies * forward_macs(groups, dims))
 
 
 def head_seconds(model: Any, lengths: Sequence[int], repeats: int = 3) -> float:

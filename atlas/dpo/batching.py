@@ -115,8 +115,10 @@ class SharedPromptCollator:
     phase. Pairs of a batch whose cut prompts are identical are merged into one group, so
     their prompt runs once (and a completion repeated across pairs, once). The batch holds ``groups``, ``slots`` (B, 2): each pair's chosen
     and rejected row in the concatenation of the groups' completions, ``index`` (B,): the
-    pairs' positions in the phase (for the reference table), ``tokens``: tokens run, and
-    ``scored``: those of them that are completion tokens (scored through the LM head).
+    pairs' positions in the phase (for the reference table), ``tokens``: tokens run,
+    ``scored``: those of them that are completion tokens (scored through the LM head), and
+    ``attended``: the (query, key) pairs its attention scores in each layer and head
+    (``attended_pairs``: the work that grows with the square of a prompt's length).
     """
 
     def __init__(self, encoded: Sequence[PromptGroup]) -> None:
@@ -141,7 +143,20 @@ class SharedPromptCollator:
         tokens = scored + sum(len(g.prompt) for g in groups)
         return {"groups": groups, "slots": torch.tensor(flat, dtype=torch.long),
                 "index": torch.tensor([int(i) for i in indices], dtype=torch.long),
-                "tokens": tokens, "scored": scored}
+                "tokens": tokens, "scored": scored, "attended": attended_pairs(groups)}
+
+
+def attended_pairs(groups: Sequence[PromptGroup]) -> int:
+    """(query, key) pairs that causal attention scores when each group's prompt runs once
+    and each completion after it: a prompt of n tokens, n(n+1)/2; a completion of L tokens,
+    its first L-1 run at positions n..n+L-2 (its first token is predicted from the
+    prompt), each reading every key up to its own."""
+    total = 0
+    for g in groups:
+        n = len(g.prompt)
+        total += n * (n + 1) // 2
+        total += sum((len(c) - 1) * (2 * n + len(c)) // 2 for c in g.completions)
+    return total
 
 
 class PromptBatches:

@@ -110,12 +110,14 @@ class DPOModule(pl.LightningModule):
             ref = self._reference(batch)
             terms = dpo_loss(policy[:, 0], policy[:, 1], ref[:, 0], ref[:, 1], self.cfg.beta)
             tokens, scored = int(batch["tokens"]), int(batch["scored"])
+            extra = {"attended": int(batch["attended"])}  # attention's work (atlas.bench.parts)
         else:
             terms = dpo_terms(self.model, batch, self.cfg.beta, self.reference)
             tokens = int(batch["attention_mask"].sum())
             scored = int(batch["completion_mask"].sum())
+            extra = {}
         record: dict[str, Any] = {"step": self.global_step + 1, "epoch": self.current_epoch,
-                                  **terms.stats(), "tokens": tokens, "scored_tokens": scored}
+                                  **terms.stats(), "tokens": tokens, "scored_tokens": scored, **extra}
         self.history.append(record)
         self.log("dpo/loss", record["loss"], on_step=True, batch_size=len(terms.losses))
         return terms.loss

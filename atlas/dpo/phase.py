@@ -111,7 +111,8 @@ def _summary(history: list[dict], steps: int, seconds: float, n_pairs: int) -> d
         out[f"{key}_last"] = vals[-1] if vals else math.nan
     out.update(steps=float(steps), seconds=seconds, pairs=float(n_pairs),
                tokens=float(sum(r.get("tokens", 0) for r in history)),
-               scored_tokens=float(sum(r.get("scored_tokens", 0) for r in history)))
+               scored_tokens=float(sum(r.get("scored_tokens", 0) for r in history)),
+               attended=float(sum(r.get("attended", 0) for r in history)))
     return out
 
 
