@@ -651,7 +651,7 @@ def test_an_eager_attention_phase_trains_as_the_sdpa_phase_and_gives_the_kernel_
 
     pairs = make_pairs(4)
     runs, states, kernels = {}, {}, {}
-    for kind in ("sdpa", "eager"):
+    for kind in ("sdpa", "eager", "blocked"):
         model, tok = tiny_peft()
         base = model.get_base_model()
         seen = kernels[kind] = {"train": set(), "gate": []}
@@ -670,17 +670,68 @@ def test_an_eager_attention_phase_trains_as_the_sdpa_phase_and_gives_the_kernel_
         assert base.config._attn_implementation == "sdpa"
         states[kind] = runs[kind].candidates[-1].state
     assert kernels == {"sdpa": {"train": {"sdpa"}, "gate": ["sdpa"]},
-                       "eager": {"train": {"eager"}, "gate": ["sdpa"]}}
+                       "eager": {"train": {"eager"}, "gate": ["sdpa"]},
+                       "blocked": {"train": {"atlas_blocked"}, "gate": ["sdpa"]}}
     losses = [h["loss"] for h in runs["sdpa"].history]
-    assert [h["loss"] for h in runs["eager"].history] == pytest.approx(losses, rel=1e-5, abs=1e-6)
-    assert all(torch.allclose(states["eager"][k], v, atol=1e-6) for k, v in states["sdpa"].items())
-    assert runs["eager"].metrics["eager_attention"] == 1.0
-    assert runs["sdpa"].metrics["eager_attention"] == 0.0
+    for kind in ("eager", "blocked"):
+        assert [h["loss"] for h in runs[kind].history] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+        assert all(torch.allclose(states[kind][k], v, atol=1e-6) for k, v in states["sdpa"].items())
+    assert [(runs[k].metrics["eager_attention"], runs[k].metrics["blocked_attention"])
+            for k in ("sdpa", "eager", "blocked")] == [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0)]
     encoded, collate, _ = _collation(model, tok, pairs, DPOConfig(max_length=64))
     batch = collate([0, 1])
     assert estimate_step_gb(model, batch, eager=True) > estimate_step_gb(model, batch)
     with pytest.raises(ValueError, match="attention"):
         DPOConfig(attention="flash")
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_blocked_attention_gives_sdpa_s_log_probs_and_gradients(monkeypatch, kv_heads):
+    """``dpo.attention=blocked``: queries in blocks, each over the keys it can see, the
+    heads that share a key head in one product. On prompts and completions several blocks
+    long, with one row each or padded, the log-probs and the adapter's gradients equal
+    SDPA's within float32 rounding, with and without heads that share keys and values, and
+    no shared-prompt pass falls back to eager's code; a
+    pass with a padding mask (the per-row path) runs eager's code and equals eager."""
+    from atlas.dpo import blocked_attention
+    from atlas.dpo.attention import attention_kernel
+    from atlas.dpo.batching import PromptGroup
+    from atlas.dpo.prefix import group_logps
+
+    monkeypatch.setattr(blocked_attention, "BLOCK", 5)
+    model, tok = build_tiny_model(seed=0, num_kv_heads=kv_heads)  # 2: heads share keys
+    model = attach_adapters(model, r=4, alpha=8)
+    randomise(model, POLICY, seed=3)
+    for name, p in model.named_parameters():
+        p.requires_grad_(".policy." in name)
+    group = PromptGroup(tuple(range(3, 20)), (tuple(range(30, 42)), tuple(range(50, 53)), (7,)))
+
+    def run(kind: str, padded: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        model.zero_grad()
+        with attention_kernel(model, kind):
+            logps = group_logps(model, group, "sum", padded=padded)
+        logps.sum().backward()
+        grads = [p.grad.flatten() for p in model.parameters() if p.grad is not None]
+        return logps.detach(), torch.cat(grads)
+
+    fallbacks = []
+    real_eager = blocked_attention.eager_attention_forward
+    monkeypatch.setattr(blocked_attention, "eager_attention_forward",
+                        lambda *a, **k: fallbacks.append(1) or real_eager(*a, **k))
+    want_logps, want_grads = run("sdpa", False)
+    assert want_grads.abs().max() > 0.1  # the adapter is trained through attention
+    for padded in (False, True):
+        logps, grads = run("blocked", padded)
+        assert torch.allclose(logps, want_logps, rtol=1e-5, atol=1e-5)
+        assert torch.allclose(grads, want_grads, rtol=1e-4, atol=1e-5)
+    assert fallbacks == []
+    batch = PairCollator(tok, 64)(make_pairs(3))  # right-padded rows with a padding mask
+    with torch.no_grad():
+        with attention_kernel(model, "eager"):
+            eager = sequence_logps(model, batch)
+        with attention_kernel(model, "blocked"):
+            blocked = sequence_logps(model, batch)
+    assert fallbacks and torch.equal(blocked, eager)
 
 
 def test_auto_attention_runs_eager_steps_on_a_cpu_in_bf16_only():
@@ -699,7 +750,7 @@ def test_auto_attention_runs_eager_steps_on_a_cpu_in_bf16_only():
         ran[dtype] = (resolve_attention("auto", model), res.metrics["eager_attention"])
         assert model.get_base_model().config._attn_implementation == "sdpa"
     assert ran == {torch.float32: ("sdpa", 0.0), torch.bfloat16: ("eager", 1.0)}
-    with pytest.raises(ValueError, match="sdpa, eager or auto"):
+    with pytest.raises(ValueError, match="sdpa, eager, blocked or auto"):
         resolve_attention("flash", model)
 
 

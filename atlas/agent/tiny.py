@@ -34,13 +34,16 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_tiny_model(hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
-                     seed: int = 0, **_: object) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
-    """Return ``(model, tokenizer)``; same seed, same weights."""
+                     seed: int = 0, num_kv_heads: int | None = None, **_: object
+                     ) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+    """Return ``(model, tokenizer)``; same seed, same weights. ``num_kv_heads`` below
+    ``num_heads``: query heads share key and value heads (grouped-query attention, as
+    SmolLM2's 9 query heads share 3)."""
     tokenizer = byte_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads,
-        num_key_value_heads=num_heads, max_position_embeddings=2048,
+        num_key_value_heads=num_kv_heads or num_heads, max_position_embeddings=2048,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True,
     )

@@ -6,7 +6,8 @@ real run's ``programs.jsonl`` (default: phase 1 of the README's main command, se
 the novelty rules (copies are never chosen), shipped in ``atlas/bench/data``; ``--programs``
 takes any run's file), so prompts are shared only as often as a real phase shares them.
 
-Settings (each in a fresh child process, since peak resident memory is per process):
+Settings (each in a fresh child process, since peak resident memory is per process; on
+SDPA attention unless named otherwise):
 - ``per-row``: what a phase did before: every (prompt, completion) row in full, the
   reference forward repeated every step, transformers' activation checkpointing on;
 - ``shared``: each prompt once per step, the reference once per phase, recomputation only
@@ -18,7 +19,9 @@ Settings (each in a fresh child process, since peak resident memory is per proce
   padded batch of rows a step, recomputation by ``dpo.gradient_checkpointing=auto``): fewer,
   wider forward calls, the lead where a small model's phase is bound by kernel launches;
 - ``eager``: ``shared`` on transformers' eager attention (``dpo.attention=eager``); the
-  gate's pass runs on the model's own kernel, as in a phase (``atlas.dpo.attention``).
+  gate's pass runs on the model's own kernel, as in a phase (``atlas.dpo.attention``);
+- ``blocked``: ``shared`` on causal attention in blocks of queries (``dpo.attention=blocked``,
+  ``atlas.dpo.blocked_attention``).
 A setting that fails (out of device memory, say) is named and left out; the others stand.
 The shared and padded settings also time the gate's forward pass (``gate.padded`` false and
 true) over the phase's prompts as gate items, with two candidates of C_k and the reference:
@@ -58,12 +61,18 @@ from atlas.types import Program
 #: the main command, seed 0 (docs/runs/novelty/bandit_atlas_s0): phase 1 gives 24 pairs on 2
 #: prompts, phase 2 gives 3 pairs on 2 prompts
 DATA = Path(__file__).with_name("data") / "bandit_main_s0_programs.jsonl"
-SETTINGS = {"per-row": {"shared_prompt": False, "gradient_checkpointing": True},
-            "shared": {"shared_prompt": True, "gradient_checkpointing": "auto", "padded": False},
-            "padded": {"shared_prompt": True, "gradient_checkpointing": "auto", "padded": True},
-            "unshared": {"shared_prompt": False, "gradient_checkpointing": "auto"},
+SETTINGS = {"per-row": {"shared_prompt": False, "gradient_checkpointing": True,
+                        "attention": "sdpa"},
+            "shared": {"shared_prompt": True, "gradient_checkpointing": "auto", "padded": False,
+                       "attention": "sdpa"},
+            "padded": {"shared_prompt": True, "gradient_checkpointing": "auto", "padded": True,
+                       "attention": "sdpa"},
+            "unshared": {"shared_prompt": False, "gradient_checkpointing": "auto",
+                         "attention": "sdpa"},
             "eager": {"shared_prompt": True, "gradient_checkpointing": "auto", "padded": False,
-                      "attention": "eager"}}
+                      "attention": "eager"},
+            "blocked": {"shared_prompt": True, "gradient_checkpointing": "auto", "padded": False,
+                        "attention": "blocked"}}
 
 
 def recorded_pairs(path: Path, phase: int, max_pairs: int, top_k: int, seed: int) -> list:

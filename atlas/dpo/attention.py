@@ -14,16 +14,19 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+#: the kernels ``dpo.attention`` names, as transformers' attention implementations
+KERNELS = {"sdpa": "sdpa", "eager": "eager", "blocked": "atlas_blocked"}
+
 
 def resolve_attention(setting: str, model: Any) -> str:
-    """``dpo.attention``: ``sdpa`` or ``eager`` as given; ``auto``: ``eager`` on a CPU in
-    bf16, where SDPA's flash backward is the slow part of a step, ``sdpa`` elsewhere (in
-    float32 on the CPU the gain did not survive a whole run; on CUDA flash is the faster
-    backward too). docs/results.md, "Where a fine-tuning phase's time goes"."""
-    if setting in ("sdpa", "eager"):
+    """``dpo.attention``: ``sdpa``, ``eager`` or ``blocked`` as given; ``auto``: ``eager``
+    on a CPU in bf16, where SDPA's flash backward is the slow part of a step, ``sdpa``
+    elsewhere (in float32 on the CPU the gain did not survive a whole run; on CUDA flash is
+    the faster backward too). docs/results.md, "Where a fine-tuning phase's time goes"."""
+    if setting in KERNELS:
         return setting
     if setting != "auto":
-        raise ValueError(f"dpo.attention must be sdpa, eager or auto, got {setting!r}")
+        raise ValueError(f"dpo.attention must be sdpa, eager, blocked or auto, got {setting!r}")
     weight = next(p for p in model.parameters())
     cpu_bf16 = weight.device.type == "cpu" and str(weight.dtype) == "torch.bfloat16"
     return "eager" if cpu_bf16 else "sdpa"
@@ -39,7 +42,12 @@ def _base(model: Any) -> Any:
 
 @contextlib.contextmanager
 def attention_kernel(model: Any, kind: str) -> Iterator[None]:
-    """Run a block on the attention kernel ``kind``, then put the one before it back."""
+    """Run a block on the attention kernel ``kind`` (a transformers implementation, or a
+    ``dpo.attention`` name), then put the one before it back."""
+    if kind == "blocked":
+        from atlas.dpo import blocked_attention  # registers the kernel with transformers
+
+        kind = blocked_attention.NAME
     base = _base(model)
     before = base.config._attn_implementation
     if kind == before:

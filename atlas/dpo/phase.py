@@ -173,6 +173,7 @@ def _train_phase(model, tokenizer, pairs: list[PreferencePair], cfg: DPOConfig,
                    if reference_callback is not None else math.nan)
     metrics.update(shared_prompt=float(cfg.shared_prompt), padded=float(padded),
                    eager_attention=float(cfg.attention == "eager"),
+                   blocked_attention=float(cfg.attention == "blocked"),
                    gate_padded=float(gate_padded), recompute=float(recompute),
                    step_gb_estimate=step_gb, memory_budget_gb=budget_gb,
                    reference_table_seconds=module.ref_seconds,
@@ -206,7 +207,7 @@ def _collation(model, tokenizer, chosen: list[PreferencePair], cfg: DPOConfig
                for p in chosen]
     collate = SharedPromptCollator(encoded)
     # the largest step any shuffle can make: the batch_size largest pairs, unshared
-    per_pair = sorted((estimate_step_gb(model, collate([i]), cfg.attention == "eager")
+    per_pair = sorted((estimate_step_gb(model, collate([i]), cfg.attention in ("eager", "blocked"))
                        for i in range(len(chosen))), reverse=True)
     return encoded, collate, sum(per_pair[:cfg.batch_size])
 
