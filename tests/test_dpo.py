@@ -734,22 +734,24 @@ def test_blocked_attention_gives_sdpa_s_log_probs_and_gradients(monkeypatch, kv_
     assert fallbacks and torch.equal(blocked, eager)
 
 
-def test_auto_attention_runs_eager_steps_on_a_cpu_in_bf16_only():
-    """``dpo.attention=auto``: eager for a CPU model in bf16 (SDPA's flash backward is the
-    slow part of a step there), SDPA in float32; the phase records the kernel it ran."""
+def test_auto_attention_runs_blocked_steps_on_a_cpu_in_bf16_only():
+    """``dpo.attention=auto`` (the default): blocked attention for a CPU model in bf16
+    (SDPA's flash backward is the slow part of a step there), SDPA in float32; the phase
+    records the kernel it ran."""
     from atlas.dpo.attention import resolve_attention
 
+    assert DPOConfig().attention == "auto"
     ran = {}
     for dtype in (torch.float32, torch.bfloat16):
         model, tok = tiny_peft()
         model.to(dtype)
-        assert resolve_attention("sdpa", model) == "sdpa"
-        assert resolve_attention("eager", model) == "eager"
-        cfg = DPOConfig(lr=1e-3, batch_size=2, max_length=64, checkpoints=0, attention="auto")
+        assert [resolve_attention(k, model) for k in ("sdpa", "eager", "blocked")] == \
+            ["sdpa", "eager", "blocked"]
+        cfg = DPOConfig(lr=1e-3, batch_size=2, max_length=64, checkpoints=0)
         res = train_phase(model, tok, make_pairs(2), cfg, "fixed", seed=1)
-        ran[dtype] = (resolve_attention("auto", model), res.metrics["eager_attention"])
+        ran[dtype] = (resolve_attention("auto", model), res.metrics["blocked_attention"])
         assert model.get_base_model().config._attn_implementation == "sdpa"
-    assert ran == {torch.float32: ("sdpa", 0.0), torch.bfloat16: ("eager", 1.0)}
+    assert ran == {torch.float32: ("sdpa", 0.0), torch.bfloat16: ("blocked", 1.0)}
     with pytest.raises(ValueError, match="sdpa, eager, blocked or auto"):
         resolve_attention("flash", model)
 

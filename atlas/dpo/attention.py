@@ -19,17 +19,18 @@ KERNELS = {"sdpa": "sdpa", "eager": "eager", "blocked": "atlas_blocked"}
 
 
 def resolve_attention(setting: str, model: Any) -> str:
-    """``dpo.attention``: ``sdpa``, ``eager`` or ``blocked`` as given; ``auto``: ``eager``
-    on a CPU in bf16, where SDPA's flash backward is the slow part of a step, ``sdpa``
-    elsewhere (in float32 on the CPU the gain did not survive a whole run; on CUDA flash is
-    the faster backward too). docs/results.md, "Where a fine-tuning phase's time goes"."""
+    """``dpo.attention``: ``sdpa``, ``eager`` or ``blocked`` as given; ``auto``: ``blocked``
+    on a CPU in bf16, where SDPA's flash backward is the slow part of a step (the main
+    command's first phase: DPO 52.9 s on SDPA, 41.2 s blocked), ``sdpa`` elsewhere (in
+    float32 on the CPU eager's gain did not survive a whole run; on CUDA flash is the faster
+    backward too). docs/results.md, "Blocked attention for the steps"."""
     if setting in KERNELS:
         return setting
     if setting != "auto":
         raise ValueError(f"dpo.attention must be sdpa, eager, blocked or auto, got {setting!r}")
     weight = next(p for p in model.parameters())
     cpu_bf16 = weight.device.type == "cpu" and str(weight.dtype) == "torch.bfloat16"
-    return "eager" if cpu_bf16 else "sdpa"
+    return "blocked" if cpu_bf16 else "sdpa"
 
 
 #: where ``attention_kernel`` keeps the model's own kernel while another one is in force

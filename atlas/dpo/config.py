@@ -81,15 +81,17 @@ class DPOConfig:
     instead of one unpadded row each; the same log-probs within float rounding, fewer and
     wider passes. ``auto``: padded on CUDA, rows on the CPU (``python -m atlas.bench dpo``
     measures both; docs/results.md). Each phase records the path it ran."""
-    attention: Literal["sdpa", "eager", "blocked", "auto"] = "sdpa"
+    attention: Literal["sdpa", "eager", "blocked", "auto"] = "auto"
     """The attention kernel of the phase's training forwards (the reference table and the
     steps): ``sdpa`` (the model's own, PyTorch's fused kernel), ``eager`` (transformers'
     products and softmax; keeps each layer's attention weights for the backward),
     ``blocked`` (eager's products in blocks of queries, each over the keys it can see:
-    ``atlas.dpo.blocked_attention``) or ``auto`` (eager on a CPU in bf16, sdpa elsewhere: ``atlas.dpo.attention.resolve_attention``).
-    The same log-probs within float rounding. The gate's passes are forward only and run on the
-    model's own kernel either way (``atlas.dpo.attention``). Each phase records the kernel
-    its steps ran on; docs/results.md ("Where a fine-tuning phase's time goes") times both."""
+    ``atlas.dpo.blocked_attention``) or ``auto`` (blocked on a CPU in bf16, sdpa elsewhere:
+    ``atlas.dpo.attention.resolve_attention``). The same log-probs within float rounding.
+    The gate's passes are forward only and run on the model's own kernel either way
+    (``atlas.dpo.attention``). Each phase records the kernel its steps ran on
+    (``eager_attention``, ``blocked_attention``); docs/results.md ("Blocked attention for the
+    steps") times them."""
     bounds: dict[str, Any] = Field(default_factory=lambda: dict(DEFAULT_BOUNDS),
                                    validate_default=True)
     """Hard [low, high] limits that ``clamped`` applies to the named knobs."""
