@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from atlas.agent.adapters import REF, get_adapter_state
 from atlas.checkpoint import CheckpointError
 from atlas.dpo import DPOConfig, GateConfig, train_phase
+from atlas.dpo.attention import resolve_attention
 from atlas.dpo.evidence import HOLDOUT, Evidence, choose_evidence
 from atlas.dpo.online_inspection import OnlineInspector
 from atlas.dpo.reference import (
@@ -103,6 +104,7 @@ class FineTuner:
         if probe is not None and probe.enabled and explorer is None:
             raise ValueError("the learning probe samples and scores programs: pass the run's "
                              "Explorer (EvolutionLoop does), or probe=None")
+        resolve_attention(dpo_cfg.attention, agent.model)  # a kernel the model can't run: now
         self.probe_cfg = probe if probe is not None and probe.enabled else None
         self.explorer = explorer
         self.quality_metrics = tuple(quality_metrics)

@@ -752,6 +752,11 @@ def test_auto_attention_runs_blocked_steps_on_a_cpu_in_bf16_only():
         ran[dtype] = (resolve_attention("auto", model), res.metrics["blocked_attention"])
         assert model.get_base_model().config._attn_implementation == "sdpa"
     assert ran == {torch.float32: ("sdpa", 0.0), torch.bfloat16: ("blocked", 1.0)}
+    # a family whose attention is not plain causal softmax (soft-capping, here) keeps SDPA
+    model.get_base_model().config.model_type = "gemma2"
+    assert resolve_attention("auto", model) == "sdpa"
+    with pytest.raises(ValueError, match="dpo.attention=blocked .*'gemma2'.*set dpo.attention=auto"):
+        resolve_attention("blocked", model)
     with pytest.raises(ValueError, match="sdpa, eager, blocked or auto"):
         resolve_attention("flash", model)
 

@@ -18,19 +18,29 @@ from typing import Any
 KERNELS = {"sdpa": "sdpa", "eager": "eager", "blocked": "atlas_blocked"}
 
 
+#: model families whose attention is plain causal softmax attention, as ``blocked`` computes
+#: it (no sliding window, no logit soft-capping, no attention sinks)
+BLOCKED_FAMILIES = frozenset({"llama"})
+
+
 def resolve_attention(setting: str, model: Any) -> str:
     """``dpo.attention``: ``sdpa``, ``eager`` or ``blocked`` as given; ``auto``: ``blocked``
-    on a CPU in bf16, where SDPA's flash backward is the slow part of a step (the main
-    command's first phase: DPO 52.9 s on SDPA, 41.2 s blocked), ``sdpa`` elsewhere (in
-    float32 on the CPU eager's gain did not survive a whole run; on CUDA flash is the faster
-    backward too). docs/results.md, "Blocked attention for the steps"."""
-    if setting in KERNELS:
-        return setting
-    if setting != "auto":
+    on a CPU in bf16 for a Llama-family model, where SDPA's flash backward is the slow part
+    of a step (the main command's first phase: DPO 52.9 s on SDPA, 41.2 s blocked), ``sdpa``
+    elsewhere (in float32 on the CPU eager's gain did not survive a whole run; on CUDA flash
+    is the faster backward too). docs/results.md, "Blocked attention for the steps"."""
+    if setting not in (*KERNELS, "auto"):
         raise ValueError(f"dpo.attention must be sdpa, eager, blocked or auto, got {setting!r}")
+    family = getattr(_base(model).config, "model_type", None)
+    if setting == "blocked" and family not in BLOCKED_FAMILIES:
+        raise ValueError(f"dpo.attention=blocked computes plain causal attention, which a "
+                         f"{family!r} model may not use (it serves {sorted(BLOCKED_FAMILIES)}); "
+                         f"set dpo.attention=auto, sdpa or eager")
+    if setting != "auto":
+        return setting
     weight = next(p for p in model.parameters())
     cpu_bf16 = weight.device.type == "cpu" and str(weight.dtype) == "torch.bfloat16"
-    return "blocked" if cpu_bf16 else "sdpa"
+    return "blocked" if cpu_bf16 and family in BLOCKED_FAMILIES else "sdpa"
 
 
 #: where ``attention_kernel`` keeps the model's own kernel while another one is in force
