@@ -14,8 +14,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-#: the kernels ``dpo.attention`` names, as transformers' attention implementations
-KERNELS = {"sdpa": "sdpa", "eager": "eager", "blocked": "atlas_blocked"}
+#: the kernels ``dpo.attention`` names (``blocked`` is registered with transformers as
+#: ``atlas.dpo.blocked_attention.NAME`` when first used)
+KERNELS = ("sdpa", "eager", "blocked")
 
 
 #: model families whose attention is plain causal softmax attention, as ``blocked`` computes
